@@ -1,0 +1,190 @@
+//! Typed errors.
+//!
+//! [`Error`] is opaque; inspect it with [`Error::kind`] and [`Error::field`]. Every error that a
+//! caller's input can cause names the offending field (or logit index), and every fallible
+//! operation leaves the caller's state untouched when it fails.
+
+use std::fmt;
+
+/// What went wrong.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A parameter is out of its domain (e.g. `top_p` outside `(0, 1]`).
+    InvalidParameter {
+        /// The parameter's name as in the pipeline config / API (`top_p`, `temperature`, ...).
+        field: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// Two settings contradict each other (detected at validation, before any step runs).
+    Contradiction {
+        /// The fields involved, e.g. `min_tokens`.
+        field: String,
+        /// What contradicts what.
+        reason: String,
+    },
+    /// A raw logit is NaN or `+inf`; `index` is the first bad index.
+    NonFiniteLogit {
+        /// First offending token index.
+        index: usize,
+        /// `"NaN"` or `"+inf"`.
+        value: &'static str,
+    },
+    /// The logits row has the wrong length.
+    VocabSizeMismatch {
+        /// Expected vocabulary size.
+        expected: usize,
+        /// Length received.
+        got: usize,
+    },
+    /// A token id is outside `0..vocab_size`.
+    TokenOutOfRange {
+        /// Where the id came from, e.g. `prompt_ids[3]`.
+        field: String,
+        /// The id.
+        token: u64,
+        /// The vocabulary size.
+        vocab_size: usize,
+    },
+    /// After a stage, no token can be selected. The sampler was not called.
+    EmptySupport {
+        /// The processor (pipeline `type`) after which the support became empty.
+        stage: String,
+    },
+    /// The sequence has already finished; no further step is allowed.
+    AlreadyFinished,
+    /// A pipeline config or request could not be parsed.
+    Parse {
+        /// The field or path being parsed.
+        field: String,
+        /// The parser's message.
+        reason: String,
+    },
+}
+
+/// The error type of nextok-core.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Error {
+    kind: ErrorKind,
+}
+
+impl Error {
+    /// The kind of error.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.kind
+    }
+
+    /// The request/config field the error is about, when there is one.
+    pub fn field(&self) -> Option<&str> {
+        match &self.kind {
+            ErrorKind::InvalidParameter { field, .. }
+            | ErrorKind::Contradiction { field, .. }
+            | ErrorKind::TokenOutOfRange { field, .. }
+            | ErrorKind::Parse { field, .. } => Some(field),
+            ErrorKind::NonFiniteLogit { .. } | ErrorKind::VocabSizeMismatch { .. } => {
+                Some("logits")
+            }
+            ErrorKind::EmptySupport { .. } => Some("support"),
+            ErrorKind::AlreadyFinished => None,
+        }
+    }
+
+    /// A short machine-readable code for the kind.
+    pub fn code(&self) -> &'static str {
+        match &self.kind {
+            ErrorKind::InvalidParameter { .. } => "invalid_parameter",
+            ErrorKind::Contradiction { .. } => "contradiction",
+            ErrorKind::NonFiniteLogit { .. } => "non_finite_logit",
+            ErrorKind::VocabSizeMismatch { .. } => "vocab_size_mismatch",
+            ErrorKind::TokenOutOfRange { .. } => "token_out_of_range",
+            ErrorKind::EmptySupport { .. } => "empty_support",
+            ErrorKind::AlreadyFinished => "already_finished",
+            ErrorKind::Parse { .. } => "parse",
+        }
+    }
+
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ErrorKind::InvalidParameter {
+            field: field.into(),
+            reason: reason.into(),
+        }
+        .into()
+    }
+
+    pub(crate) fn contradiction(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ErrorKind::Contradiction {
+            field: field.into(),
+            reason: reason.into(),
+        }
+        .into()
+    }
+
+    pub(crate) fn out_of_range(field: impl Into<String>, token: u64, vocab_size: usize) -> Self {
+        ErrorKind::TokenOutOfRange {
+            field: field.into(),
+            token,
+            vocab_size,
+        }
+        .into()
+    }
+
+    pub(crate) fn parse(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ErrorKind::Parse {
+            field: field.into(),
+            reason: reason.into(),
+        }
+        .into()
+    }
+}
+
+impl From<ErrorKind> for Error {
+    fn from(kind: ErrorKind) -> Self {
+        Error { kind }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            ErrorKind::InvalidParameter { field, reason } => {
+                write!(f, "invalid `{field}`: {reason}")
+            }
+            ErrorKind::Contradiction { field, reason } => {
+                write!(f, "contradictory `{field}`: {reason}")
+            }
+            ErrorKind::NonFiniteLogit { index, value } => {
+                write!(
+                    f,
+                    "invalid `logits`: logits[{index}] is {value} (first non-finite index)"
+                )
+            }
+            ErrorKind::VocabSizeMismatch { expected, got } => {
+                write!(
+                    f,
+                    "invalid `logits`: length {got}, vocabulary size is {expected}"
+                )
+            }
+            ErrorKind::TokenOutOfRange {
+                field,
+                token,
+                vocab_size,
+            } => {
+                write!(
+                    f,
+                    "invalid `{field}`: token id {token} is outside 0..{vocab_size}"
+                )
+            }
+            ErrorKind::EmptySupport { stage } => {
+                write!(f, "constraint error: no selectable token left after `{stage}` (sampler not called)")
+            }
+            ErrorKind::AlreadyFinished => write!(f, "the sequence has already finished"),
+            ErrorKind::Parse { field, reason } => write!(f, "invalid `{field}`: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

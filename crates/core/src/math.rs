@@ -1,0 +1,264 @@
+//! Deterministic numeric kernels.
+//!
+//! Every number nextok reports must be reproducible bit for bit on any platform, so the
+//! transcendental functions used on the selection path are nextok's own: plain IEEE-754
+//! additions, multiplications and divisions in a fixed order, never a platform `libm` and never
+//! fused multiply-add (Rust does not contract `a * b + c` on its own).
+//!
+//! * [`exp_f32`] — Cephes-style `expf` (max error about 1 ulp on `[-87, 88]`); inputs below
+//!   `-87` (including `-inf`) give exactly `0.0`. Written so that the compiler can vectorise it.
+//! * [`ln_f64`] — the fdlibm `__ieee754_log` algorithm (error < 1 ulp).
+//! * [`sum_f64_lanes`] — a sum with a fixed association order (8 lanes by index mod 8, then the
+//!   lanes added in order), so a sum never depends on thread count or vector width.
+
+/// Inputs below this give `exp_f32(x) == 0.0` (the result would be subnormal).
+pub const EXP_F32_FLUSH: f32 = -87.0;
+
+/// `e^x` in `f32`, deterministic on every platform. `x < -87` (and `-inf`) gives `0.0`;
+/// `x > 88` is clamped to `88` (callers only pass `x <= 0`).
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const C1: f32 = 0.693_359_4; // ln 2, high part (0.693359375)
+    const C2: f32 = -2.121_944_4e-4; // ln 2, low part
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to nearest integer
+    let flush = x < EXP_F32_FLUSH;
+    let xc = if flush {
+        0.0
+    } else if x > 88.0 {
+        88.0
+    } else {
+        x
+    };
+    let t = xc * LOG2E + MAGIC;
+    let n = t - MAGIC;
+    let r = xc - n * C1 - n * C2;
+    let z = r * r;
+    let mut y = 1.987_569_2e-4_f32;
+    y = y * r + 1.398_2e-3;
+    y = y * r + 8.333_452e-3;
+    y = y * r + 4.166_579_6e-2;
+    y = y * r + 1.666_666_5e-1;
+    y = y * r + 5.000_000_1e-1;
+    y = y * z + r + 1.0;
+    // 2^n from the bits of t: the low mantissa bits of t hold n + 0x400000.
+    let pow2 = f32::from_bits(t.to_bits().wrapping_add(127u32.wrapping_sub(0x4B40_0000)) << 23);
+    if flush {
+        0.0
+    } else {
+        y * pow2
+    }
+}
+
+/// Natural logarithm in `f64` (fdlibm's algorithm). `ln(0) = -inf`, negative or NaN gives NaN.
+pub fn ln_f64(x: f64) -> f64 {
+    const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-01;
+    const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+    const TWO54: f64 = 1.801_439_850_948_198_400_00e16;
+    const LG1: f64 = 6.666_666_666_666_735_130e-01;
+    const LG2: f64 = 3.999_999_999_940_941_908e-01;
+    const LG3: f64 = 2.857_142_874_366_239_149e-01;
+    const LG4: f64 = 2.222_219_843_214_978_396e-01;
+    const LG5: f64 = 1.818_357_216_161_805_012e-01;
+    const LG6: f64 = 1.531_383_769_920_937_332e-01;
+    const LG7: f64 = 1.479_819_860_511_658_591e-01;
+
+    let mut x = x;
+    let bits = x.to_bits();
+    let mut hx = (bits >> 32) as i32;
+    let lx = bits as u32;
+    let mut k: i32 = 0;
+    if hx < 0x0010_0000 {
+        if ((hx & 0x7fff_ffff) | lx as i32) == 0 {
+            return f64::NEG_INFINITY;
+        }
+        if hx < 0 {
+            return f64::NAN;
+        }
+        k -= 54;
+        x *= TWO54;
+        hx = (x.to_bits() >> 32) as i32;
+    }
+    if hx >= 0x7ff0_0000 {
+        return x + x;
+    }
+    k += (hx >> 20) - 1023;
+    hx &= 0x000f_ffff;
+    let i = (hx + 0x95f64) & 0x0010_0000;
+    let new_hi = (hx | (i ^ 0x3ff0_0000)) as u32;
+    x = f64::from_bits(((new_hi as u64) << 32) | (x.to_bits() & 0xffff_ffff));
+    k += i >> 20;
+    let f = x - 1.0;
+    let dk = k as f64;
+    if (0x000f_ffff & (2 + hx)) < 3 {
+        if f == 0.0 {
+            return if k == 0 {
+                0.0
+            } else {
+                dk * LN2_HI + dk * LN2_LO
+            };
+        }
+        let r = f * f * (0.5 - 0.333_333_333_333_333_33 * f);
+        return if k == 0 {
+            f - r
+        } else {
+            dk * LN2_HI - ((r - dk * LN2_LO) - f)
+        };
+    }
+    let s = f / (2.0 + f);
+    let z = s * s;
+    let mut i = hx - 0x6147a;
+    let w = z * z;
+    let j = 0x6b851 - hx;
+    let t1 = w * (LG2 + w * (LG4 + w * LG6));
+    let t2 = z * (LG1 + w * (LG3 + w * (LG5 + w * LG7)));
+    i |= j;
+    let r = t2 + t1;
+    if i > 0 {
+        let hfsq = 0.5 * f * f;
+        if k == 0 {
+            f - (hfsq - s * (hfsq + r))
+        } else {
+            dk * LN2_HI - ((hfsq - (s * (hfsq + r) + dk * LN2_LO)) - f)
+        }
+    } else if k == 0 {
+        f - s * (f - r)
+    } else {
+        dk * LN2_HI - ((s * (f - r) - dk * LN2_LO) - f)
+    }
+}
+
+/// Sum with a fixed association: lane `j` sums elements `j, j+8, j+16, ...` in `f64`, then the
+/// eight lanes are added in order 0..8.
+#[inline]
+pub fn sum_f64_lanes(xs: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let chunks = xs.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for j in 0..8 {
+            acc[j] += c[j] as f64;
+        }
+    }
+    for (j, &x) in rem.iter().enumerate() {
+        acc[j] += x as f64;
+    }
+    acc.iter().sum()
+}
+
+/// Maximum of a slice that holds no NaN (`-inf` allowed). Empty gives `-inf`.
+#[inline]
+pub fn max_f32(xs: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let chunks = xs.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for j in 0..8 {
+            acc[j] = if c[j] > acc[j] { c[j] } else { acc[j] };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &x in rem.iter().chain(acc.iter()) {
+        if x > m {
+            m = x;
+        }
+    }
+    m
+}
+
+/// Writes `w[i] = exp_f32((z[i] - m) / t)` for every `i` and returns the lane sum of `w` in `f64`.
+/// `t` must be `> 0`; with `t == 1.0` the division is exact and changes nothing.
+#[inline]
+pub fn exp_weights(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
+    debug_assert_eq!(z.len(), w.len());
+    let mut acc = [0.0f64; 8];
+    let n8 = z.len() / 8 * 8;
+    let (zh, zt) = z.split_at(n8);
+    let (wh, wt) = w.split_at_mut(n8);
+    for (zc, wc) in zh.chunks_exact(8).zip(wh.chunks_exact_mut(8)) {
+        for j in 0..8 {
+            let e = exp_f32(zc[j] - m);
+            wc[j] = e;
+            acc[j] += e as f64;
+        }
+    }
+    for (j, (zv, wv)) in zt.iter().zip(wt.iter_mut()).enumerate() {
+        let e = exp_f32(*zv - m);
+        *wv = e;
+        acc[j] += e as f64;
+    }
+    acc.iter().sum()
+}
+
+/// `sum_i exp_f32(z[i] - m)` in the lane order of [`sum_f64_lanes`], without storing weights.
+#[inline]
+pub fn exp_sum(z: &[f32], m: f32) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let chunks = z.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for j in 0..8 {
+            acc[j] += exp_f32(c[j] - m) as f64;
+        }
+    }
+    for (j, &x) in rem.iter().enumerate() {
+        acc[j] += exp_f32(x - m) as f64;
+    }
+    acc.iter().sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ulps32(a: f32, b: f32) -> i64 {
+        (a.to_bits() as i64 - b.to_bits() as i64).abs()
+    }
+
+    #[test]
+    fn exp_matches_std_within_2_ulp() {
+        let mut worst = 0;
+        let mut x = -86.9f32;
+        while x < 0.0 {
+            let got = exp_f32(x);
+            let want = (x as f64).exp() as f32;
+            worst = worst.max(ulps32(got, want));
+            x += 0.000_731;
+        }
+        assert!(worst <= 2, "worst ulp error {worst}");
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(-87.5), 0.0);
+    }
+
+    #[test]
+    fn ln_matches_std() {
+        let mut worst = 0i64;
+        for i in 1..20000u64 {
+            let x = (i as f64) * 0.000_37 + 1e-300 * (i as f64);
+            let got = ln_f64(x);
+            let want = x.ln();
+            worst = worst.max((got.to_bits() as i64 - want.to_bits() as i64).abs());
+        }
+        for &x in &[1.0, 2.0, 0.5, 1e-310, 1e300, 3.0, std::f64::consts::E] {
+            let d = (ln_f64(x).to_bits() as i64 - x.ln().to_bits() as i64).abs();
+            worst = worst.max(d);
+        }
+        assert!(worst <= 1, "worst ulp error {worst}");
+        assert_eq!(ln_f64(0.0), f64::NEG_INFINITY);
+        assert!(ln_f64(-1.0).is_nan());
+        assert_eq!(ln_f64(1.0), 0.0);
+    }
+
+    #[test]
+    fn lane_sum_is_order_fixed() {
+        let xs: Vec<f32> = (0..1001).map(|i| (i as f32).sin()).collect();
+        let a = sum_f64_lanes(&xs);
+        let naive: f64 = xs.iter().map(|&x| x as f64).sum();
+        assert!((a - naive).abs() < 1e-9);
+        assert_eq!(
+            max_f32(&xs),
+            xs.iter().cloned().fold(f32::NEG_INFINITY, f32::max)
+        );
+    }
+}

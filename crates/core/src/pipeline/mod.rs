@@ -1,0 +1,96 @@
+//! Pipelines as data.
+//!
+//! A [`PipelineConfig`] is an ordered list of processor configs plus a selector, with a format
+//! version. It serialises to JSON with `"type"` tags, and its [`hash`](PipelineConfig::hash) — the
+//! SHA-256 of its canonical JSON (struct field order, maps sorted by key, shortest round-trip
+//! floats) — names it in traces. [`presets`] builds the reference, HF, vLLM and llama.cpp orders
+//! from request parameters ([`params::SamplingParams`], named as in vLLM and the OpenAI API).
+
+pub mod params;
+pub mod presets;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::processors::ProcessorConfig;
+use crate::select::Selector;
+
+/// The pipeline format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// An ordered, versioned processor pipeline and its selector.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Format version (must equal [`FORMAT_VERSION`]).
+    pub format_version: u32,
+    /// Processors in application order.
+    pub processors: Vec<ProcessorConfig>,
+    /// Selection rule.
+    #[serde(default)]
+    pub selector: Selector,
+}
+
+/// Request-level stop conditions (token level).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StopConfig {
+    /// Extra token ids that end the sequence (OpenAI/vLLM `stop_token_ids`).
+    #[serde(default)]
+    pub stop_token_ids: Vec<u32>,
+    /// Maximum number of output tokens (`None` = unlimited).
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// Do not stop on the vocabulary's EOS ids (vLLM `ignore_eos`).
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+impl PipelineConfig {
+    /// A pipeline with the given processors and selector at the current format version.
+    pub fn new(processors: Vec<ProcessorConfig>, selector: Selector) -> Self {
+        PipelineConfig {
+            format_version: FORMAT_VERSION,
+            processors,
+            selector,
+        }
+    }
+
+    /// Parses a pipeline from JSON; errors name the failing path.
+    pub fn from_json(s: &str) -> Result<Self> {
+        let p: PipelineConfig =
+            serde_json::from_str(s).map_err(|e| Error::parse("pipeline", e.to_string()))?;
+        p.check_format()?;
+        Ok(p)
+    }
+
+    pub(crate) fn check_format(&self) -> Result<()> {
+        if self.format_version != FORMAT_VERSION {
+            return Err(Error::invalid(
+                "format_version",
+                format!(
+                    "{} is not supported (this build reads {FORMAT_VERSION})",
+                    self.format_version
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Canonical JSON (what the hash covers).
+    pub fn canonical_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// `sha256:` + hex SHA-256 of the canonical JSON.
+    pub fn hash(&self) -> String {
+        let d = Sha256::digest(self.canonical_json().as_bytes());
+        let mut s = String::with_capacity(7 + 64);
+        s.push_str("sha256:");
+        for b in d {
+            s.push_str(&format!("{b:02x}"));
+        }
+        s
+    }
+}

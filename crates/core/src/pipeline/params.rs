@@ -1,0 +1,69 @@
+//! Request sampling parameters under the names vLLM and the OpenAI API use.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Sampling parameters of one request. Unknown fields are rejected by name.
+///
+/// Disabled values (what users of vLLM / OpenAI expect): `top_k <= 0`, `top_p = 1`,
+/// `min_p = 0`, `typical_p = 1`, `presence_penalty = frequency_penalty = 0`,
+/// `repetition_penalty = 1`. `temperature = 0` selects greedily.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingParams {
+    /// Temperature `>= 0` (`0` = greedy).
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Top-k; `<= 0` disables.
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    /// Top-p in `(0, 1]`; `1` disables.
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    /// Min-p in `[0, 1]`; `0` disables.
+    #[serde(default)]
+    pub min_p: Option<f64>,
+    /// Typical-p in `(0, 1]`; `1` disables.
+    #[serde(default)]
+    pub typical_p: Option<f64>,
+    /// Presence penalty in `[-2, 2]`.
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    /// Frequency penalty in `[-2, 2]`.
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    /// Repetition penalty `> 0`; `1` disables.
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
+    /// Token id → additive bias in `[-100, 100]`.
+    #[serde(default)]
+    pub logit_bias: BTreeMap<u32, f32>,
+    /// EOS/stop tokens are hidden until this many output tokens exist.
+    #[serde(default)]
+    pub min_tokens: Option<u64>,
+    /// Output token limit.
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// Extra stop token ids.
+    #[serde(default)]
+    pub stop_token_ids: Vec<u32>,
+    /// Random-stream seed (default 0).
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Only these ids may be selected (vLLM `allowed_token_ids`).
+    #[serde(default)]
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// Token sequences that must not be completed (HF `bad_words_ids`).
+    #[serde(default)]
+    pub bad_words_ids: Vec<Vec<u32>>,
+    /// HF `no_repeat_ngram_size`; `0` disables.
+    #[serde(default)]
+    pub no_repeat_ngram_size: Option<usize>,
+    /// Window of the llama.cpp penalties (`penalty_last_n`); only the llama.cpp preset uses it.
+    #[serde(default)]
+    pub penalty_last_n: Option<usize>,
+    /// Do not stop on EOS (vLLM `ignore_eos`).
+    #[serde(default)]
+    pub ignore_eos: bool,
+}

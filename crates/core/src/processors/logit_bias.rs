@@ -1,0 +1,71 @@
+//! Logit bias: `z'_i = z_i + b_i` for listed token ids (OpenAI `logit_bias`, range `[-100, 100]`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{check_version, v1, CompileCtx};
+use crate::error::{Error, Result};
+use crate::support::Workspace;
+
+/// Implementation version.
+pub const VERSION: u32 = 1;
+
+/// Config of the logit bias.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogitBias {
+    /// Processor version.
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// Token id → bias added to its logit.
+    pub logit_bias: BTreeMap<u32, f32>,
+}
+
+/// Compiled form: `(id, bias)` sorted by id.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    list: Vec<(u32, f32)>,
+}
+
+impl LogitBias {
+    pub(crate) fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
+        check_version(field, self.version, VERSION)?;
+        let mut list = Vec::with_capacity(self.logit_bias.len());
+        for (&id, &b) in &self.logit_bias {
+            if id as usize >= ctx.vocab.vocab_size {
+                return Err(Error::out_of_range(
+                    format!("{field}.logit_bias[{id}]"),
+                    id as u64,
+                    ctx.vocab.vocab_size,
+                ));
+            }
+            if !b.is_finite() || !(-100.0..=100.0).contains(&b) {
+                return Err(Error::invalid(
+                    format!("{field}.logit_bias[{id}]"),
+                    format!("{b} is outside [-100, 100]"),
+                ));
+            }
+            list.push((id, b));
+        }
+        Ok(Compiled { list })
+    }
+}
+
+impl Compiled {
+    pub(crate) fn apply(&self, ws: &mut Workspace) {
+        if ws.is_dense() || ws.exact {
+            for &(id, b) in &self.list {
+                ws.edit_buf(id, |z| z + b);
+            }
+        }
+        if !ws.is_dense() {
+            let list = &self.list;
+            ws.edit_cands(|id, z| match list.binary_search_by_key(&id, |e| e.0) {
+                Ok(i) => z + list[i].1,
+                Err(_) => z,
+            });
+        }
+        ws.after_transform();
+    }
+}

@@ -1,0 +1,63 @@
+//! Min-p: keep tokens whose probability is at least `min_p` times the largest probability,
+//! decided as `exp(z_i − m) >= min_p` with `m` the support maximum (no normaliser needed), at
+//! least `min_keep` tokens. `min_p ∈ (0, 1]`; `1` keeps the tokens tied with the maximum.
+
+use serde::{Deserialize, Serialize};
+
+use super::top_p::one;
+use super::{check_version, v1};
+use crate::error::{Error, Result};
+use crate::support::Workspace;
+
+/// Implementation version.
+pub const VERSION: u32 = 1;
+
+/// Config of min-p.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MinP {
+    /// Processor version.
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// Relative threshold in `(0, 1]`.
+    pub min_p: f64,
+    /// Minimum number of tokens kept (≥ 1).
+    #[serde(default = "one")]
+    pub min_keep: usize,
+}
+
+/// Compiled form.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    alpha: f64,
+    min_keep: usize,
+}
+
+impl MinP {
+    pub(crate) fn compile(&self, field: &str) -> Result<Compiled> {
+        check_version(field, self.version, VERSION)?;
+        let a = self.min_p;
+        if !(a > 0.0 && a <= 1.0) {
+            return Err(Error::invalid(
+                format!("{field}.min_p"),
+                format!("{a} is outside (0, 1]"),
+            ));
+        }
+        if self.min_keep == 0 {
+            return Err(Error::invalid(
+                format!("{field}.min_keep"),
+                "must be at least 1",
+            ));
+        }
+        Ok(Compiled {
+            alpha: a,
+            min_keep: self.min_keep,
+        })
+    }
+}
+
+impl Compiled {
+    pub(crate) fn apply(&self, ws: &mut Workspace) {
+        ws.min_p(self.alpha, self.min_keep);
+    }
+}

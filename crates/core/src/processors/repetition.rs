@@ -1,0 +1,77 @@
+//! CTRL sign-aware repetition penalty (000 §3.5, second formula): for a token with `c_i > 0`
+//! in scope, `z/r` if `z > 0`, else `z·r`. Special tokens are excluded by default.
+
+use serde::{Deserialize, Serialize};
+
+use super::presence_frequency::apply_counted;
+use super::{check_version, v1, CompileCtx, PenaltyScope};
+use crate::error::{Error, Result};
+use crate::state::DecoderState;
+use crate::support::Workspace;
+use crate::vocab::VocabInfo;
+
+/// Implementation version.
+pub const VERSION: u32 = 1;
+
+/// Config of the repetition penalty.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepetitionPenalty {
+    /// Processor version.
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// `r > 0`; `r > 1` discourages repeats, `r < 1` encourages them, `1` does nothing.
+    pub repetition_penalty: f32,
+    /// Counting range (default: prompt + output, as HF and vLLM).
+    #[serde(default = "default_scope")]
+    pub scope: PenaltyScope,
+    /// Whether special tokens are exempt (default true).
+    #[serde(default = "crate::processors::presence_frequency::yes")]
+    pub exclude_special: bool,
+}
+
+fn default_scope() -> PenaltyScope {
+    PenaltyScope::PromptAndOutput
+}
+
+/// Compiled form.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    r: f32,
+    pub(crate) scope: PenaltyScope,
+    exclude_special: bool,
+}
+
+impl RepetitionPenalty {
+    pub(crate) fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
+        check_version(field, self.version, VERSION)?;
+        let r = self.repetition_penalty;
+        if !r.is_finite() || r <= 0.0 {
+            return Err(Error::invalid(
+                format!("{field}.repetition_penalty"),
+                format!("{r} must be finite and > 0"),
+            ));
+        }
+        self.scope.validate(field)?;
+        Ok(Compiled {
+            r,
+            scope: self.scope,
+            exclude_special: self.exclude_special,
+        })
+    }
+}
+
+impl Compiled {
+    pub(crate) fn apply(&self, st: &DecoderState, ws: &mut Workspace, vocab: &VocabInfo) {
+        let r = self.r;
+        apply_counted(&self.scope, self.exclude_special, st, ws, vocab, |z, c| {
+            if c == 0 {
+                z
+            } else if z > 0.0 {
+                z / r
+            } else {
+                z * r
+            }
+        });
+    }
+}

@@ -1,0 +1,54 @@
+//! Temperature (reference step 6): `z̃_i = z_i / T` for `T > 0`. `T = 0` is never divided by:
+//! it is the declared greedy branch — the support is reduced to the single best token
+//! (processed logit descending, ties → lowest id) at this point of the pipeline, as llama.cpp
+//! does, and the step consumes no random draw that matters.
+
+use serde::{Deserialize, Serialize};
+
+use super::{check_version, v1};
+use crate::error::{Error, Result};
+use crate::support::Workspace;
+
+/// Implementation version.
+pub const VERSION: u32 = 1;
+
+/// Config of the temperature.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Temperature {
+    /// Processor version.
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// `T >= 0`, finite. `0` = greedy branch.
+    pub temperature: f32,
+}
+
+/// Compiled form.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub(crate) t: f32,
+}
+
+impl Temperature {
+    pub(crate) fn compile(&self, field: &str) -> Result<Compiled> {
+        check_version(field, self.version, VERSION)?;
+        let t = self.temperature;
+        if !t.is_finite() || t < 0.0 {
+            return Err(Error::invalid(
+                format!("{field}.temperature"),
+                format!("{t} must be finite and >= 0"),
+            ));
+        }
+        Ok(Compiled { t })
+    }
+}
+
+impl Compiled {
+    pub(crate) fn apply(&self, ws: &mut Workspace) {
+        if self.t == 0.0 {
+            ws.keep_argmax();
+        } else if self.t != 1.0 {
+            ws.divide(self.t);
+        }
+    }
+}

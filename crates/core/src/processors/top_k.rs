@@ -1,0 +1,75 @@
+//! Top-k (reference step 7): keep the `k` candidates with the highest processed logits.
+//! Ties at the boundary go to the lower token id (`ties: "by_id"`, exactly k kept), or every
+//! token tied with the k-th value is kept (`ties: "keep_all"`, what HF and vLLM's PyTorch path
+//! do). `k` must be ≥ 1 in a pipeline; the request-level `top_k <= 0` means "disabled" and
+//! simply leaves the processor out.
+
+use serde::{Deserialize, Serialize};
+
+use super::{check_version, v1};
+use crate::error::{Error, Result};
+use crate::support::{TopKTies, Workspace};
+
+/// Implementation version.
+pub const VERSION: u32 = 1;
+
+/// Tie rule at the k-th position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Ties {
+    /// Exactly k; ties → lower token id.
+    #[default]
+    ById,
+    /// Keep every token tied with the k-th value.
+    KeepAll,
+}
+
+/// Config of top-k.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopK {
+    /// Processor version.
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// Number of candidates to keep (≥ 1).
+    pub top_k: i64,
+    /// Tie rule.
+    #[serde(default)]
+    pub ties: Ties,
+}
+
+/// Compiled form.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub(crate) k: usize,
+    ties: TopKTies,
+}
+
+impl TopK {
+    pub(crate) fn compile(&self, field: &str) -> Result<Compiled> {
+        check_version(field, self.version, VERSION)?;
+        if self.top_k < 1 {
+            return Err(Error::invalid(
+                format!("{field}.top_k"),
+                format!(
+                    "{} must be >= 1 in a pipeline (leave the processor out to disable top-k)",
+                    self.top_k
+                ),
+            ));
+        }
+        let ties = match self.ties {
+            Ties::ById => TopKTies::ById,
+            Ties::KeepAll => TopKTies::KeepAll,
+        };
+        Ok(Compiled {
+            k: self.top_k.min(u32::MAX as i64) as usize,
+            ties,
+        })
+    }
+}
+
+impl Compiled {
+    pub(crate) fn apply(&self, ws: &mut Workspace) {
+        ws.top_k(self.k, self.ties);
+    }
+}

@@ -1,0 +1,72 @@
+//! Locally typical truncation: with `H` the entropy of the current support distribution, order
+//! tokens by `|−log p_i − H|` ascending (ties → lower id) and keep the smallest prefix whose
+//! cumulative probability is `>= typical_p`, at least `min_keep`. `keep_ties` also keeps tokens
+//! tied with the last kept deviation (HF). `typical_p ∈ (0, 1]`; `1` keeps everything.
+//! On a dense (untruncated) support this needs every probability and a sort of the support.
+
+use serde::{Deserialize, Serialize};
+
+use super::top_p::one;
+use super::{check_version, v1};
+use crate::error::{Error, Result};
+use crate::support::Workspace;
+
+/// Implementation version.
+pub const VERSION: u32 = 1;
+
+/// Config of typical-p.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TypicalP {
+    /// Processor version.
+    #[serde(default = "v1")]
+    pub version: u32,
+    /// Mass in `(0, 1]`.
+    pub typical_p: f64,
+    /// Minimum number of tokens kept (≥ 1).
+    #[serde(default = "one")]
+    pub min_keep: usize,
+    /// Keep tokens tied with the last kept deviation.
+    #[serde(default)]
+    pub keep_ties: bool,
+}
+
+/// Compiled form.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    tau: f64,
+    min_keep: usize,
+    keep_ties: bool,
+}
+
+impl TypicalP {
+    pub(crate) fn compile(&self, field: &str) -> Result<Compiled> {
+        check_version(field, self.version, VERSION)?;
+        let t = self.typical_p;
+        if !(t > 0.0 && t <= 1.0) {
+            return Err(Error::invalid(
+                format!("{field}.typical_p"),
+                format!("{t} is outside (0, 1]"),
+            ));
+        }
+        if self.min_keep == 0 {
+            return Err(Error::invalid(
+                format!("{field}.min_keep"),
+                "must be at least 1",
+            ));
+        }
+        Ok(Compiled {
+            tau: t,
+            min_keep: self.min_keep,
+            keep_ties: self.keep_ties,
+        })
+    }
+}
+
+impl Compiled {
+    pub(crate) fn apply(&self, ws: &mut Workspace) {
+        if self.tau < 1.0 {
+            ws.typical(self.tau, self.min_keep, self.keep_ties);
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Selection over the final support (reference step 10).
+//!
+//! * **Greedy** — argmax of the processed logit over the support, ties → lowest token id.
+//!   Consumes no random number.
+//! * **Categorical** — inverse CDF: candidates ordered by token id ascending, one `u ∈ [0, 1)`,
+//!   the first token whose running `f64` sum of selection probabilities exceeds `u`; if rounding
+//!   leaves `u` at or above the final sum, the last candidate (000 §3.8's rounding guard).
+//! * **Gumbel-max** (exponential race) — for each candidate `E_i = −ln u_i` with `u_i ∈ (0, 1)`
+//!   drawn at counter `(step, Gumbel, token id)`; select `argmax w_i / E_i` (ties → lowest id).
+//!   A token's noise depends only on (seed, step, id), never on the order or size of the list.
+
+use serde::{Deserialize, Serialize};
+
+use crate::math::{exp_f32, ln_f64};
+use crate::rng::{Purpose, RngState};
+use crate::support::Workspace;
+
+/// The selection rule of a pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Selector {
+    /// Argmax, ties → lowest id.
+    Greedy,
+    /// Inverse-CDF categorical sampling in token-id order.
+    #[default]
+    Categorical,
+    /// Gumbel-max via an exponential race keyed by token id.
+    Gumbel,
+}
+
+/// Where the randomness of a step comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Draw {
+    /// The sequence's own counter-based stream.
+    Stream,
+    /// A fixed inverse-CDF position `u ∈ [0, 1)` (teaching, replay of hand computations).
+    FixedU(f64),
+}
+
+/// What selection did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Selected {
+    /// The selected token.
+    pub token: u32,
+    /// The `u` used by categorical selection (`None` for greedy and Gumbel).
+    pub u: Option<f64>,
+}
+
+pub(crate) fn select(
+    ws: &mut Workspace,
+    selector: Selector,
+    rng: &RngState,
+    step: u64,
+    draw: Draw,
+) -> Option<Selected> {
+    match selector {
+        Selector::Greedy => ws.argmax().map(|c| Selected {
+            token: c.id,
+            u: None,
+        }),
+        Selector::Categorical => {
+            let u = match draw {
+                Draw::Stream => rng.uniform(step, Purpose::Select, 0),
+                Draw::FixedU(u) => u,
+            };
+            categorical(ws, u).map(|t| Selected {
+                token: t,
+                u: Some(u),
+            })
+        }
+        Selector::Gumbel => gumbel(ws, rng, step).map(|t| Selected { token: t, u: None }),
+    }
+}
+
+fn categorical(ws: &mut Workspace, u: f64) -> Option<u32> {
+    let (m, s) = ws.normalize();
+    if ws.dense {
+        let mut cum = 0.0f64;
+        let mut last = None;
+        for (i, &w) in ws.w.iter().enumerate() {
+            if ws.buf[i] == f32::NEG_INFINITY {
+                continue;
+            }
+            cum += w as f64 / s;
+            last = Some(i as u32);
+            if u < cum {
+                return last;
+            }
+        }
+        last
+    } else {
+        // id-ascending order over a copy (the canonical order is kept for the record)
+        ws.scratch.clear();
+        ws.scratch.extend_from_slice(&ws.cands);
+        ws.scratch.sort_unstable_by_key(|c| c.id);
+        let mut cum = 0.0f64;
+        for c in &ws.scratch {
+            cum += exp_f32(c.z - m) as f64 / s;
+            if u < cum {
+                return Some(c.id);
+            }
+        }
+        ws.scratch.last().map(|c| c.id)
+    }
+}
+
+fn gumbel(ws: &mut Workspace, rng: &RngState, step: u64) -> Option<u32> {
+    let (m, _s) = ws.normalize();
+    let mut best: Option<(f64, u32)> = None;
+    let mut consider = |id: u32, z: f32| {
+        let w = exp_f32(z - m) as f64;
+        if w <= 0.0 {
+            return;
+        }
+        let e = -ln_f64(rng.uniform_open(step, Purpose::Gumbel, id));
+        let key = w / e;
+        match best {
+            Some((bk, bid)) if !(key > bk || (key == bk && id < bid)) => {}
+            _ => best = Some((key, id)),
+        }
+    };
+    if ws.dense {
+        for (i, &z) in ws.buf.iter().enumerate() {
+            if z > f32::NEG_INFINITY {
+                consider(i as u32, z);
+            }
+        }
+    } else {
+        for c in &ws.cands {
+            consider(c.id, c.z);
+        }
+    }
+    best.map(|b| b.1)
+}

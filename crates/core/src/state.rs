@@ -1,0 +1,191 @@
+//! Per-sequence decoder state (000 §3.2) and the post-selection transition (000 §3.10).
+//!
+//! A [`DecoderState`] is everything about one sequence that processors may read: prompt ids,
+//! selected ids, token counts, sequence-constraint automaton states, a slot for grammar state,
+//! stop state, the random stream, the step index and the finish status. It holds no model KV.
+//! Processors only read it; it is changed only by [`Sampler::commit`](crate::Sampler::commit),
+//! which applies the §3.10 update in order.
+
+use serde::{Deserialize, Serialize};
+
+use crate::fxhash::FxHashMap;
+use crate::rng::RngState;
+
+/// Why a sequence finished (token-level terminal reasons).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An EOS id of the vocabulary was selected.
+    Eos {
+        /// The EOS token.
+        token: u32,
+    },
+    /// A request `stop_token_ids` entry was selected.
+    StopToken {
+        /// The stop token.
+        token: u32,
+    },
+    /// `max_tokens` output tokens were produced.
+    MaxTokens,
+}
+
+/// Running, or finished with a reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum FinishStatus {
+    /// More steps may run.
+    Running,
+    /// Terminal; no further step is allowed.
+    Finished {
+        /// Why.
+        #[serde(flatten)]
+        reason: FinishReason,
+    },
+}
+
+/// Token occurrence counts (sparse).
+pub type Counts = FxHashMap<u32, u32>;
+
+/// State of one sequence-constraint processor (banned sequences or no-repeat n-gram).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SequenceSlot {
+    /// Current node of the banned-sequence automaton.
+    Banned {
+        /// Automaton node id.
+        node: u32,
+    },
+    /// Index of the (n−1)-grams seen so far: hash of the (n−1)-gram → start positions.
+    NGram {
+        /// Map from the hash of an (n−1)-gram to the positions where it starts.
+        index: FxHashMap<u64, Vec<u32>>,
+    },
+}
+
+/// A slot for constraint/grammar engine state (filled by the constraint engine later).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrammarSlot {
+    /// A digest of the engine state, recorded in traces.
+    pub digest: String,
+}
+
+/// Stop-matcher state (token-level; byte-level stop strings arrive with the vocabulary work).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopState {
+    /// Number of output tokens observed.
+    pub observed: u64,
+}
+
+/// The decoder state of one sequence at the start of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecoderState {
+    pub(crate) prompt_ids: Vec<u32>,
+    pub(crate) selected_ids: Vec<u32>,
+    pub(crate) counts_output: Counts,
+    pub(crate) counts_all: Counts,
+    pub(crate) sequence: Vec<SequenceSlot>,
+    pub(crate) grammar: Option<GrammarSlot>,
+    pub(crate) stop: StopState,
+    pub(crate) rng: RngState,
+    pub(crate) step: u64,
+    pub(crate) finish: FinishStatus,
+}
+
+impl DecoderState {
+    /// Prompt token ids.
+    pub fn prompt_ids(&self) -> &[u32] {
+        &self.prompt_ids
+    }
+    /// Selected (output) token ids `y[1..t-1]`.
+    pub fn selected_ids(&self) -> &[u32] {
+        &self.selected_ids
+    }
+    /// Occurrences of `id` in the output.
+    pub fn output_count(&self, id: u32) -> u32 {
+        self.counts_output.get(&id).copied().unwrap_or(0)
+    }
+    /// Occurrences of `id` in prompt + output.
+    pub fn total_count(&self, id: u32) -> u32 {
+        self.counts_all.get(&id).copied().unwrap_or(0)
+    }
+    /// The random stream's state (save it to resume the stream later).
+    pub fn rng(&self) -> RngState {
+        self.rng
+    }
+    /// The index of the next step (0-based; equals the number of selected tokens).
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+    /// Running or finished.
+    pub fn finish(&self) -> FinishStatus {
+        self.finish
+    }
+    /// The grammar-state slot.
+    pub fn grammar(&self) -> Option<&GrammarSlot> {
+        self.grammar.as_ref()
+    }
+    /// The stop-matcher state.
+    pub fn stop_state(&self) -> &StopState {
+        &self.stop
+    }
+    /// Whether the sequence is finished.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.finish, FinishStatus::Finished { .. })
+    }
+    /// The token at context position `i` (prompt first, then output).
+    #[inline]
+    pub(crate) fn context_at(&self, i: usize) -> u32 {
+        let p = self.prompt_ids.len();
+        if i < p {
+            self.prompt_ids[i]
+        } else {
+            self.selected_ids[i - p]
+        }
+    }
+    /// Length of prompt + output.
+    #[inline]
+    pub(crate) fn context_len(&self) -> usize {
+        self.prompt_ids.len() + self.selected_ids.len()
+    }
+
+    /// A compact, serialisable summary for step records.
+    pub fn summary(&self) -> StateSummary {
+        StateSummary {
+            step: self.step,
+            prompt_len: self.prompt_ids.len(),
+            output_len: self.selected_ids.len(),
+            last_token: self.selected_ids.last().copied(),
+            sequence_nodes: self
+                .sequence
+                .iter()
+                .map(|s| match s {
+                    SequenceSlot::Banned { node } => *node as u64,
+                    SequenceSlot::NGram { index } => index.len() as u64,
+                })
+                .collect(),
+            grammar: self.grammar.as_ref().map(|g| g.digest.clone()),
+            rng_counter: self.rng.counter,
+            finish: self.finish,
+        }
+    }
+}
+
+/// What a step record says about the state before and after a step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateSummary {
+    /// Step index.
+    pub step: u64,
+    /// Prompt length.
+    pub prompt_len: usize,
+    /// Output length.
+    pub output_len: usize,
+    /// Last selected token.
+    pub last_token: Option<u32>,
+    /// Per sequence-constraint processor: automaton node (banned) or index size (n-gram).
+    pub sequence_nodes: Vec<u64>,
+    /// Grammar state digest, if a grammar is active.
+    pub grammar: Option<String>,
+    /// RNG counter (next step's draws).
+    pub rng_counter: u64,
+    /// Finish status.
+    pub finish: FinishStatus,
+}
