@@ -1,0 +1,299 @@
+//! One-step requests as data: the input of `nextok explain` and of the shared test vectors.
+//!
+//! ```json
+//! {"logits": [2.0, 1.5, 0.5], "tokens": ["A", "B", "C"], "pipeline": "reference",
+//!  "params": {"temperature": 0.8, "top_p": 0.8, "presence_penalty": 0.1, "frequency_penalty": 0.2},
+//!  "prompt_ids": [], "selected_ids": [0, 0, 1], "selector": {"u": 0.63}}
+//! ```
+//!
+//! `pipeline` is a preset name (`reference`, `hf`, `vllm`, `llama.cpp`) built from `params`, or
+//! a full pipeline object; with a pipeline object, `params` may only carry the request-level
+//! fields (`max_tokens`, `stop_token_ids`, `ignore_eos`, `seed`). Logits may be numbers or the
+//! strings `"-inf"`, `"inf"`, `"nan"` (so bad input can be written down). `selector` is
+//! `{"u": x}` (a fixed inverse-CDF position) or `{"seed": n}` (the request's random stream).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::pipeline::params::SamplingParams;
+use crate::pipeline::presets::{self, Preset};
+use crate::pipeline::{PipelineConfig, StopConfig};
+use crate::record::StepRecord;
+use crate::sampler::{Explanation, Sampler, TokenRow};
+use crate::select::Draw;
+use crate::state::DecoderState;
+use crate::vocab::VocabInfo;
+
+/// A preset name or a full pipeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PipelineSpec {
+    /// A preset name.
+    Preset(String),
+    /// A custom pipeline.
+    Custom(PipelineConfig),
+}
+
+impl Default for PipelineSpec {
+    fn default() -> Self {
+        PipelineSpec::Preset("reference".into())
+    }
+}
+
+/// How the step draws its randomness.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelectorInput {
+    /// A fixed `u ∈ [0, 1)`.
+    #[serde(default)]
+    pub u: Option<f64>,
+    /// The random-stream seed.
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+/// A one-step request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepRequest {
+    /// Raw logits, one per token.
+    #[serde(with = "logit_list")]
+    pub logits: Vec<f32>,
+    /// Optional display names, one per token.
+    #[serde(default)]
+    pub tokens: Option<Vec<String>>,
+    /// Preset name or pipeline object (default `reference`).
+    #[serde(default)]
+    pub pipeline: PipelineSpec,
+    /// Sampling parameters.
+    #[serde(default)]
+    pub params: SamplingParams,
+    /// Prompt ids.
+    #[serde(default)]
+    pub prompt_ids: Vec<u32>,
+    /// Already selected ids.
+    #[serde(default)]
+    pub selected_ids: Vec<u32>,
+    /// Fixed `u` or seed.
+    #[serde(default)]
+    pub selector: Option<SelectorInput>,
+    /// EOS ids of the vocabulary.
+    #[serde(default)]
+    pub eos_token_ids: Vec<u32>,
+    /// Special/control ids of the vocabulary.
+    #[serde(default)]
+    pub special_token_ids: Vec<u32>,
+}
+
+/// What `explain --json` prints.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExplainOutput {
+    /// Selected token id.
+    pub selected: u32,
+    /// Selected token name, when names were given.
+    pub selected_token: Option<String>,
+    /// Final support, ids ascending.
+    pub support: Vec<u32>,
+    /// Pipeline hash.
+    pub pipeline_hash: String,
+    /// The pipeline that ran.
+    pub pipeline: PipelineConfig,
+    /// The categorical `u`, when used.
+    pub u: Option<f64>,
+    /// One row per token.
+    pub tokens: Vec<NamedRow>,
+    /// The step record.
+    pub record: StepRecord,
+}
+
+/// A ledger row with the token's name.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NamedRow {
+    /// Display name (the id when no names were given).
+    pub token: String,
+    /// The values.
+    #[serde(flatten)]
+    pub row: TokenRow,
+}
+
+impl StepRequest {
+    /// Parses a request; errors name the failing field.
+    pub fn from_json(s: &str) -> Result<StepRequest> {
+        serde_json::from_str(s).map_err(|e| Error::parse("request", e.to_string()))
+    }
+
+    /// Compiles the sampler and builds the state and draw this request describes.
+    pub fn build(&self) -> Result<(Sampler, DecoderState, Draw)> {
+        let v = self.logits.len();
+        if v == 0 {
+            return Err(Error::invalid("logits", "must contain at least one value"));
+        }
+        if let Some(t) = &self.tokens {
+            if t.len() != v {
+                return Err(Error::invalid(
+                    "tokens",
+                    format!("has {} names for {} logits", t.len(), v),
+                ));
+            }
+        }
+        let vocab = VocabInfo {
+            vocab_size: v,
+            eos_token_ids: self.eos_token_ids.clone(),
+            special_token_ids: self.special_token_ids.clone(),
+        };
+        let (cfg, stop) = match &self.pipeline {
+            PipelineSpec::Preset(name) => {
+                let preset: Preset = name.parse()?;
+                presets::build(preset, &self.params)?
+            }
+            PipelineSpec::Custom(cfg) => {
+                let p = &self.params;
+                let request_level = SamplingParams {
+                    max_tokens: p.max_tokens,
+                    stop_token_ids: p.stop_token_ids.clone(),
+                    ignore_eos: p.ignore_eos,
+                    seed: p.seed,
+                    ..Default::default()
+                };
+                if *p != request_level {
+                    return Err(Error::contradiction(
+                        "params",
+                        "with a custom pipeline object, sampling parameters belong in the pipeline; params may only set max_tokens, stop_token_ids, ignore_eos and seed",
+                    ));
+                }
+                cfg.check_format()?;
+                let stop = StopConfig {
+                    stop_token_ids: p.stop_token_ids.clone(),
+                    max_tokens: p.max_tokens,
+                    ignore_eos: p.ignore_eos,
+                };
+                (cfg.clone(), stop)
+            }
+        };
+        let sampler = Sampler::new(cfg, vocab, stop)?;
+        let (draw, seed) = match self.selector {
+            Some(SelectorInput {
+                u: Some(_),
+                seed: Some(_),
+            }) => {
+                return Err(Error::contradiction(
+                    "selector",
+                    "give either `u` or `seed`, not both",
+                ))
+            }
+            Some(SelectorInput { u: Some(u), .. }) => {
+                if !(0.0..1.0).contains(&u) {
+                    return Err(Error::invalid(
+                        "selector.u",
+                        format!("{u} is outside [0, 1)"),
+                    ));
+                }
+                (Draw::FixedU(u), self.params.seed.unwrap_or(0))
+            }
+            Some(SelectorInput { seed: Some(s), .. }) => {
+                if self.params.seed.is_some_and(|p| p != s) {
+                    return Err(Error::contradiction(
+                        "selector.seed",
+                        "differs from params.seed",
+                    ));
+                }
+                (Draw::Stream, s)
+            }
+            _ => (Draw::Stream, self.params.seed.unwrap_or(0)),
+        };
+        let state = sampler.state_with_history(&self.prompt_ids, &self.selected_ids, seed)?;
+        Ok((sampler, state, draw))
+    }
+
+    /// Runs the step and returns the full explanation.
+    pub fn explain(&self) -> Result<(Sampler, Explanation)> {
+        let (sampler, state, draw) = self.build()?;
+        let ex = sampler.explain(&self.logits, &state, draw)?;
+        Ok((sampler, ex))
+    }
+
+    /// The display name of token `id`.
+    pub fn name(&self, id: u32) -> String {
+        match &self.tokens {
+            Some(t) => t
+                .get(id as usize)
+                .cloned()
+                .unwrap_or_else(|| id.to_string()),
+            None => id.to_string(),
+        }
+    }
+
+    /// Runs the step and returns what `explain --json` prints.
+    pub fn explain_output(&self) -> Result<ExplainOutput> {
+        let (sampler, ex) = self.explain()?;
+        let mut support: Vec<u32> = ex.tokens.iter().filter(|r| r.kept).map(|r| r.id).collect();
+        support.sort_unstable();
+        let selected = ex.record.selected;
+        Ok(ExplainOutput {
+            selected,
+            selected_token: self.tokens.as_ref().map(|_| self.name(selected)),
+            support,
+            pipeline_hash: sampler.pipeline_hash().to_string(),
+            pipeline: sampler.config().clone(),
+            u: ex.record.rng.u,
+            tokens: ex
+                .tokens
+                .iter()
+                .map(|r| NamedRow {
+                    token: self.name(r.id),
+                    row: r.clone(),
+                })
+                .collect(),
+            record: ex.record,
+        })
+    }
+}
+
+/// Logits as numbers or `"-inf"` / `"inf"` / `"nan"` strings.
+mod logit_list {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(untagged)]
+    enum L {
+        N(f32),
+        S(String),
+    }
+
+    pub fn serialize<S: Serializer>(v: &[f32], s: S) -> Result<S::Ok, S::Error> {
+        let items: Vec<L> = v
+            .iter()
+            .map(|&x| {
+                if x.is_finite() {
+                    L::N(x)
+                } else if x.is_nan() {
+                    L::S("nan".into())
+                } else if x > 0.0 {
+                    L::S("inf".into())
+                } else {
+                    L::S("-inf".into())
+                }
+            })
+            .collect();
+        items.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
+        let items = Vec::<L>::deserialize(d)?;
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| match l {
+                L::N(x) => Ok(x),
+                L::S(s) => match s.as_str() {
+                    "-inf" => Ok(f32::NEG_INFINITY),
+                    "inf" | "+inf" => Ok(f32::INFINITY),
+                    "nan" | "NaN" => Ok(f32::NAN),
+                    other => Err(serde::de::Error::custom(format!(
+                        "logits[{i}]: `{other}` is not a number"
+                    ))),
+                },
+            })
+            .collect()
+    }
+}
