@@ -176,7 +176,7 @@ impl fmt::Display for Error {
                 )
             }
             ErrorKind::EmptySupport { stage } => {
-                write!(f, "constraint error: no selectable token left after `{stage}` (sampler not called)")
+                write!(f, "constraint error: empty support after `{stage}`: no selectable token left (sampler not called)")
             }
             ErrorKind::AlreadyFinished => write!(f, "the sequence has already finished"),
             ErrorKind::Parse { field, reason } => write!(f, "invalid `{field}`: {reason}"),

@@ -25,6 +25,8 @@
 
 #![warn(missing_docs)]
 
+#[doc(hidden)]
+pub mod bench;
 pub mod error;
 mod fxhash;
 pub mod math;

@@ -260,6 +260,15 @@ impl Sampler {
         Ok(st)
     }
 
+    /// Reserves room for `additional` more selected tokens in `state` (history and counts), so
+    /// that the next `additional` steps allocate nothing; without it the history grows amortised.
+    pub fn reserve(&self, state: &mut DecoderState, additional: usize) {
+        state.selected_ids.reserve(additional);
+        let distinct = additional.min(self.vocab.vocab_size);
+        state.counts_output.reserve(distinct);
+        state.counts_all.reserve(distinct);
+    }
+
     /// A state that has already selected `selected_ids` (validated and committed one by one
     /// without stop checks, e.g. to reproduce a hand computation's history).
     pub fn state_with_history(

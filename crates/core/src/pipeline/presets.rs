@@ -5,9 +5,12 @@
 //! | preset | order |
 //! |---|---|
 //! | `reference` | special mask → min_tokens → allowed ids → banned sequences → no-repeat n-gram → logit bias → repetition → presence/frequency → temperature → top-k → top-p → min-p → typical-p → categorical |
-//! | `hf` | logit bias → repetition (prompt+output) → no-repeat n-gram → banned sequences → min_tokens → special mask → allowed ids → presence/frequency → temperature → top-k (ties kept; default 50) → top-p (ascending tail) → min-p → typical-p (ties kept) → categorical |
+//! | `hf` | logit bias → repetition (prompt+output) → no-repeat n-gram → banned sequences → min_tokens → allowed ids → presence/frequency → temperature → top-k (ties kept; default 50) → top-p (ascending tail) → min-p → typical-p (ties kept) → categorical |
 //! | `vllm` | allowed ids → banned sequences (output only) → min_tokens → logit bias → repetition (prompt+output) → presence/frequency (output) → temperature (0 < T < 0.01 raised to 0.01) → min-p → top-k (ties kept) → top-p (ascending tail) → Gumbel-max (exponential race) |
 //! | `llama.cpp` | logit bias → penalties over the last `penalty_last_n` (64) tokens → top-k (40) → typical-p → top-p (0.95) → min-p (0.05) → temperature (0.8) → categorical |
+//!
+//! Only the reference order masks the vocabulary's special tokens (step 1); the engines do not
+//! by default, so their presets don't either.
 //!
 //! `temperature = 0` is greedy in every preset: reference and llama.cpp keep the argmax at the
 //! temperature's position (a `temperature: 0` processor) and select greedily; HF and vLLM drop the
@@ -310,7 +313,6 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
             v.extend(ngram);
             v.extend(banned(true));
             v.extend(min_tokens);
-            v.push(special());
             v.extend(allowed);
             v.extend(presfreq(PenaltyScope::Output));
             if greedy {
@@ -324,7 +326,6 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
             }
         }
         Preset::Vllm => {
-            v.push(special());
             v.extend(allowed);
             v.extend(banned(false));
             v.extend(min_tokens);
@@ -344,7 +345,6 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
         }
         Preset::LlamaCpp => {
             let n = params.penalty_last_n.unwrap_or(64);
-            v.push(special());
             v.extend(allowed);
             v.extend(banned(true));
             v.extend(min_tokens);

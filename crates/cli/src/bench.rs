@@ -1,0 +1,348 @@
+//! `nextok bench sampler [--json]`: the floor (one summing pass), a naive full-sort sampler and
+//! nextok, interleaved in one process — round-robin per iteration, so machine noise hits all
+//! three alike — plus batch stepping on one thread against two.
+
+use std::time::{Duration, Instant};
+
+use nextok_core::bench::{
+    BatchBench, Case, StepBench, BATCH_ROWS, SPECIAL_TOKENS, TARGET_VOCAB, VOCAB_SIZES,
+};
+use serde::Serialize;
+
+/// Arguments of `nextok bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// What to benchmark; only `sampler` exists.
+    pub what: String,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Vocabulary sizes, comma-separated (default: 49152,128256,151936,262144).
+    #[arg(long, value_delimiter = ',')]
+    pub vocab: Vec<usize>,
+    /// Interleaved per-step iterations (each runs floor, naive and nextok once per case).
+    #[arg(long, default_value_t = 100)]
+    pub iters: usize,
+    /// Batch repetitions per thread count (alternating one and two threads).
+    #[arg(long, default_value_t = 30)]
+    pub batch_iters: usize,
+}
+
+#[derive(Serialize)]
+struct StepRow {
+    vocab: usize,
+    case: &'static str,
+    name: &'static str,
+    support: usize,
+    floor_ns: f64,
+    naive_ns: f64,
+    nextok_ns: f64,
+    nextok_over_floor: f64,
+    naive_over_nextok: f64,
+}
+
+#[derive(Serialize)]
+struct BatchRow {
+    vocab: usize,
+    case: &'static str,
+    rows: usize,
+    one_thread_rows_per_s: f64,
+    two_threads_rows_per_s: f64,
+    speedup: f64,
+}
+
+#[derive(Serialize)]
+struct Target {
+    name: &'static str,
+    limit: f64,
+    measured: f64,
+    met: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    threads_available: usize,
+    iters: usize,
+    batch_iters: usize,
+    steps: Vec<StepRow>,
+    batch: Vec<BatchRow>,
+    targets: Vec<Target>,
+}
+
+fn median(xs: &mut [f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.sort_unstable_by(|a, b| a.total_cmp(b));
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        0.5 * (xs[n / 2 - 1] + xs[n / 2])
+    }
+}
+
+fn ns(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e9
+}
+
+/// Runs `nextok bench`.
+pub fn run(args: BenchArgs) -> Result<(), String> {
+    if args.what != "sampler" {
+        return Err(format!(
+            "unknown benchmark `{}` (expected `sampler`)",
+            args.what
+        ));
+    }
+    let vocabs: Vec<usize> = if args.vocab.is_empty() {
+        VOCAB_SIZES.to_vec()
+    } else {
+        args.vocab.clone()
+    };
+    if let Some(&v) = vocabs.iter().find(|&&v| v < 4 * SPECIAL_TOKENS) {
+        return Err(format!(
+            "--vocab {v} is too small (at least {})",
+            4 * SPECIAL_TOKENS
+        ));
+    }
+    if args.iters == 0 {
+        return Err("--iters must be at least 1".into());
+    }
+    let threads_available = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let steps = step_medians(&vocabs, args.iters, !args.json);
+    let batch = batch_rates(&vocabs, args.batch_iters.max(1), !args.json);
+    let targets = targets(&steps, &batch);
+    let report = Report {
+        threads_available,
+        iters: args.iters,
+        batch_iters: args.batch_iters.max(1),
+        steps,
+        batch,
+        targets,
+    };
+    if args.json {
+        let s = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        println!("{s}");
+    } else {
+        print_tables(&report);
+    }
+    Ok(())
+}
+
+fn step_medians(vocabs: &[usize], iters: usize, progress: bool) -> Vec<StepRow> {
+    let mut benches: Vec<StepBench> = Vec::new();
+    for &v in vocabs {
+        for case in Case::ALL {
+            benches.push(StepBench::new(case, v));
+        }
+    }
+    let supports: Vec<usize> = benches.iter_mut().map(|b| b.nextok_support()).collect();
+    // warm-up: one of each
+    for b in benches.iter_mut() {
+        std::hint::black_box(b.floor());
+        std::hint::black_box(b.naive());
+        std::hint::black_box(b.nextok());
+    }
+    let mut times = vec![[Vec::with_capacity(iters), Vec::new(), Vec::new()]; benches.len()];
+    for t in times.iter_mut() {
+        t[1].reserve(iters);
+        t[2].reserve(iters);
+    }
+    for it in 0..iters {
+        if progress && it % 10 == 0 {
+            eprint!("\rper-step iterations: {it}/{iters}");
+        }
+        for (b, t) in benches.iter_mut().zip(times.iter_mut()) {
+            // rotate the order so no method always follows the same one
+            for k in 0..3 {
+                let which = (it + k) % 3;
+                let t0 = Instant::now();
+                match which {
+                    0 => {
+                        std::hint::black_box(b.floor());
+                    }
+                    1 => {
+                        std::hint::black_box(b.naive());
+                    }
+                    _ => {
+                        std::hint::black_box(b.nextok());
+                    }
+                }
+                t[which].push(ns(t0.elapsed()));
+            }
+        }
+    }
+    if progress {
+        eprintln!("\rper-step iterations: {iters}/{iters}");
+    }
+    benches
+        .iter()
+        .zip(times.iter_mut())
+        .zip(supports)
+        .map(|((b, t), support)| {
+            let floor = median(&mut t[0]);
+            let naive = median(&mut t[1]);
+            let nextok = median(&mut t[2]);
+            StepRow {
+                vocab: b.fixture.logits.len(),
+                case: b.case.key(),
+                name: b.case.name(),
+                support,
+                floor_ns: floor,
+                naive_ns: naive,
+                nextok_ns: nextok,
+                nextok_over_floor: nextok / floor,
+                naive_over_nextok: naive / nextok,
+            }
+        })
+        .collect()
+}
+
+fn batch_rates(vocabs: &[usize], iters: usize, progress: bool) -> Vec<BatchRow> {
+    let mut rows = Vec::new();
+    for &v in vocabs {
+        for case in Case::ALL {
+            if progress {
+                eprint!("\rbatch: {} at V = {v}            ", case.key());
+            }
+            let mut b = BatchBench::new(case, v, BATCH_ROWS, &[1, 2]);
+            b.run(1);
+            b.run(2);
+            let mut one = Vec::with_capacity(iters);
+            let mut two = Vec::with_capacity(iters);
+            for it in 0..iters {
+                if it % 2 == 0 {
+                    one.push(b.run(1).as_secs_f64());
+                    two.push(b.run(2).as_secs_f64());
+                } else {
+                    two.push(b.run(2).as_secs_f64());
+                    one.push(b.run(1).as_secs_f64());
+                }
+            }
+            let r1 = b.rows() as f64 / median(&mut one);
+            let r2 = b.rows() as f64 / median(&mut two);
+            rows.push(BatchRow {
+                vocab: v,
+                case: case.key(),
+                rows: b.rows(),
+                one_thread_rows_per_s: r1,
+                two_threads_rows_per_s: r2,
+                speedup: r2 / r1,
+            });
+        }
+    }
+    if progress {
+        eprintln!("\rbatch: done                                   ");
+    }
+    rows
+}
+
+fn targets(steps: &[StepRow], batch: &[BatchRow]) -> Vec<Target> {
+    let mut out = Vec::new();
+    let step = |case: &str| {
+        steps
+            .iter()
+            .find(|s| s.vocab == TARGET_VOCAB && s.case == case)
+    };
+    if let Some(s) = step(Case::DefaultChain.key()) {
+        out.push(Target {
+            name: "default chain: nextok / floor <= 3",
+            limit: 3.0,
+            measured: s.nextok_over_floor,
+            met: s.nextok_over_floor <= 3.0,
+        });
+    }
+    if let Some(s) = step(Case::TopPOnly.key()) {
+        out.push(Target {
+            name: "top-p alone: nextok / floor <= 5",
+            limit: 5.0,
+            measured: s.nextok_over_floor,
+            met: s.nextok_over_floor <= 5.0,
+        });
+        out.push(Target {
+            name: "top-p alone: naive / nextok >= 30",
+            limit: 30.0,
+            measured: s.naive_over_nextok,
+            met: s.naive_over_nextok >= 30.0,
+        });
+    }
+    for b in batch.iter().filter(|b| b.vocab == TARGET_VOCAB) {
+        out.push(Target {
+            name: if b.case == Case::DefaultChain.key() {
+                "batch 64, default chain: 2 threads / 1 thread >= 1.8"
+            } else {
+                "batch 64, top-p alone: 2 threads / 1 thread >= 1.8"
+            },
+            limit: 1.8,
+            measured: b.speedup,
+            met: b.speedup >= 1.8,
+        });
+    }
+    out
+}
+
+fn print_tables(r: &Report) {
+    println!(
+        "nextok bench sampler: {} interleaved iterations, medians per step; {} threads available",
+        r.iters, r.threads_available
+    );
+    println!();
+    println!(
+        "{:>7}  {:<28} {:>7} {:>10} {:>11} {:>10} {:>12} {:>12}",
+        "vocab",
+        "case",
+        "support",
+        "floor µs",
+        "naive µs",
+        "nextok µs",
+        "nextok/floor",
+        "naive/nextok"
+    );
+    for s in &r.steps {
+        println!(
+            "{:>7}  {:<28} {:>7} {:>10.2} {:>11.1} {:>10.2} {:>12.2} {:>12.1}",
+            s.vocab,
+            s.name,
+            s.support,
+            s.floor_ns / 1e3,
+            s.naive_ns / 1e3,
+            s.nextok_ns / 1e3,
+            s.nextok_over_floor,
+            s.naive_over_nextok
+        );
+    }
+    println!();
+    println!(
+        "batch of {BATCH_ROWS} rows, {} repetitions each, medians",
+        r.batch_iters
+    );
+    println!(
+        "{:>7}  {:<28} {:>14} {:>14} {:>8}",
+        "vocab", "case", "1 thread rows/s", "2 threads rows/s", "ratio"
+    );
+    for b in &r.batch {
+        let name = if b.case == Case::DefaultChain.key() {
+            Case::DefaultChain.name()
+        } else {
+            Case::TopPOnly.name()
+        };
+        println!(
+            "{:>7}  {:<28} {:>15.0} {:>16.0} {:>8.2}",
+            b.vocab, name, b.one_thread_rows_per_s, b.two_threads_rows_per_s, b.speedup
+        );
+    }
+    if !r.targets.is_empty() {
+        println!();
+        println!("targets at V = {TARGET_VOCAB}");
+        for t in &r.targets {
+            println!(
+                "  {:<56} measured {:>7.2}  {}",
+                t.name,
+                t.measured,
+                if t.met { "met" } else { "MISSED" }
+            );
+        }
+    }
+}

@@ -1,0 +1,600 @@
+//! Deterministic benchmark fixtures shared by the criterion benchmark (`benches/sampler.rs`)
+//! and `nextok bench sampler`. Not part of the stable API.
+//!
+//! * [`Fixture`] — a realistic heavy-tailed logits row: a Normal(0, 2.5) bulk, a few dozen
+//!   strong tokens 8–15 above the bulk mean, 256 reserved special tokens far below it (hidden by
+//!   the special mask, one of them the EOS), and a 96-token history (BOS, repeats of strong tokens
+//!   and bulk tokens) so that history penalties act. Everything comes from a self-contained
+//!   splitmix64 generator and the polar Box–Muller method with nextok's own `ln`, so a fixture
+//!   is the same on every platform.
+//! * [`floor_sum`] — the floor: one streaming pass summing the logits in 8 `f32` lanes.
+//! * [`Naive`] — what an engine does with a full sort of the vocabulary (HF, or llama.cpp with
+//!   top-k off): the same processors as the case, softmax over V, a full sort by probability,
+//!   cumulative sums, then an inverse-CDF draw.
+//! * [`StepBench`] / [`BatchBench`] — ready-made per-step and batch workloads.
+
+use std::time::{Duration, Instant};
+
+use crate::math::{exp_f32, ln_f64};
+use crate::sampler::WorkspacePool;
+use crate::{DecoderState, Preset, Result, Sampler, SamplingParams, StepResult, VocabInfo};
+use crate::{Draw, Workspace};
+
+/// The vocabulary sizes benchmarked (SmolLM, Llama 3, Qwen 2, Gemma 3).
+pub const VOCAB_SIZES: [usize; 4] = [49_152, 128_256, 151_936, 262_144];
+/// The vocabulary size the performance targets are stated for.
+pub const TARGET_VOCAB: usize = 128_256;
+/// Number of strong tokens in a fixture row.
+pub const STRONG_TOKENS: usize = 40;
+/// Number of reserved special tokens (the top ids of the vocabulary).
+pub const SPECIAL_TOKENS: usize = 256;
+/// History length (prompt tokens) of a fixture.
+pub const HISTORY_LEN: usize = 96;
+/// Rows of the batch benchmark.
+pub const BATCH_ROWS: usize = 64;
+
+/// splitmix64: a tiny, fast, deterministic 64-bit generator.
+#[derive(Debug, Clone)]
+pub struct SplitMix64 {
+    state: u64,
+    spare: Option<f64>,
+}
+
+impl SplitMix64 {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        SplitMix64 {
+            state: seed,
+            spare: None,
+        }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)` with 53 random bits.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Uniform integer in `0..n` (`n >= 1`; the tiny modulo bias is irrelevant here).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// Standard normal by the polar Box–Muller method (only `ln` and `sqrt`, both
+    /// platform-independent here).
+    pub fn normal(&mut self) -> f64 {
+        if let Some(s) = self.spare.take() {
+            return s;
+        }
+        loop {
+            let x = 2.0 * self.unit() - 1.0;
+            let y = 2.0 * self.unit() - 1.0;
+            let s = x * x + y * y;
+            if s > 0.0 && s < 1.0 {
+                let f = (-2.0 * ln_f64(s) / s).sqrt();
+                self.spare = Some(y * f);
+                return x * f;
+            }
+        }
+    }
+}
+
+/// One benchmark row: vocabulary facts, raw logits and a token history.
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    /// Vocabulary facts (256 reserved special ids at the top, the second one EOS).
+    pub vocab: VocabInfo,
+    /// The raw logits.
+    pub logits: Vec<f32>,
+    /// The history (used as the prompt): BOS, then a mix of strong and bulk tokens.
+    pub history: Vec<u32>,
+    /// The strong token ids.
+    pub strong: Vec<u32>,
+}
+
+/// A deterministic fixture row for a vocabulary of `v` tokens (`v >= 1024`).
+pub fn fixture(v: usize, seed: u64) -> Fixture {
+    assert!(v >= 1024, "fixtures need at least 1024 tokens");
+    let mut rng = SplitMix64::new(seed ^ 0x6E65_7874_6F6B_0001);
+    let special_start = v - SPECIAL_TOKENS;
+    let mut logits: Vec<f32> = (0..v).map(|_| (2.5 * rng.normal()) as f32).collect();
+    for z in &mut logits[special_start..] {
+        *z = (-12.0 + rng.normal()) as f32;
+    }
+    let mut strong: Vec<u32> = Vec::with_capacity(STRONG_TOKENS);
+    while strong.len() < STRONG_TOKENS {
+        let id = rng.below(special_start) as u32;
+        if !strong.contains(&id) {
+            strong.push(id);
+            logits[id as usize] = (8.0 + 7.0 * rng.unit()) as f32;
+        }
+    }
+    let bos = special_start as u32;
+    let eos = special_start as u32 + 1;
+    let mut history = Vec::with_capacity(HISTORY_LEN);
+    history.push(bos);
+    while history.len() < HISTORY_LEN {
+        let id = if rng.unit() < 0.5 {
+            // text repeats: mostly the strongest few tokens
+            strong[rng.below(STRONG_TOKENS / 4)]
+        } else {
+            rng.below(special_start) as u32
+        };
+        history.push(id);
+    }
+    Fixture {
+        vocab: VocabInfo {
+            vocab_size: v,
+            eos_token_ids: vec![eos],
+            special_token_ids: (special_start as u32..v as u32).collect(),
+        },
+        logits,
+        history,
+        strong,
+    }
+}
+
+/// The benchmarked sampling configurations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Case {
+    /// llama.cpp's default chain: special mask, repetition 1.1 + presence 0.5 + frequency 0.1
+    /// over the last 64 tokens, top-k 40, top-p 0.95, min-p 0.05, temperature 0.8, categorical.
+    DefaultChain,
+    /// The reference order with only top-p 0.95 (top-k off, T = 1), categorical.
+    TopPOnly,
+}
+
+impl Case {
+    /// Both cases.
+    pub const ALL: [Case; 2] = [Case::DefaultChain, Case::TopPOnly];
+
+    /// Human-readable name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Case::DefaultChain => "llama.cpp default chain",
+            Case::TopPOnly => "top-p 0.95 alone, top-k off",
+        }
+    }
+
+    /// Short identifier (benchmark ids, JSON).
+    pub fn key(&self) -> &'static str {
+        match self {
+            Case::DefaultChain => "default_chain",
+            Case::TopPOnly => "top_p",
+        }
+    }
+
+    /// The preset.
+    pub fn preset(&self) -> Preset {
+        match self {
+            Case::DefaultChain => Preset::LlamaCpp,
+            Case::TopPOnly => Preset::Reference,
+        }
+    }
+
+    /// The request parameters.
+    pub fn params(&self) -> SamplingParams {
+        match self {
+            Case::DefaultChain => SamplingParams {
+                temperature: Some(0.8),
+                top_k: Some(40),
+                top_p: Some(0.95),
+                min_p: Some(0.05),
+                repetition_penalty: Some(1.1),
+                presence_penalty: Some(0.5),
+                frequency_penalty: Some(0.1),
+                penalty_last_n: Some(64),
+                ignore_eos: true,
+                ..Default::default()
+            },
+            Case::TopPOnly => SamplingParams {
+                top_p: Some(0.95),
+                ignore_eos: true,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// The compiled sampler for `vocab`.
+    pub fn sampler(&self, vocab: &VocabInfo) -> Sampler {
+        Sampler::from_params(self.preset(), &self.params(), vocab.clone())
+            .expect("benchmark pipelines are valid")
+    }
+}
+
+/// The floor: one streaming pass summing the logits in 8 `f32` lanes (vectorises).
+#[inline(never)]
+pub fn floor_sum(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for j in 0..8 {
+            acc[j] += c[j];
+        }
+    }
+    for (j, &x) in rem.iter().enumerate() {
+        acc[j] += x;
+    }
+    acc.iter().sum()
+}
+
+/// The full-sort baseline: the case's processors done the obvious way, with a sort of the whole
+/// vocabulary. Scratch buffers are reused, so it allocates nothing per step either.
+#[derive(Debug, Clone)]
+pub struct Naive {
+    pairs: Vec<(f32, u32)>,
+    window: Vec<u32>,
+    probs: Vec<f64>,
+    rng: SplitMix64,
+}
+
+impl Naive {
+    /// A baseline for vocabularies of `v` tokens; `seed` keys its uniform draws.
+    pub fn new(v: usize, seed: u64) -> Self {
+        Naive {
+            pairs: Vec::with_capacity(v),
+            window: Vec::with_capacity(64),
+            probs: Vec::with_capacity(v),
+            rng: SplitMix64::new(seed),
+        }
+    }
+
+    /// One step of `case` on `logits` with `history`; returns the token and the final support
+    /// size.
+    #[inline(never)]
+    pub fn step(
+        &mut self,
+        case: Case,
+        vocab: &VocabInfo,
+        logits: &[f32],
+        history: &[u32],
+    ) -> (u32, usize) {
+        let u = self.rng.unit();
+        self.pairs.clear();
+        self.pairs
+            .extend(logits.iter().enumerate().map(|(i, &z)| (z, i as u32)));
+        // special mask (EOS stays selectable)
+        for &id in &vocab.special_token_ids {
+            if !vocab.eos_token_ids.contains(&id) {
+                self.pairs[id as usize].0 = f32::NEG_INFINITY;
+            }
+        }
+        match case {
+            Case::DefaultChain => self.default_chain(vocab, history, u),
+            Case::TopPOnly => self.top_p_only(u),
+        }
+    }
+
+    fn default_chain(&mut self, vocab: &VocabInfo, history: &[u32], u: f64) -> (u32, usize) {
+        // penalties over the last 64 tokens: repetition 1.1, then presence 0.5 / frequency 0.1
+        self.window.clear();
+        self.window
+            .extend_from_slice(&history[history.len().saturating_sub(64)..]);
+        self.window.sort_unstable();
+        let mut i = 0;
+        while i < self.window.len() {
+            let id = self.window[i];
+            let mut j = i;
+            while j < self.window.len() && self.window[j] == id {
+                j += 1;
+            }
+            let c = (j - i) as f32;
+            if !vocab.is_special(id) {
+                let z = &mut self.pairs[id as usize].0;
+                *z = if *z > 0.0 { *z / 1.1 } else { *z * 1.1 };
+                *z = *z - 0.5 - 0.1 * c;
+            }
+            i = j;
+        }
+        // full sort by logit descending, then top-k 40
+        self.pairs.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+        self.pairs.truncate(40);
+        // softmax, top-p 0.95
+        let n = self.softmax_sorted(1.0);
+        let mut cum = 0.0;
+        let mut keep = n;
+        for (i, p) in self.probs.iter().enumerate() {
+            cum += p;
+            if cum >= 0.95 {
+                keep = i + 1;
+                break;
+            }
+        }
+        self.pairs.truncate(keep);
+        // min-p 0.05
+        let pmax = self.probs[0];
+        let keep = self.probs[..keep]
+            .iter()
+            .take_while(|&&p| p >= 0.05 * pmax)
+            .count()
+            .max(1);
+        self.pairs.truncate(keep);
+        // temperature 0.8, softmax, draw
+        let n = self.softmax_sorted(0.8);
+        (self.draw(u), n)
+    }
+
+    fn top_p_only(&mut self, u: f64) -> (u32, usize) {
+        // softmax over V, full sort by probability descending, cumulative sum to 0.95
+        let n = self.softmax_sorted_full();
+        let mut cum = 0.0;
+        let mut keep = n;
+        for (i, p) in self.probs.iter().enumerate() {
+            cum += p;
+            if cum >= 0.95 {
+                keep = i + 1;
+                break;
+            }
+        }
+        self.pairs.truncate(keep);
+        let n = self.softmax_sorted(1.0);
+        (self.draw(u), n)
+    }
+
+    /// Probabilities of the (already sorted) pairs at temperature `t`.
+    fn softmax_sorted(&mut self, t: f32) -> usize {
+        let m = self.pairs[0].0 / t;
+        self.probs.clear();
+        let mut s = 0.0f64;
+        for &(z, _) in &self.pairs {
+            let w = exp_f32(z / t - m) as f64;
+            s += w;
+            self.probs.push(w);
+        }
+        for p in &mut self.probs {
+            *p /= s;
+        }
+        self.pairs.len()
+    }
+
+    /// Softmax over the whole vocabulary, then a full sort by probability descending.
+    fn softmax_sorted_full(&mut self) -> usize {
+        let m = self
+            .pairs
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &(z, _)| if z > m { z } else { m });
+        let mut s = 0.0f64;
+        for (z, _) in self.pairs.iter_mut() {
+            let w = exp_f32(*z - m);
+            s += w as f64;
+            *z = w;
+        }
+        let inv = (1.0 / s) as f32;
+        for (p, _) in self.pairs.iter_mut() {
+            *p *= inv;
+        }
+        self.pairs.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+        self.probs.clear();
+        self.probs.extend(self.pairs.iter().map(|&(p, _)| p as f64));
+        self.pairs.len()
+    }
+
+    fn draw(&self, u: f64) -> u32 {
+        let mut cum = 0.0;
+        for (p, &(_, id)) in self.probs.iter().zip(&self.pairs) {
+            cum += p;
+            if u < cum {
+                return id;
+            }
+        }
+        self.pairs.last().map(|p| p.1).unwrap_or(0)
+    }
+}
+
+/// One per-step workload: a fixture row, the case's sampler with its state and workspace, and
+/// the naive baseline.
+#[derive(Debug)]
+pub struct StepBench {
+    /// The case.
+    pub case: Case,
+    /// The fixture row.
+    pub fixture: Fixture,
+    /// The compiled sampler.
+    pub sampler: Sampler,
+    /// The decoding state (its history grows as `nextok` steps run).
+    pub state: DecoderState,
+    /// The workspace.
+    pub ws: Workspace,
+    /// The full-sort baseline.
+    pub naive: Naive,
+}
+
+impl StepBench {
+    /// The workload of `case` at vocabulary size `v`.
+    pub fn new(case: Case, v: usize) -> Self {
+        let fixture = fixture(v, v as u64);
+        let sampler = case.sampler(&fixture.vocab);
+        let mut state = sampler
+            .new_state(&fixture.history, 42)
+            .expect("fixture history is in range");
+        sampler.reserve(&mut state, 1 << 16);
+        let ws = sampler.new_workspace();
+        StepBench {
+            case,
+            naive: Naive::new(v, 42),
+            fixture,
+            sampler,
+            state,
+            ws,
+        }
+    }
+
+    /// The floor on this row.
+    #[inline]
+    pub fn floor(&self) -> f32 {
+        floor_sum(&self.fixture.logits)
+    }
+
+    /// One naive full-sort step; returns the token.
+    #[inline]
+    pub fn naive(&mut self) -> u32 {
+        let f = &self.fixture;
+        self.naive
+            .step(self.case, &f.vocab, &f.logits, self.state.prompt_ids())
+            .0
+    }
+
+    /// One nextok step (select and commit); returns the token.
+    #[inline]
+    pub fn nextok(&mut self) -> u32 {
+        self.sampler
+            .step(&self.fixture.logits, &mut self.state, &mut self.ws)
+            .expect("benchmark step succeeds")
+            .token
+    }
+
+    /// One nextok selection without changing the state.
+    #[inline]
+    pub fn nextok_select(&mut self) -> u32 {
+        self.sampler
+            .select(
+                &self.fixture.logits,
+                &self.state,
+                &mut self.ws,
+                Draw::Stream,
+            )
+            .expect("benchmark select succeeds")
+            .token
+    }
+
+    /// The final support size of nextok's selection on this row (for reports and checks).
+    pub fn nextok_support(&mut self) -> usize {
+        self.sampler
+            .process(&self.fixture.logits, &self.state, &mut self.ws, false)
+            .expect("benchmark process succeeds");
+        self.ws.support_len()
+    }
+}
+
+/// The batch workload: [`BATCH_ROWS`] distinct rows stepped together by
+/// [`Sampler::step_batch`] on a rayon pool of a given size.
+#[derive(Debug)]
+pub struct BatchBench {
+    /// The case.
+    pub case: Case,
+    sampler: Sampler,
+    logits: Vec<f32>,
+    states: Vec<DecoderState>,
+    out: Vec<Result<StepResult>>,
+    pools: Vec<(usize, rayon::ThreadPool, WorkspacePool)>,
+}
+
+impl BatchBench {
+    /// `rows` rows of `case` at vocabulary size `v`, with rayon pools of each of `threads`.
+    pub fn new(case: Case, v: usize, rows: usize, threads: &[usize]) -> Self {
+        let mut logits = Vec::with_capacity(rows * v);
+        let mut histories = Vec::with_capacity(rows);
+        let mut vocab = None;
+        for r in 0..rows {
+            let f = fixture(v, (v as u64) << 8 | r as u64);
+            logits.extend_from_slice(&f.logits);
+            histories.push(f.history);
+            vocab.get_or_insert(f.vocab);
+        }
+        let sampler = case.sampler(&vocab.expect("rows >= 1"));
+        let states = histories
+            .iter()
+            .enumerate()
+            .map(|(r, h)| {
+                let mut st = sampler.new_state(h, r as u64).expect("valid history");
+                sampler.reserve(&mut st, 1 << 16);
+                st
+            })
+            .collect();
+        let out = (0..rows)
+            .map(|_| {
+                Ok(StepResult {
+                    token: 0,
+                    finish: None,
+                    u: None,
+                })
+            })
+            .collect();
+        let pools = threads
+            .iter()
+            .map(|&n| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .expect("thread pool");
+                (n, pool, WorkspacePool::new(v, n))
+            })
+            .collect();
+        BatchBench {
+            case,
+            sampler,
+            logits,
+            states,
+            out,
+            pools,
+        }
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.states.len()
+    }
+
+    /// Steps every row once on the pool of `threads` threads; returns the elapsed time.
+    pub fn run(&mut self, threads: usize) -> Duration {
+        let (_, pool, wsp) = self
+            .pools
+            .iter_mut()
+            .find(|(n, _, _)| *n == threads)
+            .expect("a pool of that size was built");
+        let (sampler, logits, states, out) =
+            (&self.sampler, &self.logits, &mut self.states, &mut self.out);
+        let t0 = Instant::now();
+        pool.install(|| sampler.step_batch(logits, states, wsp, out))
+            .expect("batch shapes match");
+        let dt = t0.elapsed();
+        for o in out.iter() {
+            if let Err(e) = o {
+                panic!("batch row failed: {e}");
+            }
+        }
+        dt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixtures_are_deterministic() {
+        let a = fixture(4096, 3);
+        let b = fixture(4096, 3);
+        assert_eq!(a.logits, b.logits);
+        assert_eq!(a.history, b.history);
+        assert_eq!(a.history.len(), HISTORY_LEN);
+        let m = a.logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        assert!((8.0..=15.0).contains(&m));
+    }
+
+    #[test]
+    fn naive_and_nextok_agree_on_the_support() {
+        for case in Case::ALL {
+            let mut b = StepBench::new(case, 8192);
+            let n = b.nextok_support();
+            let f = &b.fixture;
+            let (tok, naive_n) = b
+                .naive
+                .step(case, &f.vocab, &f.logits, b.state.prompt_ids());
+            assert!(
+                naive_n.abs_diff(n) <= 1,
+                "{case:?}: naive support {naive_n}, nextok support {n}"
+            );
+            assert!((tok as usize) < 8192);
+        }
+    }
+}
