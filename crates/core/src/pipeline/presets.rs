@@ -9,6 +9,10 @@
 //! | `vllm` | allowed ids → banned sequences (output only) → min_tokens → logit bias → repetition (prompt+output) → presence/frequency (output) → temperature (0 < T < 0.01 raised to 0.01) → min-p → top-k (ties kept) → top-p (ascending tail) → Gumbel-max (exponential race) |
 //! | `llama.cpp` | logit bias → penalties over the last `penalty_last_n` (64) tokens → top-k (40) → typical-p → top-p (0.95) → min-p (0.05) → temperature (0.8) → categorical |
 //!
+//! Parameters an engine lacks (no-repeat n-gram in vLLM and llama.cpp, presence/frequency in HF,
+//! allowed ids in HF and llama.cpp) are still honoured, next to the engine's nearest step, never
+//! silently dropped.
+//!
 //! Only the reference order masks the vocabulary's special tokens (step 1); the engines do not
 //! by default, so their presets don't either.
 //!
@@ -328,6 +332,7 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
         Preset::Vllm => {
             v.extend(allowed);
             v.extend(banned(false));
+            v.extend(ngram);
             v.extend(min_tokens);
             v.extend(bias);
             v.extend(rep(PenaltyScope::PromptAndOutput));
@@ -347,6 +352,7 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
             let n = params.penalty_last_n.unwrap_or(64);
             v.extend(allowed);
             v.extend(banned(true));
+            v.extend(ngram);
             v.extend(min_tokens);
             v.extend(bias);
             if n > 0 {

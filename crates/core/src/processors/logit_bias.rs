@@ -18,7 +18,8 @@ pub struct LogitBias {
     /// Processor version.
     #[serde(default = "v1")]
     pub version: u32,
-    /// Token id → bias added to its logit.
+    /// Token id → bias added to its logit (JSON object keys are the ids as strings).
+    #[serde(with = "id_map")]
     pub logit_bias: BTreeMap<u32, f32>,
 }
 
@@ -67,5 +68,35 @@ impl Compiled {
             });
         }
         ws.after_transform();
+    }
+}
+
+/// `BTreeMap<u32, f32>` as a JSON object with string keys (works inside tagged enums too).
+pub(crate) mod id_map {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(m: &BTreeMap<u32, f32>, s: S) -> Result<S::Ok, S::Error> {
+        // keys in numeric id order in the canonical form
+        let mut pairs: Vec<(u32, String, f32)> = m.iter().map(|(k, v)| (*k, k.to_string(), *v)).collect();
+        pairs.sort_by_key(|p| p.0);
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(pairs.len()))?;
+        for (_, k, v) in pairs {
+            map.serialize_entry(&k, &v)?;
+        }
+        map.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<u32, f32>, D::Error> {
+        let raw = BTreeMap::<String, f32>::deserialize(d)?;
+        raw.into_iter()
+            .map(|(k, v)| {
+                k.parse::<u32>()
+                    .map(|id| (id, v))
+                    .map_err(|_| serde::de::Error::custom(format!("logit_bias key `{k}` is not a token id")))
+            })
+            .collect()
     }
 }
