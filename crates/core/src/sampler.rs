@@ -349,14 +349,7 @@ impl Sampler {
         ws: &mut Workspace,
         draw: Draw,
     ) -> Result<Selected> {
-        if let Draw::FixedU(u) = draw {
-            if !(0.0..1.0).contains(&u) {
-                return Err(Error::invalid(
-                    "selector.u",
-                    format!("{u} is outside [0, 1)"),
-                ));
-            }
-        }
+        check_draw(draw)?;
         self.process(raw, state, ws, false)?;
         self.select_processed(state, ws, draw)
     }
@@ -479,14 +472,7 @@ impl Sampler {
         draw: Draw,
         max_candidates: usize,
     ) -> Result<(Selected, StepRecord)> {
-        if let Draw::FixedU(u) = draw {
-            if !(0.0..1.0).contains(&u) {
-                return Err(Error::invalid(
-                    "selector.u",
-                    format!("{u} is outside [0, 1)"),
-                ));
-            }
-        }
+        check_draw(draw)?;
         self.process(raw, state, ws, true)?;
         let sel = self.select_processed(state, ws, draw)?;
         let layers = Layers::compute(raw, ws);
@@ -656,6 +642,18 @@ impl Sampler {
             });
         Ok(())
     }
+}
+
+fn check_draw(draw: Draw) -> Result<()> {
+    if let Draw::FixedU(u) = draw {
+        if !(0.0..1.0).contains(&u) {
+            return Err(Error::invalid(
+                "selector.u",
+                format!("{u} is outside [0, 1)"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The support in canonical order (allocates; record path only).
