@@ -188,3 +188,18 @@ impl std::error::Error for Error {}
 
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Parses JSON, naming the failing path in the error (`params.topp`, `processors[2].top_p`);
+/// `root` names the document when the failure is at its top level.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(s: &str, root: &str) -> Result<T> {
+    let de = &mut serde_json::Deserializer::from_str(s);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path.is_empty() || path == "." {
+            root.to_string()
+        } else {
+            path
+        };
+        Error::parse(field, e.into_inner().to_string())
+    })
+}

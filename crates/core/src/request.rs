@@ -25,13 +25,28 @@ use crate::state::DecoderState;
 use crate::vocab::VocabInfo;
 
 /// A preset name or a full pipeline.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum PipelineSpec {
     /// A preset name.
     Preset(String),
     /// A custom pipeline.
     Custom(PipelineConfig),
+}
+
+impl<'de> Deserialize<'de> for PipelineSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        match v {
+            serde_json::Value::String(s) => Ok(PipelineSpec::Preset(s)),
+            serde_json::Value::Object(_) => serde_path_to_error::deserialize(v)
+                .map(PipelineSpec::Custom)
+                .map_err(|e| serde::de::Error::custom(format!("at `{}`: {}", e.path(), e.inner()))),
+            other => Err(serde::de::Error::custom(format!(
+                "expected a preset name or a pipeline object, got {other}"
+            ))),
+        }
+    }
 }
 
 impl Default for PipelineSpec {
@@ -119,7 +134,7 @@ pub struct NamedRow {
 impl StepRequest {
     /// Parses a request; errors name the failing field.
     pub fn from_json(s: &str) -> Result<StepRequest> {
-        serde_json::from_str(s).map_err(|e| Error::parse("request", e.to_string()))
+        crate::error::parse_json(s, "request")
     }
 
     /// Compiles the sampler and builds the state and draw this request describes.

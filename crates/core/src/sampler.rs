@@ -253,8 +253,8 @@ impl Sampler {
             *st.counts_all.entry(t).or_insert(0) += 1;
         }
         let mut slots = std::mem::take(&mut st.sequence);
-        for pos in 0..prompt_ids.len() {
-            self.consume_slots(&mut slots, &st, pos, prompt_ids[pos]);
+        for (pos, &t) in prompt_ids.iter().enumerate() {
+            self.consume_slots(&mut slots, &st, pos, t);
         }
         st.sequence = slots;
         Ok(st)

@@ -4,7 +4,8 @@
 //!   Consumes no random number.
 //! * **Categorical** — inverse CDF: candidates ordered by token id ascending, one `u ∈ [0, 1)`,
 //!   the first token whose running `f64` sum of selection probabilities exceeds `u`; if rounding
-//!   leaves `u` at or above the final sum, the last candidate (000 §3.8's rounding guard).
+//!   leaves `u` at or above the final sum, the last candidate with a positive probability
+//!   (000 §3.8's rounding guard; a candidate whose weight underflowed to 0 is never returned).
 //! * **Gumbel-max** (exponential race) — for each candidate `E_i = −ln u_i` with `u_i ∈ (0, 1)`
 //!   drawn at counter `(step, Gumbel, token id)`; select `argmax w_i / E_i` (ties → lowest id).
 //!   A token's noise depends only on (seed, step, id), never on the order or size of the list.
@@ -82,9 +83,12 @@ fn categorical(ws: &mut Workspace, u: f64) -> Option<u32> {
                 continue;
             }
             cum += w as f64 / s;
-            last = Some(i as u32);
+            if w > 0.0 {
+                // the rounding guard never returns a token whose weight underflowed to 0
+                last = Some(i as u32);
+            }
             if u < cum {
-                return last;
+                return Some(i as u32);
             }
         }
         last
@@ -94,13 +98,18 @@ fn categorical(ws: &mut Workspace, u: f64) -> Option<u32> {
         ws.scratch.extend_from_slice(&ws.cands);
         ws.scratch.sort_unstable_by_key(|c| c.id);
         let mut cum = 0.0f64;
+        let mut last = None;
         for c in &ws.scratch {
-            cum += exp_f32(c.z - m) as f64 / s;
+            let w = exp_f32(c.z - m);
+            cum += w as f64 / s;
+            if w > 0.0 {
+                last = Some(c.id);
+            }
             if u < cum {
                 return Some(c.id);
             }
         }
-        ws.scratch.last().map(|c| c.id)
+        last
     }
 }
 

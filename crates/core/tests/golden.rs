@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use nextok_core::{Draw, PipelineConfig, Preset, Sampler, SamplingParams, StepRecord, VocabInfo};
 
 fn golden(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/golden")
+        .join(name)
 }
 
 fn check(name: &str, actual: &str) {
@@ -61,8 +63,15 @@ fn preset_pipelines_match_golden_json_and_hash() {
 #[test]
 fn presets_differ_and_hash_names_order() {
     let p = rich_params();
-    let hashes: Vec<String> =
-        Preset::ALL.iter().map(|&pr| nextok_core::pipeline::presets::build(pr, &p).unwrap().0.hash()).collect();
+    let hashes: Vec<String> = Preset::ALL
+        .iter()
+        .map(|&pr| {
+            nextok_core::pipeline::presets::build(pr, &p)
+                .unwrap()
+                .0
+                .hash()
+        })
+        .collect();
     for i in 0..hashes.len() {
         for j in i + 1..hashes.len() {
             assert_ne!(hashes[i], hashes[j]);
@@ -88,7 +97,9 @@ fn step_record_is_one_json_line_and_round_trips() {
     let s = Sampler::from_params(Preset::Reference, &params, VocabInfo::plain(3)).unwrap();
     let mut st = s.state_with_history(&[], &[0, 0, 1], 7).unwrap();
     let mut ws = s.new_workspace();
-    let (r, rec) = s.step_recorded(&[2.0, 1.5, 0.5], &mut st, &mut ws, Draw::FixedU(0.63), 16).unwrap();
+    let (r, rec) = s
+        .step_recorded(&[2.0, 1.5, 0.5], &mut st, &mut ws, Draw::FixedU(0.63), 16)
+        .unwrap();
     assert_eq!(r.token, 1);
     let line = serde_json::to_string(&rec).unwrap();
     assert!(!line.contains('\n'));
@@ -99,7 +110,10 @@ fn step_record_is_one_json_line_and_round_trips() {
     assert_eq!(rec.state_before.output_len, 3);
     assert_eq!(rec.state_after.output_len, 4);
     assert_eq!(rec.state_after.rng_counter, 4);
-    assert_eq!(rec.candidates.iter().map(|c| c.id).collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!(
+        rec.candidates.iter().map(|c| c.id).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
     assert!((rec.candidates[0].selection_prob - 0.593).abs() < 5e-4);
     // logprobs per layer differ for the same token (000 §3.9's point)
     let b = &rec.candidates[1];

@@ -59,8 +59,7 @@ impl PipelineConfig {
 
     /// Parses a pipeline from JSON; errors name the failing path.
     pub fn from_json(s: &str) -> Result<Self> {
-        let p: PipelineConfig =
-            serde_json::from_str(s).map_err(|e| Error::parse("pipeline", e.to_string()))?;
+        let p: PipelineConfig = crate::error::parse_json(s, "pipeline")?;
         p.check_format()?;
         Ok(p)
     }

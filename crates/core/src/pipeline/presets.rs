@@ -222,7 +222,7 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
         })
     });
     let rep = |scope: PenaltyScope| {
-        (c.repetition != 1.0).then(|| {
+        (c.repetition != 1.0).then_some({
             P::RepetitionPenalty(RepetitionPenalty {
                 version: 1,
                 repetition_penalty: c.repetition,
@@ -232,7 +232,7 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
         })
     };
     let presfreq = |scope: PenaltyScope| {
-        (c.presence != 0.0 || c.frequency != 0.0).then(|| {
+        (c.presence != 0.0 || c.frequency != 0.0).then_some({
             P::PresenceFrequencyPenalty(PresenceFrequencyPenalty {
                 version: 1,
                 presence_penalty: c.presence,
@@ -243,7 +243,7 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
         })
     };
     let temp = |t: f32| {
-        (t != 1.0).then(|| {
+        (t != 1.0).then_some({
             P::Temperature(Temperature {
                 version: 1,
                 temperature: t,

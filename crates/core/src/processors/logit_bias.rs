@@ -79,7 +79,8 @@ pub(crate) mod id_map {
 
     pub fn serialize<S: Serializer>(m: &BTreeMap<u32, f32>, s: S) -> Result<S::Ok, S::Error> {
         // keys in numeric id order in the canonical form
-        let mut pairs: Vec<(u32, String, f32)> = m.iter().map(|(k, v)| (*k, k.to_string(), *v)).collect();
+        let mut pairs: Vec<(u32, String, f32)> =
+            m.iter().map(|(k, v)| (*k, k.to_string(), *v)).collect();
         pairs.sort_by_key(|p| p.0);
         use serde::ser::SerializeMap;
         let mut map = s.serialize_map(Some(pairs.len()))?;
@@ -93,9 +94,9 @@ pub(crate) mod id_map {
         let raw = BTreeMap::<String, f32>::deserialize(d)?;
         raw.into_iter()
             .map(|(k, v)| {
-                k.parse::<u32>()
-                    .map(|id| (id, v))
-                    .map_err(|_| serde::de::Error::custom(format!("logit_bias key `{k}` is not a token id")))
+                k.parse::<u32>().map(|id| (id, v)).map_err(|_| {
+                    serde::de::Error::custom(format!("logit_bias key `{k}` is not a token id"))
+                })
             })
             .collect()
     }
