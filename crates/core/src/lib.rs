@@ -52,4 +52,4 @@ pub use sampler::{Explanation, Sampler, StepResult, TokenRow, WorkspacePool};
 pub use select::{Draw, Selected, Selector};
 pub use state::{DecoderState, FinishReason, FinishStatus};
 pub use support::Workspace;
-pub use vocab::VocabInfo;
+pub use vocab::{TokenBytes, VocabInfo};

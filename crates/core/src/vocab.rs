@@ -62,3 +62,56 @@ impl VocabInfo {
         self.special_token_ids.binary_search(&id).is_ok()
     }
 }
+
+/// The exact bytes of every token, stored flat (token `i` is
+/// `bytes[offsets[i]..offsets[i + 1]]`). Text work in nextok — stop strings, streaming,
+/// constraints — uses these bytes, never display strings. A token's bytes may be partial UTF-8.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TokenBytes {
+    offsets: Vec<u32>,
+    bytes: Vec<u8>,
+}
+
+impl TokenBytes {
+    /// Builds the table from one byte string per token id.
+    pub fn new<I, B>(tokens: I) -> Result<TokenBytes>
+    where
+        I: IntoIterator<Item = B>,
+        B: AsRef<[u8]>,
+    {
+        let mut offsets = vec![0u32];
+        let mut bytes = Vec::new();
+        for t in tokens {
+            bytes.extend_from_slice(t.as_ref());
+            let end = u32::try_from(bytes.len())
+                .map_err(|_| Error::invalid("vocabulary", "token bytes exceed 4 GiB in total"))?;
+            offsets.push(end);
+        }
+        Ok(TokenBytes { offsets, bytes })
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes of token `id`, or `None` when out of range.
+    #[inline]
+    pub fn get(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        if i + 1 >= self.offsets.len() {
+            return None;
+        }
+        Some(&self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize])
+    }
+
+    /// Iterates `(id, bytes)`.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &[u8])> + '_ {
+        self.offsets.windows(2).enumerate().map(|(i, w)| (i as u32, &self.bytes[w[0] as usize..w[1] as usize]))
+    }
+}
