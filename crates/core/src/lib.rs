@@ -38,7 +38,9 @@ pub mod rng;
 pub mod sampler;
 pub mod select;
 pub mod state;
+pub mod stop;
 pub mod support;
+pub mod text;
 pub mod vocab;
 
 pub use error::{Error, ErrorKind, Result};

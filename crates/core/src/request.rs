@@ -168,12 +168,15 @@ impl StepRequest {
                     stop_token_ids: p.stop_token_ids.clone(),
                     ignore_eos: p.ignore_eos,
                     seed: p.seed,
+                    stop: p.stop.clone(),
+                    include_stop_str_in_output: p.include_stop_str_in_output,
+                    skip_special_tokens: p.skip_special_tokens,
                     ..Default::default()
                 };
                 if *p != request_level {
                     return Err(Error::contradiction(
                         "params",
-                        "with a custom pipeline object, sampling parameters belong in the pipeline; params may only set max_tokens, stop_token_ids, ignore_eos and seed",
+                        "with a custom pipeline object, sampling parameters belong in the pipeline; params may only set max_tokens, stop_token_ids, stop, include_stop_str_in_output, skip_special_tokens, ignore_eos and seed",
                     ));
                 }
                 cfg.check_format()?;
@@ -181,6 +184,9 @@ impl StepRequest {
                     stop_token_ids: p.stop_token_ids.clone(),
                     max_tokens: p.max_tokens,
                     ignore_eos: p.ignore_eos,
+                    stop: p.stop.clone(),
+                    include_stop_str_in_output: p.include_stop_str_in_output,
+                    skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
                 };
                 (cfg.clone(), stop)
             }

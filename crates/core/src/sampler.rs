@@ -28,8 +28,11 @@ use crate::record::{
 use crate::rng::{RngState, RNG_ALGORITHM};
 use crate::select::{self, Draw, Selected, Selector};
 use crate::state::{DecoderState, FinishReason, FinishStatus, StopState};
+use crate::stop::StopStrings;
 use crate::support::{canonical, Cand, Workspace};
+use crate::vocab::TokenBytes;
 use crate::vocab::VocabInfo;
+use std::sync::Arc;
 
 /// The outcome of one step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -109,6 +112,11 @@ pub struct Sampler {
     stop: StopConfig,
     stop_ids: Vec<u32>,
     hash: String,
+    tokens: Option<Arc<TokenBytes>>,
+    stop_strings: Option<Arc<StopStrings>>,
+    /// Special tokens whose bytes equal a whole stop string: (token, stop string index).
+    special_stops: Vec<(u32, usize)>,
+    min_tokens: u64,
 }
 
 impl Sampler {
@@ -116,6 +124,17 @@ impl Sampler {
     /// hiding every stop token while `min_tokens > max_tokens`, two temperatures) are rejected here,
     /// before any step runs.
     pub fn new(config: PipelineConfig, vocab: VocabInfo, stop: StopConfig) -> Result<Sampler> {
+        Sampler::new_with_tokens(config, vocab, stop, None)
+    }
+
+    /// Like [`new`](Self::new), with the exact bytes of every token, which stop strings and
+    /// streaming text need. `tokens` must have one entry per vocabulary id.
+    pub fn new_with_tokens(
+        config: PipelineConfig,
+        vocab: VocabInfo,
+        stop: StopConfig,
+        tokens: Option<Arc<TokenBytes>>,
+    ) -> Result<Sampler> {
         config.check_format()?;
         let vocab = vocab.validated()?;
         let mut stop_ids = stop.stop_token_ids.clone();
@@ -167,6 +186,47 @@ impl Sampler {
                 }
             }
         }
+        if let Some(t) = &tokens {
+            if t.len() != vocab.vocab_size {
+                return Err(Error::invalid(
+                    "vocabulary",
+                    format!(
+                        "{} token byte strings for a vocabulary of {}",
+                        t.len(),
+                        vocab.vocab_size
+                    ),
+                ));
+            }
+        }
+        let stop_strings = if stop.stop.is_empty() {
+            None
+        } else {
+            if tokens.is_none() {
+                return Err(Error::contradiction(
+                    "stop",
+                    "stop strings are matched on token bytes; this sampler has no vocabulary bytes",
+                ));
+            }
+            Some(Arc::new(StopStrings::new(&stop.stop)?))
+        };
+        let mut special_stops = Vec::new();
+        if let (Some(ss), Some(t)) = (&stop_strings, &tokens) {
+            for &id in &vocab.special_token_ids {
+                if let Some(b) = t.get(id) {
+                    if let Some(k) = ss.patterns().iter().position(|p| p.as_slice() == b) {
+                        special_stops.push((id, k));
+                    }
+                }
+            }
+        }
+        let min_tokens = processors
+            .iter()
+            .filter_map(|p| match p {
+                Processor::MinTokens(m) => Some(m.min_tokens),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
         let hash = config.hash();
         let selector = config.selector;
         Ok(Sampler {
@@ -177,6 +237,10 @@ impl Sampler {
             stop,
             stop_ids,
             hash,
+            tokens,
+            stop_strings,
+            special_stops,
+            min_tokens,
         })
     }
 
@@ -215,6 +279,31 @@ impl Sampler {
         &self.stop
     }
 
+    /// The compiled stop strings, if any (share them with a [`TextStream`](crate::text::TextStream)).
+    pub fn stop_strings(&self) -> Option<Arc<StopStrings>> {
+        self.stop_strings.clone()
+    }
+
+    /// The bytes `token` contributes to the output text: its exact bytes, or nothing for a
+    /// special token when `skip_special_tokens` is set (and nothing without a byte table).
+    pub fn visible_bytes(&self, token: u32) -> &[u8] {
+        if self.stop.skip_special_tokens && self.vocab.is_special(token) {
+            return &[];
+        }
+        self.tokens
+            .as_ref()
+            .and_then(|t| t.get(token))
+            .unwrap_or(&[])
+    }
+
+    /// A streaming detokeniser for this request's stop strings.
+    pub fn text_stream(&self) -> crate::text::TextStream {
+        crate::text::TextStream::new(
+            self.stop_strings.clone(),
+            self.stop.include_stop_str_in_output,
+        )
+    }
+
     /// A workspace sized for this sampler's vocabulary.
     pub fn new_workspace(&self) -> Workspace {
         let mut ws = Workspace::new(self.vocab.vocab_size);
@@ -244,7 +333,10 @@ impl Sampler {
                 .filter_map(|p| p.new_slot())
                 .collect(),
             grammar: None,
-            stop: StopState::default(),
+            stop: StopState {
+                scan: self.stop_strings.as_ref().map(|s| s.start()),
+                ..StopState::default()
+            },
             rng: RngState::new(seed),
             step: 0,
             finish: FinishStatus::Running,
@@ -388,6 +480,11 @@ impl Sampler {
                 Some(FinishReason::Eos { token })
             } else if self.stop_ids.binary_search(&token).is_ok() {
                 Some(FinishReason::StopToken { token })
+            } else if let Some(h) = &state.stop.hit {
+                Some(FinishReason::StopString {
+                    pattern: h.pattern,
+                    end: h.end,
+                })
             } else if self
                 .stop
                 .max_tokens
@@ -416,8 +513,35 @@ impl Sampler {
         self.consume_slots(&mut slots, st, pos, token);
         st.sequence = slots;
         // 4. grammar state: no grammar engine is attached in the core (slot stays as is)
-        // 5. stop matcher
+        // 5. stop matcher, on the token's visible bytes; a stop string that completes before
+        //    `min_tokens` output tokens exist does not count (the scan goes on)
         st.stop.observed += 1;
+        if let (Some(ss), Some(scan)) = (&self.stop_strings, st.stop.scan.as_mut()) {
+            let counts = st.selected_ids.len() as u64 >= self.min_tokens;
+            if let Some(&(_, k)) = self.special_stops.iter().find(|e| e.0 == token) {
+                // a special token that is exactly a stop string stops like one (it adds no text)
+                if counts && st.stop.hit.is_none() && self.stop.skip_special_tokens {
+                    let at = scan.bytes_seen;
+                    st.stop.hit = Some(crate::stop::StopHit {
+                        pattern: k,
+                        stop: self.stop.stop[k].clone(),
+                        end: at,
+                        start: at,
+                        end_in_token: 0,
+                    });
+                }
+            }
+            if st.stop.hit.is_none() {
+                let mut rest = self.visible_bytes(token);
+                while let Some(hit) = ss.feed(scan, rest) {
+                    if counts {
+                        st.stop.hit = Some(hit);
+                        break;
+                    }
+                    rest = &rest[hit.end_in_token..];
+                }
+            }
+        }
         // 6. random stream: the counter moves to the next step
         st.rng.counter = st.step + 1;
         // 7. step index

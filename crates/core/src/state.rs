@@ -25,6 +25,13 @@ pub enum FinishReason {
         /// The stop token.
         token: u32,
     },
+    /// A stop string completed in the output bytes.
+    StopString {
+        /// Index of the stop string in the request's `stop` list.
+        pattern: usize,
+        /// Byte offset in the output where the stop string ends (exclusive).
+        end: u64,
+    },
     /// `max_tokens` output tokens were produced.
     MaxTokens,
 }
@@ -68,11 +75,16 @@ pub struct GrammarSlot {
     pub digest: String,
 }
 
-/// Stop-matcher state (token-level; byte-level stop strings arrive with the vocabulary work).
+/// Stop-matcher state: tokens observed, the stop-string automaton state over the output
+/// bytes, and the stop string that ended the sequence, if one did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StopState {
     /// Number of output tokens observed.
     pub observed: u64,
+    /// Stop-string scan state (`None` when the request has no stop strings).
+    pub scan: Option<crate::stop::StopScan>,
+    /// The stop string that completed, with its byte offsets.
+    pub hit: Option<crate::stop::StopHit>,
 }
 
 /// The decoder state of one sequence at the start of a step.
@@ -163,6 +175,7 @@ impl DecoderState {
                 })
                 .collect(),
             grammar: self.grammar.as_ref().map(|g| g.digest.clone()),
+            stop_scan: self.stop.scan,
             rng_counter: self.rng.counter,
             finish: self.finish,
         }
@@ -184,6 +197,8 @@ pub struct StateSummary {
     pub sequence_nodes: Vec<u64>,
     /// Grammar state digest, if a grammar is active.
     pub grammar: Option<String>,
+    /// Stop-string automaton state and output bytes seen.
+    pub stop_scan: Option<crate::stop::StopScan>,
     /// RNG counter (next step's draws).
     pub rng_counter: u64,
     /// Finish status.

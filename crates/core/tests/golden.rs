@@ -42,6 +42,9 @@ fn rich_params() -> SamplingParams {
         no_repeat_ngram_size: Some(3),
         penalty_last_n: None,
         ignore_eos: false,
+        stop: vec!["\n\n".into()],
+        include_stop_str_in_output: false,
+        skip_special_tokens: None,
     }
 }
 

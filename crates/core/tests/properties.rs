@@ -171,6 +171,7 @@ fn params_for(v: usize) -> impl Strategy<Value = SamplingParams> {
             no_repeat_ngram_size,
             penalty_last_n,
             ignore_eos,
+            ..Default::default()
         },
     )
 }
@@ -335,6 +336,7 @@ fn custom_case(descending_top_p: bool) -> impl Strategy<Value = (Ctx, PipelineCo
                     stop_token_ids: stop_ids,
                     max_tokens: None,
                     ignore_eos,
+                    ..Default::default()
                 };
                 (ctx, cfg, stop)
             })

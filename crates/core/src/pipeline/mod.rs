@@ -33,7 +33,7 @@ pub struct PipelineConfig {
 }
 
 /// Request-level stop conditions (token level).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StopConfig {
     /// Extra token ids that end the sequence (OpenAI/vLLM `stop_token_ids`).
@@ -45,6 +45,19 @@ pub struct StopConfig {
     /// Do not stop on the vocabulary's EOS ids (vLLM `ignore_eos`).
     #[serde(default)]
     pub ignore_eos: bool,
+    /// Stop strings, matched on the output bytes across token boundaries.
+    #[serde(default)]
+    pub stop: Vec<String>,
+    /// Keep the matched stop string in the output text (default: cut before it).
+    #[serde(default)]
+    pub include_stop_str_in_output: bool,
+    /// Special tokens contribute no bytes to the output text or to stop matching (default true).
+    #[serde(default = "yes")]
+    pub skip_special_tokens: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl PipelineConfig {
@@ -91,5 +104,18 @@ impl PipelineConfig {
             s.push_str(&format!("{b:02x}"));
         }
         s
+    }
+}
+
+impl Default for StopConfig {
+    fn default() -> Self {
+        StopConfig {
+            stop_token_ids: Vec::new(),
+            max_tokens: None,
+            ignore_eos: false,
+            stop: Vec::new(),
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
+        }
     }
 }

@@ -66,4 +66,27 @@ pub struct SamplingParams {
     /// Do not stop on EOS (vLLM `ignore_eos`).
     #[serde(default)]
     pub ignore_eos: bool,
+    /// Stop strings (OpenAI `stop`: one string or a list).
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub stop: Vec<String>,
+    /// Keep a matched stop string in the output (vLLM `include_stop_str_in_output`).
+    #[serde(default)]
+    pub include_stop_str_in_output: bool,
+    /// Hide special tokens' bytes from the text and from stop matching (default true).
+    #[serde(default)]
+    pub skip_special_tokens: Option<bool>,
+}
+
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match Option::<OneOrMany>::deserialize(d)? {
+        None => Vec::new(),
+        Some(OneOrMany::One(s)) => vec![s],
+        Some(OneOrMany::Many(v)) => v,
+    })
 }

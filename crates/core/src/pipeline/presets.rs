@@ -181,6 +181,9 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
         stop_token_ids: params.stop_token_ids.clone(),
         max_tokens: params.max_tokens,
         ignore_eos: params.ignore_eos,
+        stop: params.stop.clone(),
+        include_stop_str_in_output: params.include_stop_str_in_output,
+        skip_special_tokens: params.skip_special_tokens.unwrap_or(true),
     };
     let special = || {
         P::SpecialTokenMask(SpecialTokenMask {
