@@ -27,6 +27,7 @@
 
 #[doc(hidden)]
 pub mod bench;
+pub mod constraint;
 pub mod error;
 mod fxhash;
 pub mod math;
