@@ -1,6 +1,10 @@
 //! `nextok bench sampler [--json]`: the floor (one summing pass), a naive full-sort sampler and
 //! nextok, interleaved in one process — round-robin per iteration, so machine noise hits all
 //! three alike — plus batch stepping on one thread against two.
+//!
+//! Each timed call is preceded by an untimed call of the same method (warm caches, what a
+//! back-to-back benchmark measures), or with `--cold` by a sweep over a buffer larger than the
+//! last-level cache (logits and scratch come from memory, as after a model's forward pass).
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +30,9 @@ pub struct BenchArgs {
     /// Batch repetitions per thread count (alternating one and two threads).
     #[arg(long, default_value_t = 30)]
     pub batch_iters: usize,
+    /// Evict the caches before every timed call instead of warming them.
+    #[arg(long)]
+    pub cold: bool,
 }
 
 #[derive(Serialize)]
@@ -37,8 +44,10 @@ struct StepRow {
     floor_ns: f64,
     naive_ns: f64,
     nextok_ns: f64,
+    normaliser_ns: f64,
     nextok_over_floor: f64,
     naive_over_nextok: f64,
+    normaliser_over_floor: f64,
 }
 
 #[derive(Serialize)]
@@ -62,6 +71,7 @@ struct Target {
 #[derive(Serialize)]
 struct Report {
     threads_available: usize,
+    caches: &'static str,
     iters: usize,
     batch_iters: usize,
     steps: Vec<StepRow>,
@@ -111,11 +121,12 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let threads_available = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let steps = step_medians(&vocabs, args.iters, !args.json);
+    let steps = step_medians(&vocabs, args.iters, args.cold, !args.json);
     let batch = batch_rates(&vocabs, args.batch_iters.max(1), !args.json);
     let targets = targets(&steps, &batch);
     let report = Report {
         threads_available,
+        caches: if args.cold { "cold" } else { "warm" },
         iters: args.iters,
         batch_iters: args.batch_iters.max(1),
         steps,
@@ -131,7 +142,39 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn step_medians(vocabs: &[usize], iters: usize, progress: bool) -> Vec<StepRow> {
+/// Touches every cache line of a buffer larger than the last-level cache.
+struct Evictor(Vec<u8>);
+
+impl Evictor {
+    fn new() -> Self {
+        Evictor(vec![1u8; 128 << 20])
+    }
+    fn run(&mut self) {
+        for line in self.0.chunks_mut(64) {
+            line[0] = line[0].wrapping_add(1);
+        }
+        std::hint::black_box(&mut self.0);
+    }
+}
+
+fn call(b: &mut StepBench, which: usize) {
+    match which {
+        0 => {
+            std::hint::black_box(b.floor());
+        }
+        1 => {
+            std::hint::black_box(b.naive());
+        }
+        2 => {
+            std::hint::black_box(b.nextok());
+        }
+        _ => {
+            std::hint::black_box(b.normaliser());
+        }
+    }
+}
+
+fn step_medians(vocabs: &[usize], iters: usize, cold: bool, progress: bool) -> Vec<StepRow> {
     let mut benches: Vec<StepBench> = Vec::new();
     for &v in vocabs {
         for case in Case::ALL {
@@ -139,37 +182,24 @@ fn step_medians(vocabs: &[usize], iters: usize, progress: bool) -> Vec<StepRow> 
         }
     }
     let supports: Vec<usize> = benches.iter_mut().map(|b| b.nextok_support()).collect();
-    // warm-up: one of each
-    for b in benches.iter_mut() {
-        std::hint::black_box(b.floor());
-        std::hint::black_box(b.naive());
-        std::hint::black_box(b.nextok());
-    }
-    let mut times = vec![[Vec::with_capacity(iters), Vec::new(), Vec::new()]; benches.len()];
-    for t in times.iter_mut() {
-        t[1].reserve(iters);
-        t[2].reserve(iters);
-    }
+    let mut evict = cold.then(Evictor::new);
+    let mut times: Vec<[Vec<f64>; 4]> = (0..benches.len())
+        .map(|_| std::array::from_fn(|_| Vec::with_capacity(iters)))
+        .collect();
     for it in 0..iters {
         if progress && it % 10 == 0 {
             eprint!("\rper-step iterations: {it}/{iters}");
         }
         for (b, t) in benches.iter_mut().zip(times.iter_mut()) {
             // rotate the order so no method always follows the same one
-            for k in 0..3 {
-                let which = (it + k) % 3;
-                let t0 = Instant::now();
-                match which {
-                    0 => {
-                        std::hint::black_box(b.floor());
-                    }
-                    1 => {
-                        std::hint::black_box(b.naive());
-                    }
-                    _ => {
-                        std::hint::black_box(b.nextok());
-                    }
+            for k in 0..4 {
+                let which = (it + k) % 4;
+                match evict.as_mut() {
+                    Some(e) => e.run(),
+                    None => call(b, which),
                 }
+                let t0 = Instant::now();
+                call(b, which);
                 t[which].push(ns(t0.elapsed()));
             }
         }
@@ -185,6 +215,7 @@ fn step_medians(vocabs: &[usize], iters: usize, progress: bool) -> Vec<StepRow> 
             let floor = median(&mut t[0]);
             let naive = median(&mut t[1]);
             let nextok = median(&mut t[2]);
+            let normaliser = median(&mut t[3]);
             StepRow {
                 vocab: b.fixture.logits.len(),
                 case: b.case.key(),
@@ -193,8 +224,10 @@ fn step_medians(vocabs: &[usize], iters: usize, progress: bool) -> Vec<StepRow> 
                 floor_ns: floor,
                 naive_ns: naive,
                 nextok_ns: nextok,
+                normaliser_ns: normaliser,
                 nextok_over_floor: nextok / floor,
                 naive_over_nextok: naive / nextok,
+                normaliser_over_floor: normaliser / floor,
             }
         })
         .collect()
@@ -285,12 +318,12 @@ fn targets(steps: &[StepRow], batch: &[BatchRow]) -> Vec<Target> {
 
 fn print_tables(r: &Report) {
     println!(
-        "nextok bench sampler: {} interleaved iterations, medians per step; {} threads available",
-        r.iters, r.threads_available
+        "nextok bench sampler: {} interleaved iterations, {} caches, medians per step; {} threads available",
+        r.iters, r.caches, r.threads_available
     );
     println!();
     println!(
-        "{:>7}  {:<28} {:>7} {:>10} {:>11} {:>10} {:>12} {:>12}",
+        "{:>7}  {:<28} {:>7} {:>9} {:>10} {:>10} {:>12} {:>12} {:>10}",
         "vocab",
         "case",
         "support",
@@ -298,11 +331,12 @@ fn print_tables(r: &Report) {
         "naive µs",
         "nextok µs",
         "nextok/floor",
-        "naive/nextok"
+        "naive/nextok",
+        "norm/floor"
     );
     for s in &r.steps {
         println!(
-            "{:>7}  {:<28} {:>7} {:>10.2} {:>11.1} {:>10.2} {:>12.2} {:>12.1}",
+            "{:>7}  {:<28} {:>7} {:>9.2} {:>10.1} {:>10.2} {:>12.2} {:>12.1} {:>10.2}",
             s.vocab,
             s.name,
             s.support,
@@ -310,9 +344,14 @@ fn print_tables(r: &Report) {
             s.naive_ns / 1e3,
             s.nextok_ns / 1e3,
             s.nextok_over_floor,
-            s.naive_over_nextok
+            s.naive_over_nextok,
+            s.normaliser_over_floor
         );
     }
+    println!(
+        "norm/floor: the exact softmax normaliser alone (one exp_f32 and an f64 lane sum per \
+         token), which a dense top-p must compute"
+    );
     println!();
     println!(
         "batch of {BATCH_ROWS} rows, {} repetitions each, medians",

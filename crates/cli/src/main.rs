@@ -7,7 +7,9 @@
 //! * `nextok tokenize --tokenizer FILE | --model FILE.gguf --text T [--json]` — ids and bytes.
 
 mod bench;
+mod constrain;
 mod explain;
+mod generate;
 mod vocab;
 
 use std::process::ExitCode;
@@ -35,6 +37,12 @@ enum Cmd {
     Vocab(vocab::VocabArgs),
     /// Tokenize a text and print each token's ids and bytes.
     Tokenize(vocab::TokenizeArgs),
+    /// Check a text against a constraint (JSON schema, regex, choice, grammar), token by token.
+    Constrain(constrain::ConstrainArgs),
+    /// Generate text from a GGUF model, streaming it to stdout.
+    Generate(Box<generate::GenerateArgs>),
+    /// Re-run a `generate --trace` file and check every step bit for bit.
+    Replay(generate::ReplayArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +52,9 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Vocab(a) => vocab::run_vocab(a),
         Cmd::Tokenize(a) => vocab::run_tokenize(a),
+        Cmd::Constrain(a) => constrain::run(a),
+        Cmd::Generate(a) => generate::run(*a),
+        Cmd::Replay(a) => generate::run_replay(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

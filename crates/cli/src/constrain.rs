@@ -1,0 +1,162 @@
+//! `nextok constrain`: check a text against a constraint, token by token.
+//!
+//! ```text
+//! nextok constrain --tokenizer tokenizer.json (--json-schema S | --regex R | --choice A --choice B
+//!                  | --grammar G | --gbnf G | --json) [--compact] --text T
+//! ```
+//!
+//! The text is tokenized with the tokenizer, then fed to the compiled constraint one token at a
+//! time: each token must be in the allowed-token mask at its step, and the constraint must
+//! accept at the end. `--json-schema`, `--grammar` and `--gbnf` take a file name, or the text
+//! itself when it is not a file (a schema starting with `{`, a grammar with a newline).
+//!
+//! Exit status: 0 when the whole text is accepted; 1 when it is rejected (the first rejected
+//! token, its index and the bytes the constraint forces next are printed); 2 on bad input (an
+//! unreadable file, a malformed schema, an unsupported keyword).
+
+use std::sync::Arc;
+
+use nextok_constraint::{ConstraintEngine, ConstraintSpec, ConstraintVocab, JsonOptions};
+use nextok_core::constraint::{bitset_words, ConstraintState, ConstraintStatus};
+use nextok_vocab::display::escape;
+use nextok_vocab::encode::Encoder;
+use nextok_vocab::{LoadOptions, Vocabulary};
+
+/// Arguments of `nextok constrain`.
+#[derive(clap::Args)]
+pub struct ConstrainArgs {
+    /// A Hugging Face tokenizer.json.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: String,
+    /// A JSON schema (a file, or the schema text).
+    #[arg(long, value_name = "S")]
+    pub json_schema: Option<String>,
+    /// A regular expression the whole text must match.
+    #[arg(long, value_name = "R")]
+    pub regex: Option<String>,
+    /// One allowed string (repeat the flag).
+    #[arg(long, value_name = "A")]
+    pub choice: Vec<String>,
+    /// A Lark-style grammar (a file, or the grammar text).
+    #[arg(long, value_name = "G")]
+    pub grammar: Option<String>,
+    /// A llama.cpp GBNF grammar (a file, or the grammar text).
+    #[arg(long, value_name = "G")]
+    pub gbnf: Option<String>,
+    /// Any JSON value.
+    #[arg(long)]
+    pub json: bool,
+    /// JSON without whitespace between tokens (for --json-schema and --json).
+    #[arg(long)]
+    pub compact: bool,
+    /// The text to check.
+    #[arg(long, value_name = "T")]
+    pub text: String,
+}
+
+/// A file's contents, or the argument itself when no such file exists and `inline` says the
+/// argument looks like the text.
+fn file_or_text(flag: &str, arg: &str, inline: bool) -> Result<String, String> {
+    match std::fs::read_to_string(arg) {
+        Ok(s) => Ok(s),
+        Err(_) if inline => Ok(arg.to_string()),
+        Err(e) => Err(format!("{flag}: cannot read {arg}: {e}")),
+    }
+}
+
+fn spec(a: &ConstrainArgs) -> Result<ConstraintSpec, String> {
+    let options = JsonOptions {
+        compact: a.compact,
+        ..Default::default()
+    };
+    let mut specs = Vec::new();
+    if let Some(s) = &a.json_schema {
+        let text = file_or_text("--json-schema", s, s.trim_start().starts_with('{'))?;
+        let schema =
+            serde_json::from_str(&text).map_err(|e| format!("--json-schema: not JSON: {e}"))?;
+        specs.push(ConstraintSpec::JsonSchema {
+            schema,
+            options: options.clone(),
+        });
+    }
+    if let Some(r) = &a.regex {
+        specs.push(ConstraintSpec::Regex { pattern: r.clone() });
+    }
+    if !a.choice.is_empty() {
+        specs.push(ConstraintSpec::Choice {
+            choices: a.choice.clone(),
+        });
+    }
+    if let Some(g) = &a.grammar {
+        let lark = file_or_text("--grammar", g, g.contains('\n') || g.contains(':'))?;
+        specs.push(ConstraintSpec::Grammar { lark });
+    }
+    if let Some(g) = &a.gbnf {
+        let gbnf = file_or_text("--gbnf", g, g.contains("::="))?;
+        specs.push(ConstraintSpec::Gbnf { gbnf });
+    }
+    if a.json {
+        specs.push(ConstraintSpec::Json { options });
+    }
+    match specs.len() {
+        1 => Ok(specs.pop().expect("one spec")),
+        0 => Err("give one of --json-schema, --regex, --choice, --grammar, --gbnf, --json".into()),
+        _ => Err("give only one kind of constraint".into()),
+    }
+}
+
+/// Runs `nextok constrain`; rejection exits with status 1 directly.
+pub fn run(a: ConstrainArgs) -> Result<(), String> {
+    let spec = spec(&a)?;
+    let v = Vocabulary::from_tokenizer_json_file(&a.tokenizer, &LoadOptions::default())
+        .map_err(|e| e.to_string())?;
+    let enc = Encoder::from_tokenizer_json_file(&a.tokenizer).map_err(|e| e.to_string())?;
+    let cv = ConstraintVocab::new(&v.bytes, &v.info).map_err(|e| e.to_string())?;
+    let engine = ConstraintEngine::new(Arc::new(cv)).map_err(|e| e.to_string())?;
+    let compiled = engine.compile(&spec).map_err(|e| e.to_string())?;
+    let ids = enc.encode(&a.text, false).map_err(|e| e.to_string())?;
+    let mut state = compiled.start();
+    let n = v.len();
+    let mut mask = vec![0u64; bitset_words(n)];
+    let name = |t: u32| v.name(t).unwrap_or("?").to_string();
+    for (i, &t) in ids.iter().enumerate() {
+        mask.fill(0);
+        state.fill_mask(&mut mask).map_err(|e| e.to_string())?;
+        let allowed = mask[(t / 64) as usize] >> (t % 64) & 1 == 1;
+        if !allowed || state.commit(t).is_err() {
+            let forced = state.forced_bytes();
+            let count: u32 = mask.iter().map(|w| w.count_ones()).sum();
+            println!(
+                "rejected: token {i} (id {t}, {:?}, bytes \"{}\") after \"{}\"",
+                name(t),
+                escape(v.token(t).unwrap_or(&[])),
+                escape(state.committed_bytes())
+            );
+            println!(
+                "expected: {count} allowed tokens; forced next bytes: \"{}\"",
+                escape(&forced)
+            );
+            std::process::exit(1);
+        }
+    }
+    match state.status() {
+        ConstraintStatus::Accepted | ConstraintStatus::OnlyEnd => {
+            println!(
+                "accepted: {} tokens ({} engine, {})",
+                ids.len(),
+                compiled.engine(),
+                compiled.kind()
+            );
+            Ok(())
+        }
+        st => {
+            let forced = state.forced_bytes();
+            println!(
+                "rejected: end of text after {} tokens (status {st:?}); forced next bytes: \"{}\"",
+                ids.len(),
+                escape(&forced)
+            );
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,712 @@
+//! `nextok generate` and `nextok replay`: decoding a real model end to end.
+//!
+//! `generate` loads a llama-architecture GGUF model (`--model PATH`, or the default model
+//! fetched once into the cache), tokenises the prompt (or renders the file's chat template with
+//! `--chat`), and streams the continuation to stdout through the sampler's text stream. The
+//! sampling flags carry vLLM / OpenAI names and build a preset pipeline (`--pipeline`, default
+//! `reference`); `--pipeline FILE` takes a pipeline JSON instead. The finish reason goes to
+//! stderr.
+//!
+//! `-n N` runs N sequences from one prefilled prompt, sequence `i` with seed `seed + i`
+//! (wrapping). Each sequence forks the prompt's KV branch and owns its random stream, so its
+//! tokens are the same whether it runs with others or alone with that seed.
+//!
+//! `--trace FILE` writes JSON Lines: a header (`{"nextok_trace": 1, ...}`: model SHA-256,
+//! re-quantisation, prompt ids, parameters, pipeline and its hash, stop config, seeds, how many
+//! candidates each record keeps), then one [`StepRecord`] per step, sequence after sequence.
+//! `nextok replay FILE` re-runs that request on the same model and compares every record
+//! field by field; the first difference is named (step, sequence, field) and the exit status is
+//! non-zero. Logits are bit-identical across runs and thread counts of one build, not across
+//! builds with different SIMD features (candle picks its kernels at compile time; the header
+//! records the features, and a replay on another build says so).
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nextok_core::pipeline::presets;
+use nextok_core::{
+    Draw, FinishReason, Layer, PipelineConfig, Preset, Sampler, SamplingParams, StepRecord,
+    StopConfig,
+};
+use nextok_model::beam::{beam_search, BeamConfig, BeamFinish};
+use nextok_model::chat::Message;
+use nextok_model::{fetch, LogitsSource, Model, Requant};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Which layer `--logprobs` reports.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum LayerArg {
+    /// Log-softmax of the raw logits.
+    Raw,
+    /// Log-softmax of the processed logits.
+    Processed,
+    /// The selection distribution.
+    Selection,
+}
+
+impl From<LayerArg> for Layer {
+    fn from(l: LayerArg) -> Layer {
+        match l {
+            LayerArg::Raw => Layer::Raw,
+            LayerArg::Processed => Layer::Processed,
+            LayerArg::Selection => Layer::Selection,
+        }
+    }
+}
+
+/// Re-quantisation at load.
+#[derive(Clone, Copy, Debug, clap::ValueEnum, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RequantArg {
+    /// Keep the file's quantisation.
+    Keep,
+    /// Re-quantise 4/5-bit matrices to Q8_0 (faster on x86).
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl From<RequantArg> for Requant {
+    fn from(r: RequantArg) -> Requant {
+        match r {
+            RequantArg::Keep => Requant::Keep,
+            RequantArg::Q8_0 => Requant::Q8_0,
+        }
+    }
+}
+
+fn parse_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, b) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected ID=BIAS"))?;
+    Ok((
+        id.trim()
+            .parse()
+            .map_err(|e| format!("`{s}`: token id: {e}"))?,
+        b.trim().parse().map_err(|e| format!("`{s}`: bias: {e}"))?,
+    ))
+}
+
+/// Arguments of `nextok generate`.
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// The prompt (with `--chat`, the user's message).
+    pub prompt: String,
+    /// Render the model's chat template around the prompt (a user message).
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message for `--chat` (else the template's default, if any).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// A llama-architecture GGUF file (default: SmolLM2-135M-Instruct Q4_1, fetched once).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Re-quantise the weights at load.
+    #[arg(long, value_enum, default_value = "keep")]
+    pub requant: RequantArg,
+    /// A preset (`reference`, `hf`, `vllm`, `llama.cpp`) or a pipeline JSON file.
+    #[arg(long, default_value = "reference")]
+    pub pipeline: String,
+    /// Temperature (`0` = greedy).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Top-k (`<= 0` disables).
+    #[arg(long)]
+    pub top_k: Option<i64>,
+    /// Top-p (nucleus).
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    /// Min-p.
+    #[arg(long)]
+    pub min_p: Option<f64>,
+    /// Typical-p.
+    #[arg(long)]
+    pub typical_p: Option<f64>,
+    /// Presence penalty.
+    #[arg(long)]
+    pub presence_penalty: Option<f32>,
+    /// Frequency penalty.
+    #[arg(long)]
+    pub frequency_penalty: Option<f32>,
+    /// Repetition penalty (CTRL).
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
+    /// `ID=BIAS` (repeatable).
+    #[arg(long = "logit-bias", value_parser = parse_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// EOS and stop tokens are masked until this many tokens exist.
+    #[arg(long)]
+    pub min_tokens: Option<u64>,
+    /// Most tokens per sequence (default 256).
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: u64,
+    /// A stop string (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// A stop token id (repeatable).
+    #[arg(long = "stop-token-id")]
+    pub stop_token_ids: Vec<u32>,
+    /// Do not stop at EOS.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Request seed (sequence `i` uses `seed + i`).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Number of sequences.
+    #[arg(short = 'n', long = "n", default_value_t = 1)]
+    pub n: usize,
+    /// Print the N best candidates of each step with their logprobs (stderr).
+    #[arg(long)]
+    pub logprobs: Option<usize>,
+    /// The layer of `--logprobs`.
+    #[arg(long, value_enum, default_value = "selection")]
+    pub logprob_layer: LayerArg,
+    /// Write a JSON Lines trace (header, then one step record per line).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Candidates kept in each trace record.
+    #[arg(long, default_value_t = 8)]
+    pub trace_candidates: usize,
+    /// Beam search with this many hypotheses (sampling flags other than `--max-tokens` are
+    /// ignored; scores are raw-layer logprobs).
+    #[arg(long)]
+    pub beam_width: Option<usize>,
+    /// Beam search length penalty `α` in `logprob / len^α`.
+    #[arg(long, default_value_t = 1.0)]
+    pub length_penalty: f64,
+}
+
+/// Arguments of `nextok replay`.
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    /// A trace written by `nextok generate --trace`.
+    pub file: PathBuf,
+    /// The model file (default: the recorded one if it exists, else the default model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+}
+
+/// The first line of a trace.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TraceHeader {
+    /// Trace format version (1).
+    pub nextok_trace: u32,
+    /// Model file name as given.
+    pub model_file: String,
+    /// SHA-256 of the model file.
+    pub model_sha256: String,
+    /// Re-quantisation at load.
+    pub requant: RequantArg,
+    /// Prompt ids.
+    pub prompt_ids: Vec<u32>,
+    /// The request's sampling parameters.
+    pub params: SamplingParams,
+    /// The pipeline (preset name or `file`).
+    pub pipeline_source: String,
+    /// The pipeline as run.
+    pub pipeline: PipelineConfig,
+    /// Its hash.
+    pub pipeline_hash: String,
+    /// Stop conditions.
+    pub stop: StopConfig,
+    /// One seed per sequence.
+    pub seeds: Vec<u64>,
+    /// Candidates kept per record.
+    pub candidates: usize,
+    /// SIMD features of the recording build (its logits depend on them).
+    #[serde(default)]
+    pub simd: String,
+}
+
+fn model_path(arg: Option<&Path>) -> Result<PathBuf, String> {
+    match arg {
+        Some(p) => Ok(p.to_path_buf()),
+        None => fetch::default_model().map_err(|e| e.to_string()),
+    }
+}
+
+fn load_model(path: &Path, requant: Requant) -> Result<Model, String> {
+    let t = std::time::Instant::now();
+    let m = Model::load(path, requant).map_err(|e| e.to_string())?;
+    eprintln!(
+        "nextok: {} ({} layers, vocabulary {}, requant {}) loaded in {:.1} s",
+        path.file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        m.weights.config.n_layer,
+        m.weights.config.vocab_size,
+        requant.name(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(m)
+}
+
+fn build_sampler(
+    model: &Model,
+    pipeline: &str,
+    params: &SamplingParams,
+) -> Result<(Sampler, PipelineConfig, StopConfig), String> {
+    let (cfg, stop) = match pipeline.parse::<Preset>() {
+        Ok(preset) => presets::build(preset, params).map_err(|e| e.to_string())?,
+        Err(_) => {
+            let text = std::fs::read_to_string(pipeline).map_err(|e| {
+                format!("--pipeline `{pipeline}`: not a preset and cannot read: {e}")
+            })?;
+            let cfg = PipelineConfig::from_json(&text).map_err(|e| e.to_string())?;
+            let stop = StopConfig {
+                stop_token_ids: params.stop_token_ids.clone(),
+                max_tokens: params.max_tokens,
+                ignore_eos: params.ignore_eos,
+                stop: params.stop.clone(),
+                ..StopConfig::default()
+            };
+            (cfg, stop)
+        }
+    };
+    let sampler = make_sampler(model, cfg.clone(), stop.clone())?;
+    Ok((sampler, cfg, stop))
+}
+
+fn make_sampler(model: &Model, cfg: PipelineConfig, stop: StopConfig) -> Result<Sampler, String> {
+    Sampler::new_with_tokens(
+        cfg,
+        model.vocab.info.clone(),
+        stop,
+        Some(Arc::new(model.vocab.bytes.clone())),
+    )
+    .map_err(|e| e.to_string())
+}
+
+fn finish_text(model: &Model, stop: &StopConfig, r: Option<FinishReason>) -> String {
+    let name = |t: u32| model.vocab.name(t).unwrap_or("?").to_string();
+    match r {
+        Some(FinishReason::Eos { token }) => format!("eos (token {token} {})", name(token)),
+        Some(FinishReason::StopToken { token }) => {
+            format!("stop token (token {token} {})", name(token))
+        }
+        Some(FinishReason::StopString { pattern, .. }) => format!(
+            "stop string {:?}",
+            stop.stop.get(pattern).cloned().unwrap_or_default()
+        ),
+        Some(FinishReason::MaxTokens) => "length".to_string(),
+        None => "length (context full)".to_string(),
+    }
+}
+
+/// Runs `nextok generate`.
+pub fn run(a: GenerateArgs) -> Result<(), String> {
+    if a.n == 0 {
+        return Err("-n must be at least 1".into());
+    }
+    let path = model_path(a.model.as_deref())?;
+    let requant: Requant = a.requant.into();
+    let model = load_model(&path, requant)?;
+    let text = if a.chat {
+        let mut msgs = Vec::new();
+        if let Some(s) = &a.system {
+            msgs.push(Message::new("system", s.clone()));
+        }
+        msgs.push(Message::new("user", a.prompt.clone()));
+        model.render_chat(&msgs, true).map_err(|e| e.to_string())?
+    } else {
+        a.prompt.clone()
+    };
+    let prompt = model.encode_prompt(&text).map_err(|e| e.to_string())?;
+    if prompt.is_empty() {
+        return Err("the prompt encodes to no tokens".into());
+    }
+    if let Some(b) = a.beam_width {
+        return run_beam(&model, &prompt, b, a.length_penalty, a.max_tokens as usize);
+    }
+    let params = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        typical_p: a.typical_p,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        repetition_penalty: a.repetition_penalty,
+        logit_bias: a.logit_bias.iter().copied().collect(),
+        min_tokens: a.min_tokens,
+        max_tokens: Some(a.max_tokens),
+        stop_token_ids: a.stop_token_ids.clone(),
+        seed: Some(a.seed),
+        ignore_eos: a.ignore_eos,
+        stop: a.stop.clone(),
+        ..Default::default()
+    };
+    let (sampler, cfg, stop) = build_sampler(&model, &a.pipeline, &params)?;
+    let seeds: Vec<u64> = (0..a.n as u64).map(|i| a.seed.wrapping_add(i)).collect();
+    let header = TraceHeader {
+        nextok_trace: 1,
+        model_file: path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        model_sha256: model.sha256.clone(),
+        requant: a.requant,
+        prompt_ids: prompt.clone(),
+        params,
+        pipeline_source: if a.pipeline.parse::<Preset>().is_ok() {
+            a.pipeline.clone()
+        } else {
+            "file".into()
+        },
+        pipeline_hash: sampler.pipeline_hash().to_string(),
+        pipeline: cfg,
+        stop,
+        seeds: seeds.clone(),
+        candidates: a.trace_candidates.max(a.logprobs.unwrap_or(0)),
+        simd: nextok_model::simd_features(),
+    };
+    let mut trace = match &a.trace {
+        Some(p) => {
+            let f =
+                std::fs::File::create(p).map_err(|e| format!("--trace `{}`: {e}", p.display()))?;
+            let mut w = std::io::BufWriter::new(f);
+            writeln!(
+                w,
+                "{}",
+                serde_json::to_string(&header).map_err(|e| e.to_string())?
+            )
+            .map_err(|e| e.to_string())?;
+            Some(w)
+        }
+        None => None,
+    };
+    let opts = RunOpts {
+        logprobs: a.logprobs,
+        layer: a.logprob_layer.into(),
+        record: trace.is_some() || a.logprobs.is_some(),
+        candidates: header.candidates,
+        stream: true,
+    };
+    let mut base = model.source();
+    let row0 = base.prefill(&prompt).map_err(|e| e.to_string())?;
+    let t0 = std::time::Instant::now();
+    let mut total = 0usize;
+    for (i, &seed) in seeds.iter().enumerate() {
+        if a.n > 1 {
+            eprintln!("nextok: sequence {i} (seed {seed})");
+        }
+        let src = base.fork().map_err(|e| e.to_string())?;
+        let out = run_sequence(&model, &sampler, src, &prompt, row0.clone(), seed, &opts)?;
+        total += out.tokens.len();
+        if let Some(w) = trace.as_mut() {
+            for r in &out.records {
+                writeln!(
+                    w,
+                    "{}",
+                    serde_json::to_string(r).map_err(|e| e.to_string())?
+                )
+                .map_err(|e| e.to_string())?;
+            }
+        }
+        println!();
+        eprintln!(
+            "nextok: finish: {} after {} tokens",
+            finish_text(&model, sampler.stop(), out.finish),
+            out.tokens.len()
+        );
+    }
+    if let Some(mut w) = trace {
+        w.flush().map_err(|e| e.to_string())?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "nextok: {total} tokens in {secs:.2} s ({:.1} tokens/s)",
+        total as f64 / secs.max(1e-9)
+    );
+    Ok(())
+}
+
+struct RunOpts {
+    logprobs: Option<usize>,
+    layer: Layer,
+    record: bool,
+    candidates: usize,
+    stream: bool,
+}
+
+struct SeqOut {
+    tokens: Vec<u32>,
+    records: Vec<StepRecord>,
+    finish: Option<FinishReason>,
+}
+
+fn run_sequence<S: LogitsSource>(
+    model: &Model,
+    sampler: &Sampler,
+    mut src: S,
+    prompt: &[u32],
+    first_row: Vec<f32>,
+    seed: u64,
+    o: &RunOpts,
+) -> Result<SeqOut, String> {
+    let mut state = sampler.new_state(prompt, seed).map_err(|e| e.to_string())?;
+    let mut ws = sampler.new_workspace();
+    let mut stream = sampler.text_stream();
+    let mut row = first_row;
+    let mut out = SeqOut {
+        tokens: Vec::new(),
+        records: Vec::new(),
+        finish: None,
+    };
+    let stdout = std::io::stdout();
+    let ctx = model.weights.config.context_length;
+    loop {
+        let res = if o.record {
+            let (res, rec) = sampler
+                .step_recorded(&row, &mut state, &mut ws, Draw::Stream, o.candidates)
+                .map_err(|e| e.to_string())?;
+            if let Some(n) = o.logprobs {
+                print_logprobs(model, sampler, &row, &mut ws, &rec, n, o.layer)?;
+            }
+            out.records.push(rec);
+            res
+        } else {
+            sampler
+                .step(&row, &mut state, &mut ws)
+                .map_err(|e| e.to_string())?
+        };
+        out.tokens.push(res.token);
+        if o.stream {
+            let s = stream.push(
+                sampler.visible_bytes(res.token),
+                state.stop_state().hit.as_ref(),
+            );
+            let mut lock = stdout.lock();
+            let _ = lock.write_all(s.as_bytes());
+            let _ = lock.flush();
+        }
+        if res.finish.is_some() {
+            out.finish = res.finish;
+            break;
+        }
+        if src.len() + 1 >= ctx {
+            break;
+        }
+        row = src.decode_one(res.token).map_err(|e| e.to_string())?;
+    }
+    if o.stream {
+        let s = stream.finish();
+        let mut lock = stdout.lock();
+        let _ = lock.write_all(s.as_bytes());
+        let _ = lock.flush();
+    }
+    Ok(out)
+}
+
+fn print_logprobs(
+    model: &Model,
+    sampler: &Sampler,
+    row: &[f32],
+    ws: &mut nextok_core::Workspace,
+    rec: &StepRecord,
+    n: usize,
+    layer: Layer,
+) -> Result<(), String> {
+    let name = |t: u32| {
+        let b = model.vocab.token(t).unwrap_or(&[]);
+        format!("{:?}", String::from_utf8_lossy(b))
+    };
+    let val = |c: &nextok_core::record::CandidateRecord| match layer {
+        Layer::Raw => c.raw_logprob,
+        Layer::Processed => c.processed_logprob,
+        Layer::Selection => c.selection_logprob,
+    };
+    let sel = sampler
+        .logprob(row, ws, rec.selected, layer)
+        .map_err(|e| e.to_string())?;
+    let layer_name = match layer {
+        Layer::Raw => "raw",
+        Layer::Processed => "processed",
+        Layer::Selection => "selection",
+    };
+    let mut line = format!(
+        "logprobs step {} [{layer_name}] selected {} {} {:.4} |",
+        rec.step,
+        rec.selected,
+        name(rec.selected),
+        sel.value
+    );
+    for c in rec.candidates.iter().take(n) {
+        line.push_str(&format!(" {} {} {:.4}", c.id, name(c.id), val(c)));
+    }
+    eprintln!("{line}");
+    Ok(())
+}
+
+fn run_beam(
+    model: &Model,
+    prompt: &[u32],
+    width: usize,
+    alpha: f64,
+    max_tokens: usize,
+) -> Result<(), String> {
+    let cfg = BeamConfig {
+        width,
+        length_penalty: alpha,
+        max_tokens,
+        eos_token_ids: model.vocab.info.eos_token_ids.clone(),
+    };
+    let hyps = beam_search(model.source(), prompt, &cfg).map_err(|e| e.to_string())?;
+    for (i, h) in hyps.iter().enumerate() {
+        let text = model.vocab.decode(&h.tokens).map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&text).into_owned();
+        if i == 0 {
+            println!("{text}");
+        }
+        eprintln!(
+            "nextok: beam {i}: score {:.4} logprob {:.4} len {} finish {} {:?}",
+            h.score,
+            h.logprob,
+            h.tokens.len(),
+            match h.finish {
+                BeamFinish::Eos => "eos",
+                BeamFinish::Length => "length",
+            },
+            text
+        );
+    }
+    Ok(())
+}
+
+/// Names the first difference between two JSON values (`""` when equal).
+fn first_diff(path: &str, a: &Value, b: &Value) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, v) in x {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                match y.get(k) {
+                    Some(w) => {
+                        if let Some(d) = first_diff(&p, v, w) {
+                            return Some(d);
+                        }
+                    }
+                    None => return Some(p),
+                }
+            }
+            y.keys()
+                .find(|k| !x.contains_key(*k))
+                .map(|k| format!("{path}.{k}"))
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            for (i, (v, w)) in x.iter().zip(y).enumerate() {
+                if let Some(d) = first_diff(&format!("{path}[{i}]"), v, w) {
+                    return Some(d);
+                }
+            }
+            (x.len() != y.len()).then(|| format!("{path} (length {} vs {})", x.len(), y.len()))
+        }
+        _ => (a != b).then(|| path.to_string()),
+    }
+}
+
+/// Runs `nextok replay`.
+pub fn run_replay(a: ReplayArgs) -> Result<(), String> {
+    let f = std::fs::File::open(&a.file).map_err(|e| format!("`{}`: {e}", a.file.display()))?;
+    let mut lines = std::io::BufReader::new(f).lines();
+    let first = lines
+        .next()
+        .ok_or("the trace is empty")?
+        .map_err(|e| e.to_string())?;
+    let header: TraceHeader =
+        serde_json::from_str(&first).map_err(|e| format!("trace header: {e}"))?;
+    let recorded: Vec<Value> = lines
+        .enumerate()
+        .map(|(i, l)| {
+            let l = l.map_err(|e| e.to_string())?;
+            serde_json::from_str(&l).map_err(|e| format!("trace line {}: {e}", i + 2))
+        })
+        .collect::<Result<_, String>>()?;
+    let path = model_path(a.model.as_deref())?;
+    let model = load_model(&path, header.requant.into())?;
+    if model.sha256 != header.model_sha256 {
+        return Err(format!(
+            "the model's SHA-256 is {}, the trace was recorded with {}",
+            model.sha256, header.model_sha256
+        ));
+    }
+    let sampler = make_sampler(&model, header.pipeline.clone(), header.stop.clone())?;
+    if sampler.pipeline_hash() != header.pipeline_hash {
+        return Err(format!(
+            "the pipeline hashes to {}, the trace says {}",
+            sampler.pipeline_hash(),
+            header.pipeline_hash
+        ));
+    }
+    let opts = RunOpts {
+        logprobs: None,
+        layer: Layer::Selection,
+        record: true,
+        candidates: header.candidates,
+        stream: false,
+    };
+    let mut base = model.source();
+    let row0 = base
+        .prefill(&header.prompt_ids)
+        .map_err(|e| e.to_string())?;
+    let mut k = 0usize;
+    for (si, &seed) in header.seeds.iter().enumerate() {
+        let src = base.fork().map_err(|e| e.to_string())?;
+        let out = run_sequence(
+            &model,
+            &sampler,
+            src,
+            &header.prompt_ids,
+            row0.clone(),
+            seed,
+            &opts,
+        )?;
+        for r in &out.records {
+            // through the text form, as the trace holds it (f32 values print as f32)
+            let text = serde_json::to_string(r).map_err(|e| e.to_string())?;
+            let got: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+            let Some(want) = recorded.get(k) else {
+                return Err(format!(
+                    "replay mismatch: sequence {si} step {}: the replay goes on, the trace ends (line {})",
+                    r.step,
+                    k + 2
+                ));
+            };
+            if let Some(field) = first_diff("", want, &got) {
+                let simd = nextok_model::simd_features();
+                let hint = if field == "raw_logits_digest"
+                    && !header.simd.is_empty()
+                    && header.simd != simd
+                {
+                    format!(
+                        " (recorded by a build with SIMD features `{}`, this one has `{simd}`: the model's kernels, and so its logits, differ)",
+                        header.simd
+                    )
+                } else {
+                    String::new()
+                };
+                return Err(format!(
+                    "replay mismatch: sequence {si} step {} (trace line {}): field `{field}` differs{hint}",
+                    r.step,
+                    k + 2
+                ));
+            }
+            k += 1;
+        }
+    }
+    if k != recorded.len() {
+        return Err(format!(
+            "replay mismatch: the trace has {} step records, the replay produced {k}",
+            recorded.len()
+        ));
+    }
+    eprintln!(
+        "nextok: replay ok: {k} steps in {} sequence(s) match bit for bit",
+        header.seeds.len()
+    );
+    Ok(())
+}

@@ -1,0 +1,315 @@
+//! `nextok generate` and `nextok replay` end to end on SmolLM2-135M-Instruct (Q4_1, from
+//! `scripts/fetch-testdata.sh`). Without the file these tests print a notice and pass — unless
+//! `CI` is set, where they fail.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model() -> Option<PathBuf> {
+    let dir = std::env::var_os("NEXTOK_TESTDATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".testdata"));
+    let p = dir.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!(
+            "{} is missing and CI is set: run scripts/fetch-testdata.sh",
+            p.display()
+        );
+    }
+    eprintln!(
+        "notice: {} is missing; skipping (run scripts/fetch-testdata.sh)",
+        p.display()
+    );
+    None
+}
+
+const CAPITAL: &str = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France? Answer in two sentences.<|im_end|>\n<|im_start|>assistant\n";
+
+fn nextok(model: &PathBuf, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nextok"))
+        .args(args)
+        .arg("--model")
+        .arg(model)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nextok-generate-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn trace_lines(p: &PathBuf) -> Vec<Value> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn greedy_answers_and_stops_at_eos() {
+    let Some(m) = model() else { return };
+    let o = nextok(
+        &m,
+        &[
+            "generate",
+            CAPITAL,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "20",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout).trim_end(),
+        "The capital of France is Paris."
+    );
+    assert!(
+        text(&o.stderr).contains("finish: eos"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn chat_template_renders_the_reference_prompt() {
+    let Some(m) = model() else { return };
+    let t = tmp("chat.jsonl");
+    let o = nextok(
+        &m,
+        &[
+            "generate",
+            "--chat",
+            "What is the capital of France? Answer in two sentences.",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "3",
+            "--trace",
+            t.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let reference: Value = serde_json::from_slice(
+        &std::fs::read(root().join("testdata/reference/smollm2-135m-q4_1.llamacpp.json")).unwrap(),
+    )
+    .unwrap();
+    let lines = trace_lines(&t);
+    assert_eq!(
+        lines[0]["prompt_ids"],
+        reference["prompts"]["capital"]["ids"]
+    );
+    assert_eq!(lines.len(), 1 + 3);
+    assert!(
+        text(&o.stderr).contains("finish: length"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn stop_string_cuts_the_stream() {
+    let Some(m) = model() else { return };
+    let o = nextok(
+        &m,
+        &[
+            "generate",
+            CAPITAL,
+            "--temperature",
+            "0",
+            "--stop",
+            " Paris",
+            "--max-tokens",
+            "20",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).trim_end(), "The capital of France is");
+    assert!(
+        text(&o.stderr).contains("finish: stop string \" Paris\""),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn logprobs_are_labelled_with_their_layer() {
+    let Some(m) = model() else { return };
+    let o = nextok(
+        &m,
+        &[
+            "generate",
+            CAPITAL,
+            "--temperature",
+            "0.7",
+            "--top-k",
+            "5",
+            "--max-tokens",
+            "2",
+            "--logprobs",
+            "3",
+            "--logprob-layer",
+            "raw",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert_eq!(err.matches("logprobs step ").count(), 2, "{err}");
+    assert!(err.contains("[raw]"), "{err}");
+}
+
+#[test]
+fn n_sequences_equal_single_runs() {
+    let Some(m) = model() else { return };
+    let both = tmp("both.jsonl");
+    let single = tmp("single.jsonl");
+    let common = [
+        "generate",
+        CAPITAL,
+        "--temperature",
+        "1.0",
+        "--top-p",
+        "0.95",
+        "--max-tokens",
+        "12",
+    ];
+    let mut a: Vec<&str> = common.to_vec();
+    a.extend(["-n", "2", "--seed", "5", "--trace", both.to_str().unwrap()]);
+    let o = nextok(&m, &a);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let mut b: Vec<&str> = common.to_vec();
+    b.extend(["--seed", "6", "--trace", single.to_str().unwrap()]);
+    let o = nextok(&m, &b);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let both = trace_lines(&both);
+    let single = trace_lines(&single);
+    assert_eq!(both[0]["seeds"], serde_json::json!([5, 6]));
+    let second: Vec<&Value> = both[1..].iter().filter(|r| r["rng"]["seed"] == 6).collect();
+    assert_eq!(second.len(), single.len() - 1);
+    for (x, y) in second.iter().zip(&single[1..]) {
+        assert_eq!(*x, y);
+    }
+}
+
+#[test]
+fn replay_checks_every_step_and_catches_an_edit() {
+    let Some(m) = model() else { return };
+    let t = tmp("replay.jsonl");
+    let o = nextok(
+        &m,
+        &[
+            "generate",
+            CAPITAL,
+            "--temperature",
+            "0.9",
+            "--min-p",
+            "0.05",
+            "--max-tokens",
+            "6",
+            "--presence-penalty",
+            "0.5",
+            "--logit-bias",
+            "504=1.5",
+            "--seed",
+            "11",
+            "-n",
+            "2",
+            "--trace",
+            t.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = nextok(&m, &["replay", t.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("replay ok"), "{}", text(&o.stderr));
+
+    // hand-edit the third line (sequence 0, step 1): one candidate's selection probability
+    let mut lines: Vec<Value> = trace_lines(&t);
+    let p = lines[2]["candidates"][0]["selection_prob"]
+        .as_f64()
+        .unwrap();
+    lines[2]["candidates"][0]["selection_prob"] = serde_json::json!(p * 0.999);
+    let edited = tmp("edited.jsonl");
+    let body: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&edited, body.join("\n") + "\n").unwrap();
+    let o = nextok(&m, &["replay", edited.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(err.contains("sequence 0 step 1"), "{err}");
+    assert!(err.contains("candidates[0].selection_prob"), "{err}");
+
+    // a changed token is caught too
+    let mut lines: Vec<Value> = trace_lines(&t);
+    lines[1]["selected"] = serde_json::json!(7026);
+    let body: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&edited, body.join("\n") + "\n").unwrap();
+    let o = nextok(&m, &["replay", edited.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("step 0"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn pipeline_file_and_beam_search_run() {
+    let Some(m) = model() else { return };
+    let pipeline = tmp("pipeline.json");
+    std::fs::write(
+        &pipeline,
+        r#"{"format_version": 1, "processors": [{"type": "temperature", "version": 1, "temperature": 0}], "selector": {"type": "greedy"}}"#,
+    )
+    .unwrap();
+    let o = nextok(
+        &m,
+        &[
+            "generate",
+            CAPITAL,
+            "--pipeline",
+            pipeline.to_str().unwrap(),
+            "--max-tokens",
+            "20",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout).trim_end(),
+        "The capital of France is Paris."
+    );
+    let o = nextok(
+        &m,
+        &[
+            "generate",
+            CAPITAL,
+            "--beam-width",
+            "2",
+            "--max-tokens",
+            "12",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("beam 1:"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn bad_flags_fail_with_a_message() {
+    let Some(m) = model() else { return };
+    let o = nextok(&m, &["generate", "hi", "--top-p", "1.5"]);
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("top_p"), "{}", text(&o.stderr));
+    let o = nextok(&m, &["generate", "hi", "--logit-bias", "nope"]);
+    assert!(!o.status.success());
+}

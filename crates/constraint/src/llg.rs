@@ -1,0 +1,189 @@
+//! The llguidance back end: regular expressions that are too large for nextok's own DFA, JSON
+//! schemas, any-JSON, Lark grammars and (converted) GBNF grammars.
+//!
+//! The grammar is compiled once into a prototype matcher held by the compiled constraint; every
+//! sequence clones it (clones share llguidance's lexer caches). The wrapper converts
+//! llguidance's 32-bit-word mask into nextok's 64-bit-word bitset, widens EOS to every EOS id of
+//! the vocabulary, and keeps the committed bytes for the state digest.
+
+use std::time::{Duration, Instant};
+
+use llguidance::api::{GrammarInit, ParserLimits, StopReason, TopLevelGrammar};
+use llguidance::toktrie::{InferenceCapabilities, SimpleVob};
+use llguidance::{Logger, Matcher, ParserFactory};
+
+use crate::error::{ConstraintError, LimitKind};
+use crate::Limits;
+
+/// Converts nextok limits to llguidance's.
+pub(crate) fn parser_limits(l: &Limits) -> ParserLimits {
+    ParserLimits {
+        max_items_in_row: l.max_items_in_row,
+        initial_lexer_fuel: l.initial_lexer_fuel,
+        step_lexer_fuel: l.step_lexer_fuel,
+        step_max_items: l.step_max_items,
+        max_lexer_states: l.max_lexer_states,
+        max_grammar_size: l.max_grammar_size,
+        precompute_large_lexemes: true,
+        verbose_errors: false,
+    }
+}
+
+/// Compiles `grammar` into a prototype matcher.
+pub(crate) fn compile(
+    factory: &ParserFactory,
+    grammar: TopLevelGrammar,
+    limits: &Limits,
+    input: &'static str,
+) -> Result<(Matcher, Duration), ConstraintError> {
+    let t0 = Instant::now();
+    let parser = factory
+        .create_parser_from_init_ext(
+            GrammarInit::Serialized(grammar),
+            Logger::new(0, 0),
+            InferenceCapabilities::default(),
+            parser_limits(limits),
+        )
+        .map_err(|e| classify(&format!("{e:#}"), input))?;
+    let mut m = Matcher::new(Ok(parser));
+    // The first mask builds the initial lexer state; errors in the grammar that llguidance
+    // finds only then surface here, at compile time.
+    if let Err(e) = m.compute_mask() {
+        return Err(classify(&format!("{e:#}"), input));
+    }
+    let elapsed = t0.elapsed();
+    if let Some(max) = limits.max_compile_time {
+        if elapsed > max {
+            return Err(ConstraintError::Limit {
+                limit: LimitKind::CompileTime,
+                message: format!("compiling took {elapsed:?}, limit {max:?}"),
+            });
+        }
+    }
+    // Start sequences from a fresh prototype (the probe mask above is not state).
+    Ok((m, elapsed))
+}
+
+/// Maps an llguidance error message to a typed error.
+pub(crate) fn classify(msg: &str, input: &'static str) -> ConstraintError {
+    let first = msg.lines().next().unwrap_or(msg).trim().to_string();
+    if let Some(rest) = msg.split("Unimplemented keys: ").nth(1) {
+        let list = rest.lines().next().unwrap_or(rest);
+        let keys: Vec<String> = list
+            .trim_matches(|c| c == '[' || c == ']')
+            .split(',')
+            .map(|k| k.trim().trim_matches('"').to_string())
+            .filter(|k| !k.is_empty())
+            .collect();
+        return ConstraintError::Unsupported {
+            keyword: keys.join(", "),
+            message: first,
+        };
+    }
+    if msg.contains("oneOf constraints are not supported") {
+        return ConstraintError::Unsupported {
+            keyword: "oneOf".into(),
+            message: "oneOf is not supported exactly (set coerce_one_of to treat it as anyOf)"
+                .into(),
+        };
+    }
+    if let Some(rest) = msg.split("Unknown format: ").nth(1) {
+        let f = rest.split_whitespace().next().unwrap_or("");
+        return ConstraintError::Unsupported {
+            keyword: "format".into(),
+            message: format!("format `{f}` is not supported"),
+        };
+    }
+    for (needle, keyword) in [
+        (
+            "min/maxProperties only supported",
+            "minProperties/maxProperties",
+        ),
+        ("is not present in a registry", "$ref"),
+        ("circular references with sibling keys", "$ref"),
+        ("patternProperty regexes", "patternProperties"),
+    ] {
+        if msg.contains(needle) {
+            return ConstraintError::Unsupported {
+                keyword: keyword.into(),
+                message: first,
+            };
+        }
+    }
+    if msg.contains("Unsatisfiable schema") {
+        return ConstraintError::Unsatisfiable { message: first };
+    }
+    let limit = if msg.contains("grammar size (number of symbols) too big") {
+        Some(LimitKind::GrammarSize)
+    } else if msg.contains("initial lexer configuration (grammar) too big")
+        || msg.contains("initial_lexer_fuel")
+    {
+        Some(LimitKind::CompileFuel)
+    } else if msg.contains("items; max is") {
+        Some(LimitKind::ItemsInRow)
+    } else if msg.contains("lexer states") || msg.contains("max_lexer_states") {
+        Some(LimitKind::LexerStates)
+    } else {
+        None
+    };
+    if let Some(limit) = limit {
+        return ConstraintError::Limit {
+            limit,
+            message: first,
+        };
+    }
+    // llguidance puts the place first ("at line 3 ...", "(line 2)"), or names the schema path
+    // in a "while processing" line.
+    let place = msg
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("while processing ")
+                .map(str::to_string)
+        })
+        .or_else(|| {
+            msg.find("line ").map(|i| {
+                msg[i..]
+                    .split([':', ')', '\n'])
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_string()
+            })
+        })
+        .unwrap_or_else(|| "top level".into());
+    ConstraintError::Syntax {
+        input,
+        place,
+        message: first,
+    }
+}
+
+/// Per-sequence llguidance state.
+#[derive(Clone)]
+pub(crate) struct LlgState {
+    pub(crate) matcher: Matcher,
+    /// The last mask computed (valid until the next commit / rollback).
+    pub(crate) last_mask: Option<SimpleVob>,
+}
+
+impl LlgState {
+    pub(crate) fn error(&self) -> Option<String> {
+        self.matcher.get_error()
+    }
+
+    /// Maps a step failure (llguidance's stop reason) to a typed error.
+    pub(crate) fn step_error(&self, msg: String) -> ConstraintError {
+        match self.matcher.stop_reason() {
+            StopReason::LexerTooComplex => ConstraintError::Limit {
+                limit: LimitKind::StepFuel,
+                message: msg,
+            },
+            StopReason::ParserTooComplex => ConstraintError::Limit {
+                limit: LimitKind::StepItems,
+                message: msg,
+            },
+            _ => ConstraintError::Engine { message: msg },
+        }
+    }
+}

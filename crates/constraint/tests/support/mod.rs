@@ -1,0 +1,77 @@
+//! Shared test helpers: the repository root, the real Llama-3 tokenizer, and running a token
+//! sequence through a constraint.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use nextok_constraint::{ConstraintEngine, ConstraintVocab, SequenceState};
+use nextok_core::constraint::{bitset_words, ConstraintState, ConstraintStatus};
+use nextok_vocab::encode::Encoder;
+use nextok_vocab::{LoadOptions, Vocabulary};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `.testdata/` (or `NEXTOK_TESTDATA`).
+pub fn testdata() -> PathBuf {
+    std::env::var_os("NEXTOK_TESTDATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".testdata"))
+}
+
+/// The Llama-3 engine and encoder, or `None` (with a notice) when the file is absent.
+pub fn llama3() -> Option<&'static (Arc<ConstraintEngine>, Encoder)> {
+    static L: OnceLock<Option<(Arc<ConstraintEngine>, Encoder)>> = OnceLock::new();
+    L.get_or_init(|| {
+        let p = testdata().join("llama3/tokenizer.json");
+        if !p.exists() {
+            eprintln!(
+                "notice: {} absent (run scripts/fetch-testdata.sh); skipping",
+                p.display()
+            );
+            return None;
+        }
+        let v = Vocabulary::from_tokenizer_json_file(&p, &LoadOptions::default()).unwrap();
+        let cv = ConstraintVocab::new(&v.bytes, &v.info).unwrap();
+        let engine = ConstraintEngine::new(Arc::new(cv)).unwrap();
+        let enc = Encoder::from_tokenizer_json_file(&p).unwrap();
+        Some((Arc::new(engine), enc))
+    })
+    .as_ref()
+}
+
+/// Feeds `ids` one by one, checking each is in the mask; returns `Ok(())` when every token is
+/// allowed and EOS is allowed at the end, else `Err(index)` of the first rejected step
+/// (`ids.len()` when only the end was rejected).
+pub fn run(state: &mut SequenceState, ids: &[u32]) -> Result<(), usize> {
+    let n = state.compiled().vocab().vocab_size();
+    let eos = state.compiled().vocab().eos_token_ids()[0];
+    let mut mask = vec![0u64; bitset_words(n)];
+    for (i, &t) in ids.iter().enumerate() {
+        mask.fill(0);
+        state.fill_mask(&mut mask).map_err(|_| i)?;
+        let bit = mask[(t / 64) as usize] >> (t % 64) & 1 == 1;
+        let ok = state.commit(t).is_ok();
+        assert_eq!(bit, ok, "mask and commit disagree at step {i} (token {t})");
+        if !ok {
+            return Err(i);
+        }
+    }
+    mask.fill(0);
+    state.fill_mask(&mut mask).map_err(|_| ids.len())?;
+    let end_ok = mask[(eos / 64) as usize] >> (eos % 64) & 1 == 1;
+    let st = state.status();
+    assert_eq!(
+        end_ok,
+        matches!(st, ConstraintStatus::Accepted | ConstraintStatus::OnlyEnd),
+        "EOS bit and status {st:?} disagree"
+    );
+    if end_ok {
+        Ok(())
+    } else {
+        Err(ids.len())
+    }
+}

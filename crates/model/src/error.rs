@@ -1,0 +1,52 @@
+//! The model crate's error: one message naming what failed.
+
+use std::fmt;
+
+/// A failure while loading, fetching or running a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelError {
+    message: String,
+}
+
+impl ModelError {
+    /// An error with `message`.
+    pub fn new(message: impl Into<String>) -> ModelError {
+        ModelError {
+            message: message.into(),
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ModelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ModelError {}
+
+impl From<candle_core::Error> for ModelError {
+    fn from(e: candle_core::Error) -> Self {
+        ModelError::new(format!("tensor error: {e}"))
+    }
+}
+
+impl From<nextok_vocab::VocabError> for ModelError {
+    fn from(e: nextok_vocab::VocabError) -> Self {
+        ModelError::new(e.to_string())
+    }
+}
+
+impl From<std::io::Error> for ModelError {
+    fn from(e: std::io::Error) -> Self {
+        ModelError::new(format!("I/O error: {e}"))
+    }
+}
+
+/// Results of this crate.
+pub type Result<T> = std::result::Result<T, ModelError>;

@@ -1,0 +1,175 @@
+//! # nextok-model
+//!
+//! Where raw logits come from. A [`LogitsSource`] is one sequence of a language model with its
+//! KV cache: [`prefill`](LogitsSource::prefill) a prompt, [`decode_one`](LogitsSource::decode_one)
+//! token by token, [`fork`](LogitsSource::fork) a branch that shares the prefix (beam search,
+//! `-n` sequences from one prompt) and [`truncate`](LogitsSource::truncate) back to an accepted
+//! prefix (speculative decoding, replay).
+//!
+//! * [`llama`] — a llama-architecture GGUF model on candle (CPU), with its own forward pass so
+//!   that the KV cache can be forked and truncated; optional re-quantisation to Q8_0;
+//! * [`Model`] — a loaded GGUF file: weights, its exact-bytes vocabulary, the tokenizer rebuilt
+//!   from GGUF metadata, the chat template, and the file's SHA-256;
+//! * [`fetch`] — the default model, fetched once into a cache directory and verified;
+//! * [`chat`] — rendering the GGUF chat template;
+//! * [`beam`] — beam search over any [`LogitsSource`];
+//! * [`scripted`] — a logits source that replays a scripted tree (tests, examples).
+
+#![warn(missing_docs)]
+
+pub mod beam;
+pub mod chat;
+mod error;
+pub mod fetch;
+pub mod llama;
+pub mod scripted;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+pub use error::{ModelError, Result};
+pub use llama::{LlamaSource, LlamaWeights, Requant};
+
+/// One sequence of a model: produces the raw logits after each id it is fed.
+pub trait LogitsSource: Sized {
+    /// Length of every logits row.
+    fn vocab_size(&self) -> usize;
+    /// Feeds `ids` (at least one) after the current prefix and returns the raw logits after the
+    /// last of them.
+    fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>>;
+    /// Feeds one token and returns the raw logits after it.
+    fn decode_one(&mut self, token: u32) -> Result<Vec<f32>>;
+    /// A new branch with the same prefix; feeding one branch never changes the other.
+    fn fork(&self) -> Result<Self>;
+    /// Rolls the sequence back to its first `len` positions (`len ≤ self.len()`).
+    fn truncate(&mut self, len: usize) -> Result<()>;
+    /// Number of positions fed so far.
+    fn len(&self) -> usize;
+    /// Whether nothing has been fed.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A loaded llama-architecture GGUF model with its vocabulary and tokenizer.
+pub struct Model {
+    /// The shared weights.
+    pub weights: Arc<LlamaWeights>,
+    /// Exact bytes, EOS and special ids of every token (sized to the logits row).
+    pub vocab: nextok_vocab::Vocabulary,
+    /// Text → ids, rebuilt from the GGUF metadata.
+    pub encoder: nextok_vocab::encode::Encoder,
+    /// `tokenizer.chat_template`, if the file has one.
+    pub chat_template: Option<String>,
+    /// SHA-256 of the GGUF file, hex.
+    pub sha256: String,
+    /// Where it was loaded from.
+    pub path: PathBuf,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("path", &self.path)
+            .field("sha256", &self.sha256)
+            .field("weights", &self.weights)
+            .finish()
+    }
+}
+
+/// The SIMD features this build was compiled with (`avx,avx2,fma,f16c`, …; `none`). candle
+/// picks its quantised kernels at compile time, so builds with different features give
+/// (slightly) different logits for the same model and input.
+pub fn simd_features() -> String {
+    let all = [
+        ("avx", cfg!(target_feature = "avx")),
+        ("avx2", cfg!(target_feature = "avx2")),
+        ("fma", cfg!(target_feature = "fma")),
+        ("f16c", cfg!(target_feature = "f16c")),
+        ("avx512f", cfg!(target_feature = "avx512f")),
+        ("neon", cfg!(target_feature = "neon")),
+        ("simd128", cfg!(target_feature = "simd128")),
+    ];
+    let on: Vec<&str> = all.iter().filter(|f| f.1).map(|f| f.0).collect();
+    if on.is_empty() {
+        "none".to_string()
+    } else {
+        on.join(",")
+    }
+}
+
+/// SHA-256 of a file, hex.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| ModelError::new(format!("{}: cannot open: {e}", path.display())))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h)?;
+    Ok(hex(&h.finalize()))
+}
+
+pub(crate) fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl Model {
+    /// Loads `path` (a llama-architecture GGUF file) for the CPU.
+    pub fn load(path: &Path, requant: Requant) -> Result<Model> {
+        let weights = Arc::new(LlamaWeights::load(path, requant)?);
+        let g = nextok_vocab::gguf::Gguf::read_file(path)?;
+        let label = path.display().to_string();
+        let opts = nextok_vocab::LoadOptions {
+            vocab_size: Some(weights.config.vocab_size),
+            ..Default::default()
+        };
+        let vocab = nextok_vocab::Vocabulary::from_gguf(&g, &label, &opts)?;
+        let encoder = nextok_vocab::encode::Encoder::from_gguf(&g, &label)?;
+        let chat_template = g
+            .get("tokenizer.chat_template")
+            .and_then(|v| v.as_str())
+            .map(str::to_string);
+        Ok(Model {
+            weights,
+            vocab,
+            encoder,
+            chat_template,
+            sha256: sha256_file(path)?,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// A new, empty sequence.
+    pub fn source(&self) -> LlamaSource {
+        LlamaSource::new(self.weights.clone())
+    }
+
+    /// The ids of `text` as a prompt: special tokens written in the text are recognised, and a
+    /// BOS token is prepended when the file asks for one (`tokenizer.ggml.add_bos_token`).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.encoder.encode(text, true)?)
+    }
+
+    /// Renders `messages` with the model's chat template (see [`chat`]).
+    pub fn render_chat(
+        &self,
+        messages: &[chat::Message],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let t = self.chat_template.as_deref().ok_or_else(|| {
+            ModelError::new("the model file has no tokenizer.chat_template; pass a plain prompt")
+        })?;
+        let name = |id: Option<u32>| {
+            id.and_then(|i| self.vocab.name(i))
+                .unwrap_or("")
+                .to_string()
+        };
+        chat::render(
+            t,
+            messages,
+            add_generation_prompt,
+            &name(self.vocab.bos),
+            &name(self.vocab.info.eos_token_ids.first().copied()),
+        )
+    }
+}
