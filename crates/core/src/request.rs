@@ -171,6 +171,8 @@ impl StepRequest {
                     stop: p.stop.clone(),
                     include_stop_str_in_output: p.include_stop_str_in_output,
                     skip_special_tokens: p.skip_special_tokens,
+                    constraint: p.constraint.clone(),
+                    grammar_policy: p.grammar_policy,
                     ..Default::default()
                 };
                 if *p != request_level {
@@ -187,6 +189,7 @@ impl StepRequest {
                     stop: p.stop.clone(),
                     include_stop_str_in_output: p.include_stop_str_in_output,
                     skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
+                    grammar_policy: p.grammar_policy.unwrap_or_default(),
                 };
                 (cfg.clone(), stop)
             }

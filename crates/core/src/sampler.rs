@@ -16,10 +16,12 @@
 
 use rayon::prelude::*;
 
+use crate::constraint::ConstraintStatus;
 use crate::error::{Error, ErrorKind, Result};
 use crate::math::{self, exp_f32, ln_f64};
 use crate::pipeline::params::SamplingParams;
 use crate::pipeline::presets::{self, Preset};
+use crate::pipeline::GrammarPolicy;
 use crate::pipeline::{PipelineConfig, StopConfig};
 use crate::processors::{CompileCtx, Processor, ProcessorConfig};
 use crate::record::{
@@ -426,7 +428,7 @@ impl Sampler {
         ws.record_stage("raw");
         ws.ensure_nonempty("raw")?;
         for p in &self.processors {
-            p.apply(state, ws, &self.vocab);
+            p.apply(state, ws, &self.vocab)?;
             ws.record_stage(p.type_name());
             ws.ensure_nonempty(p.type_name())?;
         }
@@ -474,7 +476,31 @@ impl Sampler {
                 self.vocab.vocab_size,
             ));
         }
+        // grammar first: a token the constraint rejects leaves the whole state untouched
+        if let Some(g) = state.grammar.as_ref().filter(|g| g.active) {
+            g.with(|e| e.commit(token))?;
+        }
         self.advance(state, token);
+        let accepted = match state.grammar.as_mut().filter(|g| g.active) {
+            Some(g) => {
+                let status = g.status();
+                let done = matches!(
+                    status,
+                    ConstraintStatus::Accepted | ConstraintStatus::OnlyEnd
+                );
+                match self.stop.grammar_policy {
+                    GrammarPolicy::StopOnAccept => done,
+                    GrammarPolicy::OnlyEnd => status == ConstraintStatus::OnlyEnd,
+                    GrammarPolicy::Continue => {
+                        if done {
+                            g.active = false;
+                        }
+                        false
+                    }
+                }
+            }
+            None => false,
+        };
         let reason =
             if !self.stop.ignore_eos && self.vocab.eos_token_ids.binary_search(&token).is_ok() {
                 Some(FinishReason::Eos { token })
@@ -485,6 +511,8 @@ impl Sampler {
                     pattern: h.pattern,
                     end: h.end,
                 })
+            } else if accepted {
+                Some(FinishReason::GrammarAccepted)
             } else if self
                 .stop
                 .max_tokens
@@ -512,7 +540,8 @@ impl Sampler {
         let mut slots = std::mem::take(&mut st.sequence);
         self.consume_slots(&mut slots, st, pos, token);
         st.sequence = slots;
-        // 4. grammar state: no grammar engine is attached in the core (slot stays as is)
+        // 4. grammar state: committed by `commit` before any other change, so that a token the
+        //    constraint rejects leaves the whole state untouched
         // 5. stop matcher, on the token's visible bytes; a stop string that completes before
         //    `min_tokens` output tokens exist does not count (the scan goes on)
         st.stop.observed += 1;

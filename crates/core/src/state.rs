@@ -32,6 +32,8 @@ pub enum FinishReason {
         /// Byte offset in the output where the stop string ends (exclusive).
         end: u64,
     },
+    /// The constraint accepted the output and the request's grammar policy ends there.
+    GrammarAccepted,
     /// `max_tokens` output tokens were produced.
     MaxTokens,
 }
@@ -68,11 +70,80 @@ pub enum SequenceSlot {
     },
 }
 
-/// A slot for constraint/grammar engine state (filled by the constraint engine later).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The grammar slot: a constraint engine's per-sequence state (000 §3.4).
+///
+/// Cloning forks the engine state (beams, `n > 1`); equality compares digests. The engine sits
+/// behind a mutex because filling a mask may update the engine's caches; processors still only
+/// read the decoder state, and only the step transition commits tokens to it.
 pub struct GrammarSlot {
-    /// A digest of the engine state, recorded in traces.
-    pub digest: String,
+    engine: std::sync::Mutex<Box<dyn crate::constraint::ConstraintState>>,
+    pub(crate) bits: std::sync::Mutex<(Vec<u64>, Vec<u32>)>,
+    /// Whether the constraint still masks (it stops masking after acceptance under the
+    /// `continue` policy).
+    pub(crate) active: bool,
+}
+
+impl GrammarSlot {
+    /// Wraps an engine state.
+    pub fn new(engine: Box<dyn crate::constraint::ConstraintState>) -> Self {
+        GrammarSlot {
+            engine: std::sync::Mutex::new(engine),
+            bits: Default::default(),
+            active: true,
+        }
+    }
+
+    /// Runs `f` on the engine state.
+    pub fn with<R>(
+        &self,
+        f: impl FnOnce(&mut Box<dyn crate::constraint::ConstraintState>) -> R,
+    ) -> R {
+        let mut g = match self.engine.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        f(&mut g)
+    }
+
+    /// The engine's digest.
+    pub fn digest(&self) -> String {
+        self.with(|e| e.digest())
+    }
+
+    /// The engine's status.
+    pub fn status(&self) -> crate::constraint::ConstraintStatus {
+        self.with(|e| e.status())
+    }
+
+    /// Whether the constraint still masks.
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
+}
+
+impl Clone for GrammarSlot {
+    fn clone(&self) -> Self {
+        GrammarSlot {
+            engine: std::sync::Mutex::new(self.with(|e| e.fork())),
+            bits: Default::default(),
+            active: self.active,
+        }
+    }
+}
+
+impl PartialEq for GrammarSlot {
+    fn eq(&self, other: &Self) -> bool {
+        self.active == other.active && self.digest() == other.digest()
+    }
+}
+
+impl std::fmt::Debug for GrammarSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarSlot")
+            .field("digest", &self.digest())
+            .field("active", &self.active)
+            .finish()
+    }
 }
 
 /// Stop-matcher state: tokens observed, the stop-string automaton state over the output
@@ -135,6 +206,11 @@ impl DecoderState {
     pub fn grammar(&self) -> Option<&GrammarSlot> {
         self.grammar.as_ref()
     }
+
+    /// Attaches a constraint engine's state (before the first step).
+    pub fn set_grammar(&mut self, engine: Box<dyn crate::constraint::ConstraintState>) {
+        self.grammar = Some(GrammarSlot::new(engine));
+    }
     /// The stop-matcher state.
     pub fn stop_state(&self) -> &StopState {
         &self.stop
@@ -174,7 +250,7 @@ impl DecoderState {
                     SequenceSlot::NGram { index } => index.len() as u64,
                 })
                 .collect(),
-            grammar: self.grammar.as_ref().map(|g| g.digest.clone()),
+            grammar: self.grammar.as_ref().map(|g| g.digest()),
             stop_scan: self.stop.scan,
             rng_counter: self.rng.counter,
             finish: self.finish,

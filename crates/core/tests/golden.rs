@@ -45,6 +45,8 @@ fn rich_params() -> SamplingParams {
         stop: vec!["\n\n".into()],
         include_stop_str_in_output: false,
         skip_special_tokens: None,
+        constraint: Some(serde_json::json!({"json": true})),
+        grammar_policy: None,
     }
 }
 

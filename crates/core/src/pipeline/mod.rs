@@ -54,6 +54,23 @@ pub struct StopConfig {
     /// Special tokens contribute no bytes to the output text or to stop matching (default true).
     #[serde(default = "yes")]
     pub skip_special_tokens: bool,
+    /// What happens once an attached constraint accepts the output.
+    #[serde(default)]
+    pub grammar_policy: GrammarPolicy,
+}
+
+/// What happens once the constraint accepts the output (000 §3.10: acceptance is not stopping).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum GrammarPolicy {
+    /// Finish (`grammar_accepted`) as soon as the output is a complete legal output.
+    StopOnAccept,
+    /// Keep masking: after acceptance only what the constraint still allows (e.g. trailing
+    /// whitespace) or EOS may follow; finish when nothing but EOS may (default).
+    #[default]
+    OnlyEnd,
+    /// Stop masking once accepted and continue with ordinary generation.
+    Continue,
 }
 
 fn yes() -> bool {
@@ -116,6 +133,7 @@ impl Default for StopConfig {
             stop: Vec::new(),
             include_stop_str_in_output: false,
             skip_special_tokens: true,
+            grammar_policy: GrammarPolicy::OnlyEnd,
         }
     }
 }

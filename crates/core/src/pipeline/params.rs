@@ -75,6 +75,15 @@ pub struct SamplingParams {
     /// Hide special tokens' bytes from the text and from stop matching (default true).
     #[serde(default)]
     pub skip_special_tokens: Option<bool>,
+    /// A structured-output constraint (`{"choice": [..]}`, `{"regex": ".."}`,
+    /// `{"json_schema": {..}}`, `{"json": true}`, `{"grammar": ".."}`, `{"gbnf": ".."}`),
+    /// compiled at the edge by the constraint engine; its presence puts the grammar mask into the
+    /// pipeline.
+    #[serde(default)]
+    pub constraint: Option<serde_json::Value>,
+    /// What happens once the constraint accepts (default `only_end`).
+    #[serde(default)]
+    pub grammar_policy: Option<super::GrammarPolicy>,
 }
 
 fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {

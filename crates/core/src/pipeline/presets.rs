@@ -27,8 +27,8 @@ use super::params::SamplingParams;
 use super::{PipelineConfig, StopConfig};
 use crate::error::{Error, Result};
 use crate::processors::{
-    allowed_ids::AllowedTokenIds, banned_sequences::BannedSequences, logit_bias::LogitBias,
-    min_p::MinP, min_tokens::MinTokens, no_repeat_ngram::NoRepeatNgram,
+    allowed_ids::AllowedTokenIds, banned_sequences::BannedSequences, grammar_mask::GrammarMask,
+    logit_bias::LogitBias, min_p::MinP, min_tokens::MinTokens, no_repeat_ngram::NoRepeatNgram,
     presence_frequency::PresenceFrequencyPenalty, repetition::RepetitionPenalty,
     special_mask::SpecialTokenMask, temperature::Temperature, top_k, top_k::TopK, top_p,
     top_p::TopP, typical_p::TypicalP, PenaltyScope, ProcessorConfig as P,
@@ -184,6 +184,7 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
         stop: params.stop.clone(),
         include_stop_str_in_output: params.include_stop_str_in_output,
         skip_special_tokens: params.skip_special_tokens.unwrap_or(true),
+        grammar_policy: params.grammar_policy.unwrap_or_default(),
     };
     let special = || {
         P::SpecialTokenMask(SpecialTokenMask {
@@ -191,6 +192,10 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
             token_ids: Vec::new(),
         })
     };
+    let grammar = params
+        .constraint
+        .as_ref()
+        .map(|_| P::GrammarMask(GrammarMask { version: 1 }));
     let min_tokens = params.min_tokens.filter(|&n| n > 0).map(|n| {
         P::MinTokens(MinTokens {
             version: 1,
@@ -297,6 +302,7 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
         Preset::Reference => {
             v.push(special());
             v.extend(min_tokens);
+            v.extend(grammar);
             v.extend(allowed);
             v.extend(banned(true));
             v.extend(ngram);
@@ -320,6 +326,7 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
             v.extend(ngram);
             v.extend(banned(true));
             v.extend(min_tokens);
+            v.extend(grammar);
             v.extend(allowed);
             v.extend(presfreq(PenaltyScope::Output));
             if greedy {
@@ -333,6 +340,7 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
             }
         }
         Preset::Vllm => {
+            v.extend(grammar);
             v.extend(allowed);
             v.extend(banned(false));
             v.extend(ngram);
@@ -353,6 +361,7 @@ pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig,
         }
         Preset::LlamaCpp => {
             let n = params.penalty_last_n.unwrap_or(64);
+            v.extend(grammar);
             v.extend(allowed);
             v.extend(banned(true));
             v.extend(ngram);

@@ -14,6 +14,7 @@
 
 pub mod allowed_ids;
 pub mod banned_sequences;
+pub mod grammar_mask;
 pub mod logit_bias;
 pub mod min_p;
 pub mod min_tokens;
@@ -50,6 +51,8 @@ pub enum StateField {
     SequenceState,
     /// The step index / output length.
     StepIndex,
+    /// The grammar/constraint state.
+    GrammarState,
 }
 
 /// One processor's configuration: the pipeline-as-data form.
@@ -62,6 +65,8 @@ pub enum ProcessorConfig {
     MinTokens(min_tokens::MinTokens),
     /// Keep only the listed token ids.
     AllowedTokenIds(allowed_ids::AllowedTokenIds),
+    /// Keep only the tokens the sequence's constraint allows (grammar, JSON schema, regex, choice).
+    GrammarMask(grammar_mask::GrammarMask),
     /// Add a bias to listed token ids.
     LogitBias(logit_bias::LogitBias),
     /// Forbid the token that would complete a banned token sequence.
@@ -114,6 +119,8 @@ pub enum Processor {
     MinTokens(min_tokens::Compiled),
     /// See [`allowed_ids`].
     AllowedTokenIds(allowed_ids::Compiled),
+    /// See [`grammar_mask`].
+    GrammarMask(grammar_mask::Compiled),
     /// See [`logit_bias`].
     LogitBias(logit_bias::Compiled),
     /// See [`banned_sequences`].
@@ -143,6 +150,7 @@ impl ProcessorConfig {
             ProcessorConfig::SpecialTokenMask(_) => "special_token_mask",
             ProcessorConfig::MinTokens(_) => "min_tokens",
             ProcessorConfig::AllowedTokenIds(_) => "allowed_token_ids",
+            ProcessorConfig::GrammarMask(_) => "grammar_mask",
             ProcessorConfig::LogitBias(_) => "logit_bias",
             ProcessorConfig::BannedSequences(_) => "banned_sequences",
             ProcessorConfig::NoRepeatNgram(_) => "no_repeat_ngram",
@@ -162,6 +170,7 @@ impl ProcessorConfig {
             ProcessorConfig::SpecialTokenMask(c) => c.version,
             ProcessorConfig::MinTokens(c) => c.version,
             ProcessorConfig::AllowedTokenIds(c) => c.version,
+            ProcessorConfig::GrammarMask(c) => c.version,
             ProcessorConfig::LogitBias(c) => c.version,
             ProcessorConfig::BannedSequences(c) => c.version,
             ProcessorConfig::NoRepeatNgram(c) => c.version,
@@ -185,6 +194,7 @@ impl ProcessorConfig {
             ProcessorConfig::AllowedTokenIds(c) => {
                 Processor::AllowedTokenIds(c.compile(&field, ctx)?)
             }
+            ProcessorConfig::GrammarMask(c) => Processor::GrammarMask(c.compile(&field)?),
             ProcessorConfig::LogitBias(c) => Processor::LogitBias(c.compile(&field, ctx)?),
             ProcessorConfig::BannedSequences(c) => {
                 Processor::BannedSequences(c.compile(&field, ctx)?)
@@ -212,6 +222,7 @@ impl Processor {
             Processor::SpecialTokenMask(_) => "special_token_mask",
             Processor::MinTokens(_) => "min_tokens",
             Processor::AllowedTokenIds(_) => "allowed_token_ids",
+            Processor::GrammarMask(_) => "grammar_mask",
             Processor::LogitBias(_) => "logit_bias",
             Processor::BannedSequences(_) => "banned_sequences",
             Processor::NoRepeatNgram(_) => "no_repeat_ngram",
@@ -231,6 +242,7 @@ impl Processor {
             Processor::SpecialTokenMask(_) => &[],
             Processor::MinTokens(_) => &[StateField::StepIndex],
             Processor::AllowedTokenIds(_) => &[],
+            Processor::GrammarMask(_) => &[StateField::GrammarState],
             Processor::LogitBias(_) => &[],
             Processor::BannedSequences(_) => &[StateField::SequenceState],
             Processor::NoRepeatNgram(_) => &[
@@ -249,11 +261,17 @@ impl Processor {
     }
 
     /// Applies the processor to the workspace.
-    pub(crate) fn apply(&self, st: &DecoderState, ws: &mut Workspace, vocab: &VocabInfo) {
+    pub(crate) fn apply(
+        &self,
+        st: &DecoderState,
+        ws: &mut Workspace,
+        vocab: &VocabInfo,
+    ) -> Result<()> {
         match self {
             Processor::SpecialTokenMask(c) => c.apply(ws),
             Processor::MinTokens(c) => c.apply(st, ws),
             Processor::AllowedTokenIds(c) => c.apply(ws),
+            Processor::GrammarMask(c) => return c.apply(st, ws),
             Processor::LogitBias(c) => c.apply(ws),
             Processor::BannedSequences(c) => c.apply(st, ws),
             Processor::NoRepeatNgram(c) => c.apply(st, ws),
@@ -265,6 +283,7 @@ impl Processor {
             Processor::MinP(c) => c.apply(ws),
             Processor::TypicalP(c) => c.apply(ws),
         }
+        Ok(())
     }
 
     /// A fresh sequence-constraint slot for this processor, if it keeps one.

@@ -11,7 +11,7 @@ use crate::support::Workspace;
 pub const VERSION: u32 = 1;
 
 /// Config of the special-token mask.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpecialTokenMask {
     /// Processor version.
@@ -58,6 +58,15 @@ impl Compiled {
     pub(crate) fn apply(&self, ws: &mut Workspace) {
         for &id in &self.ids {
             ws.mask(id);
+        }
+    }
+}
+
+impl Default for SpecialTokenMask {
+    fn default() -> Self {
+        SpecialTokenMask {
+            version: VERSION,
+            token_ids: Vec::new(),
         }
     }
 }

@@ -1,0 +1,74 @@
+//! Grammar mask (reference step 3): keeps only the tokens the sequence's constraint allows,
+//! `A(q_t)` of 000 §3.4 — the tokens whose bytes keep the output a prefix of some legal output
+//! (EOS only where the constraint accepts). The constraint state lives in the decoder state's
+//! grammar slot; without one attached the processor does nothing. If a pipeline puts a
+//! truncation before this mask and nothing legal is left, the step fails with the constraint
+//! error of 000 §3.12 (empty support after `grammar_mask`), never a silent resample.
+
+use serde::{Deserialize, Serialize};
+
+use super::{check_version, v1};
+use crate::constraint::bitset_words;
+use crate::error::Result;
+use crate::state::DecoderState;
+use crate::support::Workspace;
+
+/// Implementation version.
+pub const VERSION: u32 = 1;
+
+/// Config of the grammar mask.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrammarMask {
+    /// Processor version.
+    #[serde(default = "v1")]
+    pub version: u32,
+}
+
+/// Compiled form.
+#[derive(Debug, Clone)]
+pub struct Compiled;
+
+impl GrammarMask {
+    pub(crate) fn compile(&self, field: &str) -> Result<Compiled> {
+        check_version(field, self.version, VERSION)?;
+        Ok(Compiled)
+    }
+}
+
+impl Compiled {
+    pub(crate) fn apply(&self, st: &DecoderState, ws: &mut Workspace) -> Result<()> {
+        let Some(g) = st.grammar.as_ref().filter(|g| g.active) else {
+            return Ok(());
+        };
+        let v = ws.vocab_size();
+        let mut scratch = match g.bits.lock() {
+            Ok(b) => b,
+            Err(p) => p.into_inner(),
+        };
+        let (bits, allowed) = &mut *scratch;
+        bits.clear();
+        bits.resize(bitset_words(v), 0);
+        g.with(|e| e.fill_mask(bits))?;
+        allowed.clear();
+        for (w, &word) in bits.iter().enumerate() {
+            let mut x = word;
+            while x != 0 {
+                let b = x.trailing_zeros() as usize;
+                let id = w * 64 + b;
+                if id < v {
+                    allowed.push(id as u32);
+                }
+                x &= x - 1;
+            }
+        }
+        ws.retain_ids(allowed);
+        Ok(())
+    }
+}
+
+impl Default for GrammarMask {
+    fn default() -> Self {
+        GrammarMask { version: VERSION }
+    }
+}
