@@ -290,6 +290,7 @@ fn finish_text(model: &Model, stop: &StopConfig, r: Option<FinishReason>) -> Str
             stop.stop.get(pattern).cloned().unwrap_or_default()
         ),
         Some(FinishReason::MaxTokens) => "length".to_string(),
+        Some(FinishReason::GrammarAccepted) => "grammar accepted".to_string(),
         None => "length (context full)".to_string(),
     }
 }
