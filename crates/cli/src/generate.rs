@@ -24,6 +24,7 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use nextok_constraint::{CompiledConstraint, ConstraintEngine, ConstraintSpec, ConstraintVocab};
 use nextok_core::pipeline::presets;
 use nextok_core::{
     Draw, FinishReason, Layer, PipelineConfig, Preset, Sampler, SamplingParams, StepRecord,
@@ -156,6 +157,28 @@ pub struct GenerateArgs {
     /// Number of sequences.
     #[arg(short = 'n', long = "n", default_value_t = 1)]
     pub n: usize,
+    /// Constrain the output to JSON valid against this JSON-schema file.
+    #[arg(long = "json-schema")]
+    pub json_schema: Option<PathBuf>,
+    /// Constrain the output to any JSON value.
+    #[arg(long)]
+    pub json: bool,
+    /// Constrain the output to a full match of this regular expression.
+    #[arg(long)]
+    pub regex: Option<String>,
+    /// Constrain the output to one of these strings (repeatable).
+    #[arg(long)]
+    pub choice: Vec<String>,
+    /// Constrain the output to this Lark-style grammar file (start rule `start`).
+    #[arg(long)]
+    pub grammar: Option<PathBuf>,
+    /// Constrain the output to this llama.cpp GBNF grammar file (start rule `root`).
+    #[arg(long)]
+    pub gbnf: Option<PathBuf>,
+    /// After the constraint accepts: `only_end` (default: only what it still allows, or EOS),
+    /// `stop_on_accept`, or `continue` (stop masking).
+    #[arg(long = "grammar-policy")]
+    pub grammar_policy: Option<String>,
     /// Print the N best candidates of each step with their logprobs (stderr).
     #[arg(long)]
     pub logprobs: Option<usize>,
@@ -336,9 +359,18 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         seed: Some(a.seed),
         ignore_eos: a.ignore_eos,
         stop: a.stop.clone(),
+        constraint: constraint_spec(&a)?,
+        grammar_policy: match a.grammar_policy.as_deref() {
+            None => None,
+            Some(p) => Some(
+                serde_json::from_value(Value::String(p.to_string()))
+                    .map_err(|_| format!("invalid `--grammar-policy`: `{p}` (expected only_end, stop_on_accept or continue)"))?,
+            ),
+        },
         ..Default::default()
     };
     let (sampler, cfg, stop) = build_sampler(&model, &a.pipeline, &params)?;
+    let constraint = compile_constraint(&model, &params)?;
     let seeds: Vec<u64> = (0..a.n as u64).map(|i| a.seed.wrapping_add(i)).collect();
     let header = TraceHeader {
         nextok_trace: 1,
@@ -383,6 +415,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         record: trace.is_some() || a.logprobs.is_some(),
         candidates: header.candidates,
         stream: true,
+        constraint,
     };
     let mut base = model.source();
     let row0 = base.prefill(&prompt).map_err(|e| e.to_string())?;
@@ -429,6 +462,72 @@ struct RunOpts {
     record: bool,
     candidates: usize,
     stream: bool,
+    constraint: Option<Arc<CompiledConstraint>>,
+}
+
+/// The constraint the flags ask for, as the JSON spec stored in the request parameters.
+fn constraint_spec(a: &GenerateArgs) -> Result<Option<Value>, String> {
+    let read = |p: &Path, flag: &str| {
+        std::fs::read_to_string(p).map_err(|e| format!("--{flag} `{}`: {e}", p.display()))
+    };
+    let mut specs = Vec::new();
+    if let Some(p) = &a.json_schema {
+        let schema: Value = serde_json::from_str(&read(p, "json-schema")?)
+            .map_err(|e| format!("--json-schema `{}`: not JSON: {e}", p.display()))?;
+        specs.push(ConstraintSpec::JsonSchema {
+            schema,
+            options: Default::default(),
+        });
+    }
+    if a.json {
+        specs.push(ConstraintSpec::Json {
+            options: Default::default(),
+        });
+    }
+    if let Some(r) = &a.regex {
+        specs.push(ConstraintSpec::Regex { pattern: r.clone() });
+    }
+    if !a.choice.is_empty() {
+        specs.push(ConstraintSpec::Choice {
+            choices: a.choice.clone(),
+        });
+    }
+    if let Some(p) = &a.grammar {
+        specs.push(ConstraintSpec::Grammar {
+            lark: read(p, "grammar")?,
+        });
+    }
+    if let Some(p) = &a.gbnf {
+        specs.push(ConstraintSpec::Gbnf {
+            gbnf: read(p, "gbnf")?,
+        });
+    }
+    match specs.len() {
+        0 => Ok(None),
+        1 => serde_json::to_value(&specs[0])
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        _ => Err(
+            "give at most one of --json-schema, --json, --regex, --choice, --grammar, --gbnf"
+                .into(),
+        ),
+    }
+}
+
+/// Compiles the request's constraint over the model's vocabulary.
+fn compile_constraint(
+    model: &Model,
+    params: &SamplingParams,
+) -> Result<Option<Arc<CompiledConstraint>>, String> {
+    let Some(spec) = &params.constraint else {
+        return Ok(None);
+    };
+    let spec: ConstraintSpec =
+        serde_json::from_value(spec.clone()).map_err(|e| format!("invalid constraint: {e}"))?;
+    let vocab =
+        ConstraintVocab::new(&model.vocab.bytes, &model.vocab.info).map_err(|e| e.to_string())?;
+    let engine = ConstraintEngine::new(Arc::new(vocab)).map_err(|e| e.to_string())?;
+    engine.compile(&spec).map(Some).map_err(|e| e.to_string())
 }
 
 struct SeqOut {
@@ -447,6 +546,9 @@ fn run_sequence<S: LogitsSource>(
     o: &RunOpts,
 ) -> Result<SeqOut, String> {
     let mut state = sampler.new_state(prompt, seed).map_err(|e| e.to_string())?;
+    if let Some(c) = &o.constraint {
+        state.set_grammar(Box::new(c.start()));
+    }
     let mut ws = sampler.new_workspace();
     let mut stream = sampler.text_stream();
     let mut row = first_row;
@@ -649,6 +751,7 @@ pub fn run_replay(a: ReplayArgs) -> Result<(), String> {
         record: true,
         candidates: header.candidates,
         stream: false,
+        constraint: compile_constraint(&model, &header.params)?,
     };
     let mut base = model.source();
     let row0 = base
