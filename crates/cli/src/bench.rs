@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use nextok_core::bench::{
     BatchBench, Case, StepBench, BATCH_ROWS, SPECIAL_TOKENS, TARGET_VOCAB, VOCAB_SIZES,
 };
+use nextok_core::math::simd;
 use serde::Serialize;
 
 /// Arguments of `nextok bench`.
@@ -33,6 +34,9 @@ pub struct BenchArgs {
     /// Evict the caches before every timed call instead of warming them.
     #[arg(long)]
     pub cold: bool,
+    /// Use at most these kernels: `baseline`, `avx2` or `avx512` (results do not change).
+    #[arg(long)]
+    pub simd: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -58,6 +62,10 @@ struct BatchRow {
     one_thread_rows_per_s: f64,
     two_threads_rows_per_s: f64,
     speedup: f64,
+    /// From the fastest repetition of each (what the code does when the other core is free).
+    best_one_thread_rows_per_s: f64,
+    best_two_threads_rows_per_s: f64,
+    best_speedup: f64,
 }
 
 #[derive(Serialize)]
@@ -71,6 +79,7 @@ struct Target {
 #[derive(Serialize)]
 struct Report {
     threads_available: usize,
+    kernels: &'static str,
     caches: &'static str,
     iters: usize,
     batch_iters: usize,
@@ -118,6 +127,23 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     if args.iters == 0 {
         return Err("--iters must be at least 1".into());
     }
+    if let Some(level) = &args.simd {
+        simd::set_max_level(match level.as_str() {
+            "baseline" => simd::BASELINE,
+            "avx2" => simd::AVX2,
+            "avx512" => simd::AVX512,
+            other => {
+                return Err(format!(
+                    "unknown --simd `{other}` (expected baseline, avx2 or avx512)"
+                ))
+            }
+        });
+    }
+    let kernels = match simd::level() {
+        simd::AVX512 => "avx512",
+        simd::AVX2 => "avx2",
+        _ => "baseline",
+    };
     let threads_available = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -126,6 +152,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let targets = targets(&steps, &batch);
     let report = Report {
         threads_available,
+        kernels,
         caches: if args.cold { "cold" } else { "warm" },
         iters: args.iters,
         batch_iters: args.batch_iters.max(1),
@@ -256,6 +283,9 @@ fn batch_rates(vocabs: &[usize], iters: usize, progress: bool) -> Vec<BatchRow> 
             }
             let r1 = b.rows() as f64 / median(&mut one);
             let r2 = b.rows() as f64 / median(&mut two);
+            // `median` sorted the times: the first is the fastest
+            let b1 = b.rows() as f64 / one[0];
+            let b2 = b.rows() as f64 / two[0];
             rows.push(BatchRow {
                 vocab: v,
                 case: case.key(),
@@ -263,6 +293,9 @@ fn batch_rates(vocabs: &[usize], iters: usize, progress: bool) -> Vec<BatchRow> 
                 one_thread_rows_per_s: r1,
                 two_threads_rows_per_s: r2,
                 speedup: r2 / r1,
+                best_one_thread_rows_per_s: b1,
+                best_two_threads_rows_per_s: b2,
+                best_speedup: b2 / b1,
             });
         }
     }
@@ -302,15 +335,26 @@ fn targets(steps: &[StepRow], batch: &[BatchRow]) -> Vec<Target> {
         });
     }
     for b in batch.iter().filter(|b| b.vocab == TARGET_VOCAB) {
+        let dc = b.case == Case::DefaultChain.key();
         out.push(Target {
-            name: if b.case == Case::DefaultChain.key() {
-                "batch 64, default chain: 2 threads / 1 thread >= 1.8"
+            name: if dc {
+                "batch 64, default chain: 2 threads / 1 thread >= 1.8 (medians)"
             } else {
-                "batch 64, top-p alone: 2 threads / 1 thread >= 1.8"
+                "batch 64, top-p alone: 2 threads / 1 thread >= 1.8 (medians)"
             },
             limit: 1.8,
             measured: b.speedup,
             met: b.speedup >= 1.8,
+        });
+        out.push(Target {
+            name: if dc {
+                "batch 64, default chain: 2 threads / 1 thread >= 1.8 (fastest)"
+            } else {
+                "batch 64, top-p alone: 2 threads / 1 thread >= 1.8 (fastest)"
+            },
+            limit: 1.8,
+            measured: b.best_speedup,
+            met: b.best_speedup >= 1.8,
         });
     }
     out
@@ -318,8 +362,8 @@ fn targets(steps: &[StepRow], batch: &[BatchRow]) -> Vec<Target> {
 
 fn print_tables(r: &Report) {
     println!(
-        "nextok bench sampler: {} interleaved iterations, {} caches, medians per step; {} threads available",
-        r.iters, r.caches, r.threads_available
+        "nextok bench sampler: {} interleaved iterations, {} caches, {} kernels, medians per step; {} threads available",
+        r.iters, r.caches, r.kernels, r.threads_available
     );
     println!();
     println!(
@@ -354,12 +398,19 @@ fn print_tables(r: &Report) {
     );
     println!();
     println!(
-        "batch of {BATCH_ROWS} rows, {} repetitions each, medians",
+        "batch of {BATCH_ROWS} rows, {} repetitions each alternating 1 and 2 threads: medians, then the fastest repetitions",
         r.batch_iters
     );
     println!(
-        "{:>7}  {:<28} {:>14} {:>14} {:>8}",
-        "vocab", "case", "1 thread rows/s", "2 threads rows/s", "ratio"
+        "{:>7}  {:<28} {:>15} {:>16} {:>6} {:>15} {:>16} {:>6}",
+        "vocab",
+        "case",
+        "1 thread rows/s",
+        "2 threads rows/s",
+        "ratio",
+        "best 1 thread",
+        "best 2 threads",
+        "ratio"
     );
     for b in &r.batch {
         let name = if b.case == Case::DefaultChain.key() {
@@ -368,8 +419,15 @@ fn print_tables(r: &Report) {
             Case::TopPOnly.name()
         };
         println!(
-            "{:>7}  {:<28} {:>15.0} {:>16.0} {:>8.2}",
-            b.vocab, name, b.one_thread_rows_per_s, b.two_threads_rows_per_s, b.speedup
+            "{:>7}  {:<28} {:>15.0} {:>16.0} {:>6.2} {:>15.0} {:>16.0} {:>6.2}",
+            b.vocab,
+            name,
+            b.one_thread_rows_per_s,
+            b.two_threads_rows_per_s,
+            b.speedup,
+            b.best_one_thread_rows_per_s,
+            b.best_two_threads_rows_per_s,
+            b.best_speedup
         );
     }
     if !r.targets.is_empty() {
@@ -377,7 +435,7 @@ fn print_tables(r: &Report) {
         println!("targets at V = {TARGET_VOCAB}");
         for t in &r.targets {
             println!(
-                "  {:<56} measured {:>7.2}  {}",
+                "  {:<66} measured {:>7.2}  {}",
                 t.name,
                 t.measured,
                 if t.met { "met" } else { "MISSED" }

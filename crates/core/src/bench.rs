@@ -406,6 +406,7 @@ pub struct StepBench {
     pub ws: Workspace,
     /// The full-sort baseline.
     pub naive: Naive,
+    max: f32,
 }
 
 impl StepBench {
@@ -421,6 +422,7 @@ impl StepBench {
         StepBench {
             case,
             naive: Naive::new(v, 42),
+            max: crate::math::max_f32(&fixture.logits),
             fixture,
             sampler,
             state,
@@ -432,6 +434,14 @@ impl StepBench {
     #[inline]
     pub fn floor(&self) -> f32 {
         floor_sum(&self.fixture.logits)
+    }
+
+    /// The exact softmax normaliser of the row alone: one `exp_f32` per token and the `f64` lane
+    /// sum ([`crate::math::exp_sum`]) — the part of a dense top-p that no shortcut may skip.
+    #[inline]
+    pub fn normaliser(&self) -> f64 {
+        let z = &self.fixture.logits;
+        crate::math::exp_sum(z, self.max)
     }
 
     /// One naive full-sort step; returns the token.

@@ -10,43 +10,310 @@
 //! * [`ln_f64`] — the fdlibm `__ieee754_log` algorithm (error < 1 ulp).
 //! * [`sum_f64_lanes`] — a sum with a fixed association order (8 lanes by index mod 8, then the
 //!   lanes added in order), so a sum never depends on thread count or vector width.
+//!
+//! The slice kernels are compiled several times on x86-64 — for the baseline target, with AVX2
+//! and (with a compiler that supports it) with AVX-512 — and the widest version the CPU supports
+//! is chosen at run time. All versions perform the same IEEE-754 operations in the same order
+//! (Rust never fuses `a * b + c`, and the lane structure of every reduction is written out in the
+//! source), so they return the same bits; only the vector width the compiler may use differs.
+//! [`simd::set_max_level`] caps the choice, so tests can compare the versions.
+
+// The polynomial and ln-2 constants are the published Cephes/fdlibm decimals; they parse to the
+// intended doubles, and the tests check the results against the standard library.
+#![allow(clippy::excessive_precision)]
+
+#[doc(hidden)]
+pub mod simd {
+    //! Run-time choice of the kernel versions (see the module docs of [`crate::math`]).
+
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    /// Plain code for the compilation target.
+    pub const BASELINE: u8 = 1;
+    /// AVX2 (x86-64).
+    pub const AVX2: u8 = 2;
+    /// AVX-512 F/BW/DQ/VL (x86-64).
+    pub const AVX512: u8 = 3;
+
+    static LEVEL: AtomicU8 = AtomicU8::new(0);
+    static CAP: AtomicU8 = AtomicU8::new(u8::MAX);
+
+    /// The widest version this CPU (and build) supports.
+    pub fn detected() -> u8 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[cfg(nextok_avx512)]
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("bmi1")
+                && std::arch::is_x86_feature_detected!("popcnt")
+            {
+                return AVX512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return AVX2;
+            }
+        }
+        BASELINE
+    }
+
+    /// The version the kernels use now.
+    #[inline]
+    pub fn level() -> u8 {
+        let l = LEVEL.load(Ordering::Relaxed);
+        if l != 0 {
+            return l;
+        }
+        let l = detected().min(CAP.load(Ordering::Relaxed));
+        LEVEL.store(l, Ordering::Relaxed);
+        l
+    }
+
+    /// Uses at most `level` from now on (for tests and benchmarks; results do not change).
+    pub fn set_max_level(level: u8) {
+        CAP.store(level.max(BASELINE), Ordering::Relaxed);
+        LEVEL.store(detected().min(level.max(BASELINE)), Ordering::Relaxed);
+    }
+}
+
+/// Defines a function whose body is compiled for the baseline target and, on x86-64, with AVX2
+/// and AVX-512 enabled; the widest copy the CPU supports runs. The body must be plain arithmetic
+/// (see the module docs): every copy returns identical results.
+macro_rules! multiversion {
+    ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$attr])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn generic($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                let level = $crate::math::simd::level();
+                #[cfg(nextok_avx512)]
+                {
+                    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+                    unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                        generic($($arg),*)
+                    }
+                    if level >= $crate::math::simd::AVX512 {
+                        // SAFETY: the CPU supports these features (`simd::detected`).
+                        return unsafe { avx512($($arg),*) };
+                    }
+                }
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    generic($($arg),*)
+                }
+                if level >= $crate::math::simd::AVX2 {
+                    // SAFETY: the CPU supports AVX2 (`simd::detected`).
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            generic($($arg),*)
+        }
+    };
+}
+pub(crate) use multiversion;
 
 /// Inputs below this give `exp_f32(x) == 0.0` (the result would be subnormal).
 pub const EXP_F32_FLUSH: f32 = -87.0;
+
+// The constants of `exp_f32` (shared with the vector versions).
+const EXP_LOG2E: f32 = std::f32::consts::LOG2_E;
+const EXP_C1: f32 = 0.693_359_4; // ln 2, high part (0.693359375)
+const EXP_C2: f32 = -2.121_944_4e-4; // ln 2, low part
+const EXP_MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to nearest integer
+const EXP_CLAMP: f32 = 88.0;
+const EXP_P: [f32; 6] = [
+    1.987_569_2e-4,
+    1.398_2e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5.000_000_1e-1,
+];
+// 2^n from the bits of t: the low mantissa bits of t hold n + 0x400000.
+const EXP_BIAS: u32 = 127u32.wrapping_sub(0x4B40_0000);
 
 /// `e^x` in `f32`, deterministic on every platform. `x < -87` (and `-inf`) gives `0.0`;
 /// `x > 88` is clamped to `88` (callers only pass `x <= 0`).
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const C1: f32 = 0.693_359_4; // ln 2, high part (0.693359375)
-    const C2: f32 = -2.121_944_4e-4; // ln 2, low part
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to nearest integer
     let flush = x < EXP_F32_FLUSH;
     let xc = if flush {
         0.0
-    } else if x > 88.0 {
-        88.0
+    } else if x > EXP_CLAMP {
+        EXP_CLAMP
     } else {
         x
     };
-    let t = xc * LOG2E + MAGIC;
-    let n = t - MAGIC;
-    let r = xc - n * C1 - n * C2;
+    let t = xc * EXP_LOG2E + EXP_MAGIC;
+    let n = t - EXP_MAGIC;
+    let r = xc - n * EXP_C1 - n * EXP_C2;
     let z = r * r;
-    let mut y = 1.987_569_2e-4_f32;
-    y = y * r + 1.398_2e-3;
-    y = y * r + 8.333_452e-3;
-    y = y * r + 4.166_579_6e-2;
-    y = y * r + 1.666_666_5e-1;
-    y = y * r + 5.000_000_1e-1;
+    let mut y = EXP_P[0];
+    y = y * r + EXP_P[1];
+    y = y * r + EXP_P[2];
+    y = y * r + EXP_P[3];
+    y = y * r + EXP_P[4];
+    y = y * r + EXP_P[5];
     y = y * z + r + 1.0;
-    // 2^n from the bits of t: the low mantissa bits of t hold n + 0x400000.
-    let pow2 = f32::from_bits(t.to_bits().wrapping_add(127u32.wrapping_sub(0x4B40_0000)) << 23);
+    let pow2 = f32::from_bits(t.to_bits().wrapping_add(EXP_BIAS) << 23);
     if flush {
         0.0
     } else {
         y * pow2
+    }
+}
+
+/// AVX-512 versions of the hot kernels, written with intrinsics: the same IEEE-754 operations as
+/// the scalar code, lane by lane, in the same order (no fused multiply-add).
+#[cfg(all(target_arch = "x86_64", nextok_avx512))]
+pub(crate) mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::*;
+
+    /// [`exp_f32`] on 16 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+    pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
+        let flush = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_F32_FLUSH));
+        // `if x > 88 { 88 } else { x }`: min(88, x) returns x when the comparison fails
+        let xc = _mm512_min_ps(_mm512_set1_ps(EXP_CLAMP), x);
+        let xc = _mm512_maskz_mov_ps(!flush, xc);
+        let t = _mm512_add_ps(
+            _mm512_mul_ps(xc, _mm512_set1_ps(EXP_LOG2E)),
+            _mm512_set1_ps(EXP_MAGIC),
+        );
+        let n = _mm512_sub_ps(t, _mm512_set1_ps(EXP_MAGIC));
+        let r = _mm512_sub_ps(
+            _mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(EXP_C1))),
+            _mm512_mul_ps(n, _mm512_set1_ps(EXP_C2)),
+        );
+        let z = _mm512_mul_ps(r, r);
+        let mut y = _mm512_set1_ps(EXP_P[0]);
+        y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(EXP_P[1]));
+        y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(EXP_P[2]));
+        y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(EXP_P[3]));
+        y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(EXP_P[4]));
+        y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(EXP_P[5]));
+        y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, z), r), _mm512_set1_ps(1.0));
+        let bits = _mm512_add_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(EXP_BIAS as i32));
+        let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(bits));
+        _mm512_maskz_mul_ps(!flush, y, pow2)
+    }
+
+    /// Adds the 16 lanes of `e` to the 8 `f64` lanes: elements 0..8, then 8..16.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+    pub(crate) unsafe fn add_lanes16(acc: __m512d, e: __m512) -> __m512d {
+        let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
+        let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+            _mm512_castps_pd(e),
+        )));
+        _mm512_add_pd(_mm512_add_pd(acc, lo), hi)
+    }
+
+    /// Adds a block of 64 weights to the lane sums and reports its weights `>= t`.
+    #[inline(always)]
+    unsafe fn consume(
+        mut a: __m512d,
+        start: usize,
+        e: &[__m512; 4],
+        vt: __m512,
+        on_hit: &mut impl FnMut(usize, u64, &[f32; 64]),
+    ) -> __m512d {
+        a = add_lanes16(a, e[0]);
+        a = add_lanes16(a, e[1]);
+        a = add_lanes16(a, e[2]);
+        a = add_lanes16(a, e[3]);
+        let h0 = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(e[0], vt) as u64;
+        let h1 = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(e[1], vt) as u64;
+        let h2 = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(e[2], vt) as u64;
+        let h3 = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(e[3], vt) as u64;
+        let hits = h0 | h1 << 16 | h2 << 32 | h3 << 48;
+        if hits != 0 {
+            report(start, hits, e, on_hit);
+        }
+        a
+    }
+
+    #[cold]
+    #[inline(never)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+    unsafe fn report(
+        start: usize,
+        hits: u64,
+        e: &[__m512; 4],
+        on_hit: &mut impl FnMut(usize, u64, &[f32; 64]),
+    ) {
+        let mut b = [0.0f32; 64];
+        _mm512_storeu_ps(b.as_mut_ptr(), e[0]);
+        _mm512_storeu_ps(b.as_mut_ptr().add(16), e[1]);
+        _mm512_storeu_ps(b.as_mut_ptr().add(32), e[2]);
+        _mm512_storeu_ps(b.as_mut_ptr().add(48), e[3]);
+        on_hit(start, hits, &b);
+    }
+
+    /// `w[i] = exp_f32(z[i] - m)` over the whole blocks of 64 values (nothing is stored when `w`
+    /// is `None`); the lane sums of [`super::sum_f64_lanes`] continue in `acc`;
+    /// `on_hit(block start, mask, block weights)` is called for every block where some weight is
+    /// `>= tmin` (bit `j` of the mask: value `start + j`). Returns the number of values covered.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+    pub(crate) unsafe fn exp_blocks(
+        z: &[f32],
+        m: f32,
+        mut w: Option<&mut [f32]>,
+        acc: &mut [f64; 8],
+        tmin: f32,
+        mut on_hit: impl FnMut(usize, u64, &[f32; 64]),
+    ) -> usize {
+        let n = match &w {
+            Some(w) => z.len().min(w.len()),
+            None => z.len(),
+        } / 64
+            * 64;
+        let vm = _mm512_set1_ps(m);
+        let vt = _mm512_set1_ps(tmin);
+        let mut a = _mm512_loadu_pd(acc.as_ptr());
+        // software pipelined: the weights of a block are summed one block later, so that the
+        // sequential lane sums never wait for the long `exp` chain of the block being computed
+        macro_rules! block {
+            ($i:expr) => {{
+                let p = z.as_ptr().add($i);
+                let e = [
+                    exp16(_mm512_sub_ps(_mm512_loadu_ps(p), vm)),
+                    exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(16)), vm)),
+                    exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(32)), vm)),
+                    exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(48)), vm)),
+                ];
+                if let Some(w) = w.as_deref_mut() {
+                    let q = w.as_mut_ptr().add($i);
+                    _mm512_storeu_ps(q, e[0]);
+                    _mm512_storeu_ps(q.add(16), e[1]);
+                    _mm512_storeu_ps(q.add(32), e[2]);
+                    _mm512_storeu_ps(q.add(48), e[3]);
+                }
+                e
+            }};
+        }
+        if n > 0 {
+            let mut prev = block!(0);
+            let mut i = 64;
+            while i < n {
+                let e = block!(i);
+                a = consume(a, i - 64, &prev, vt, &mut on_hit);
+                prev = e;
+                i += 64;
+            }
+            a = consume(a, n - 64, &prev, vt, &mut on_hit);
+        }
+        _mm512_storeu_pd(acc.as_mut_ptr(), a);
+        n
     }
 }
 
@@ -130,8 +397,18 @@ pub fn ln_f64(x: f64) -> f64 {
 
 /// Sum with a fixed association: lane `j` sums elements `j, j+8, j+16, ...` in `f64`, then the
 /// eight lanes are added in order 0..8.
-#[inline]
 pub fn sum_f64_lanes(xs: &[f32]) -> f64 {
+    sum_f64_lanes_kernel(xs)
+}
+
+multiversion! {
+    fn sum_f64_lanes_kernel(xs: &[f32]) -> f64 {
+        sum_f64_lanes_inline(xs)
+    }
+}
+
+#[inline(always)]
+pub(crate) fn sum_f64_lanes_inline(xs: &[f32]) -> f64 {
     let mut acc = [0.0f64; 8];
     let chunks = xs.chunks_exact(8);
     let rem = chunks.remainder();
@@ -147,8 +424,19 @@ pub fn sum_f64_lanes(xs: &[f32]) -> f64 {
 }
 
 /// Maximum of a slice that holds no NaN (`-inf` allowed). Empty gives `-inf`.
-#[inline]
 pub fn max_f32(xs: &[f32]) -> f32 {
+    max_f32_kernel(xs)
+}
+
+multiversion! {
+    fn max_f32_kernel(xs: &[f32]) -> f32 {
+        max_f32_inline(xs)
+    }
+}
+
+/// [`max_f32`] for inlining into other kernels.
+#[inline(always)]
+pub(crate) fn max_f32_inline(xs: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; 8];
     let chunks = xs.chunks_exact(8);
     let rem = chunks.remainder();
@@ -166,45 +454,180 @@ pub fn max_f32(xs: &[f32]) -> f32 {
     m
 }
 
-/// Writes `w[i] = exp_f32((z[i] - m) / t)` for every `i` and returns the lane sum of `w` in `f64`.
-/// `t` must be `> 0`; with `t == 1.0` the division is exact and changes nothing.
-#[inline]
+/// Writes `w[i] = exp_f32(z[i] - m)` for every `i` and returns the lane sum of `w` in `f64`.
 pub fn exp_weights(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
     debug_assert_eq!(z.len(), w.len());
-    let mut acc = [0.0f64; 8];
-    let n8 = z.len() / 8 * 8;
-    let (zh, zt) = z.split_at(n8);
-    let (wh, wt) = w.split_at_mut(n8);
-    for (zc, wc) in zh.chunks_exact(8).zip(wh.chunks_exact_mut(8)) {
-        for j in 0..8 {
-            let e = exp_f32(zc[j] - m);
-            wc[j] = e;
-            acc[j] += e as f64;
-        }
+    exp_weights_kernel(z, m, w)
+}
+
+fn exp_weights_kernel(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    if simd::level() >= simd::AVX512 {
+        // SAFETY: the CPU supports AVX-512 (`simd::detected`).
+        return unsafe { exp_weights_avx512(z, m, w) };
     }
-    for (j, (zv, wv)) in zt.iter().zip(wt.iter_mut()).enumerate() {
+    exp_weights_multi(z, m, w)
+}
+
+#[cfg(all(target_arch = "x86_64", nextok_avx512))]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+unsafe fn exp_weights_avx512(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let n = x86::exp_blocks(z, m, Some(&mut *w), &mut acc, f32::INFINITY, |_, _, _| {});
+    for (i, (zv, wv)) in z.iter().zip(w.iter_mut()).enumerate().skip(n) {
         let e = exp_f32(*zv - m);
         *wv = e;
-        acc[j] += e as f64;
+        acc[i % 8] += e as f64;
+    }
+    acc.iter().sum()
+}
+
+multiversion! {
+    fn exp_weights_multi(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
+        exp_weights_inline(z, m, w)
+    }
+}
+
+#[inline(always)]
+fn exp_weights_inline(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
+    let mut acc = LaneSum([0.0f64; 8]);
+    let n = exp_pass(z, m, w, &mut acc);
+    let mut acc = acc.0;
+    for (i, (zv, wv)) in z[n..].iter().zip(w[n..].iter_mut()).enumerate() {
+        let e = exp_f32(*zv - m);
+        *wv = e;
+        acc[(n + i) % 8] += e as f64;
     }
     acc.iter().sum()
 }
 
 /// `sum_i exp_f32(z[i] - m)` in the lane order of [`sum_f64_lanes`], without storing weights.
-#[inline]
 pub fn exp_sum(z: &[f32], m: f32) -> f64 {
-    let mut acc = [0.0f64; 8];
-    let chunks = z.chunks_exact(8);
-    let rem = chunks.remainder();
-    for c in chunks {
-        for j in 0..8 {
-            acc[j] += exp_f32(c[j] - m) as f64;
-        }
+    exp_sum_kernel(z, m)
+}
+
+fn exp_sum_kernel(z: &[f32], m: f32) -> f64 {
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    if simd::level() >= simd::AVX512 {
+        // SAFETY: the CPU supports AVX-512 (`simd::detected`).
+        return unsafe { exp_sum_avx512(z, m) };
     }
-    for (j, &x) in rem.iter().enumerate() {
-        acc[j] += exp_f32(x - m) as f64;
+    exp_sum_multi(z, m)
+}
+
+#[cfg(all(target_arch = "x86_64", nextok_avx512))]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+unsafe fn exp_sum_avx512(z: &[f32], m: f32) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let n = x86::exp_blocks(z, m, None, &mut acc, f32::INFINITY, |_, _, _| {});
+    for (i, &x) in z.iter().enumerate().skip(n) {
+        acc[i % 8] += exp_f32(x - m) as f64;
     }
     acc.iter().sum()
+}
+
+multiversion! {
+    fn exp_sum_multi(z: &[f32], m: f32) -> f64 {
+        exp_sum_inline(z, m)
+    }
+}
+
+#[inline(always)]
+fn exp_sum_inline(z: &[f32], m: f32) -> f64 {
+    let mut acc = LaneSum([0.0f64; 8]);
+    let n = exp_pass_ring(z, m, &mut acc);
+    let mut acc = acc.0;
+    for (i, &x) in z[n..].iter().enumerate() {
+        acc[(n + i) % 8] += exp_f32(x - m) as f64;
+    }
+    acc.iter().sum()
+}
+
+/// Chunk length of [`exp_pass`].
+pub(crate) const EXP_CHUNK: usize = 16;
+/// How many chunks ahead [`exp_pass`] computes weights before they are consumed.
+const EXP_LEAD: usize = 8;
+
+/// A consumer of the weight chunks of [`exp_pass`], called once per chunk in order.
+pub(crate) trait ChunkVisitor {
+    /// Chunk `k` (values `16 k .. 16 k + 16`).
+    fn visit(&mut self, k: usize, c: &[f32; EXP_CHUNK]);
+}
+
+/// The `f64` lane sum of [`sum_f64_lanes`] as a chunk consumer.
+pub(crate) struct LaneSum(pub(crate) [f64; 8]);
+
+impl ChunkVisitor for LaneSum {
+    #[inline(always)]
+    fn visit(&mut self, _k: usize, c: &[f32; EXP_CHUNK]) {
+        add_lanes16(&mut self.0, c);
+    }
+}
+
+/// `exp_f32(z[j] - m)` for one chunk.
+#[inline(always)]
+fn exp_chunk(z: &[f32], m: f32) -> [f32; EXP_CHUNK] {
+    let mut e = [0.0f32; EXP_CHUNK];
+    for (ej, &zj) in e.iter_mut().zip(z) {
+        *ej = exp_f32(zj - m);
+    }
+    e
+}
+
+/// Adds a chunk to the eight `f64` lanes: element `j` to lane `j % 8`, in index order.
+#[inline(always)]
+pub(crate) fn add_lanes16(acc: &mut [f64; 8], c: &[f32; EXP_CHUNK]) {
+    for j in 0..8 {
+        acc[j] += c[j] as f64;
+    }
+    for j in 0..8 {
+        acc[j] += c[8 + j] as f64;
+    }
+}
+
+/// Writes `w[i] = exp_f32(z[i] - m)` for the whole chunks of `z` (16 values each) and gives every
+/// chunk, in order, to `v`. The weights are computed a few chunks ahead of their consumption so
+/// that the long latency of `exp_f32` overlaps the (sequential) consumer; the order of the
+/// consumer's operations is unchanged. Returns the number of values covered (the caller handles
+/// the rest).
+#[inline(always)]
+pub(crate) fn exp_pass<V: ChunkVisitor>(z: &[f32], m: f32, w: &mut [f32], v: &mut V) -> usize {
+    const C: usize = EXP_CHUNK;
+    let nc = z.len().min(w.len()) / C;
+    let lead = nc.min(EXP_LEAD);
+    for k in 0..nc {
+        let e = exp_chunk(&z[C * k..C * k + C], m);
+        w[C * k..C * k + C].copy_from_slice(&e);
+        if k >= lead {
+            let j = k - lead;
+            v.visit(j, w[C * j..C * j + C].try_into().expect("chunk"));
+        }
+    }
+    for j in nc - lead..nc {
+        v.visit(j, w[C * j..C * j + C].try_into().expect("chunk"));
+    }
+    nc * C
+}
+
+/// [`exp_pass`] without storing the weights (a small ring buffer holds the chunks in flight).
+#[inline(always)]
+pub(crate) fn exp_pass_ring<V: ChunkVisitor>(z: &[f32], m: f32, v: &mut V) -> usize {
+    const C: usize = EXP_CHUNK;
+    let mut ring = [[0.0f32; C]; EXP_LEAD];
+    let nc = z.len() / C;
+    let lead = nc.min(EXP_LEAD);
+    for k in 0..nc {
+        let e = exp_chunk(&z[C * k..C * k + C], m);
+        if k >= lead {
+            let j = k - lead;
+            v.visit(j, &ring[j % EXP_LEAD]);
+        }
+        ring[k % EXP_LEAD] = e;
+    }
+    for j in nc - lead..nc {
+        v.visit(j, &ring[j % EXP_LEAD]);
+    }
+    nc * C
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::math::{exp_f32, ln_f64};
 use crate::rng::{Purpose, RngState};
-use crate::support::Workspace;
+use crate::support::{cand_exps, Cand, Workspace};
 
 /// The selection rule of a pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -96,20 +96,8 @@ fn categorical(ws: &mut Workspace, u: f64) -> Option<u32> {
         // id-ascending order over a copy (the canonical order is kept for the record)
         ws.scratch.clear();
         ws.scratch.extend_from_slice(&ws.cands);
-        ws.scratch.sort_unstable_by_key(|c| c.id);
-        let mut cum = 0.0f64;
-        let mut last = None;
-        for c in &ws.scratch {
-            let w = exp_f32(c.z - m);
-            cum += w as f64 / s;
-            if w > 0.0 {
-                last = Some(c.id);
-            }
-            if u < cum {
-                return Some(c.id);
-            }
-        }
-        last
+        crate::support::sort_by_id(&mut ws.scratch, &mut ws.aux, ws.v);
+        inverse_cdf(&ws.scratch, m, s, u)
     }
 }
 
@@ -140,4 +128,27 @@ fn gumbel(ws: &mut Workspace, rng: &RngState, step: u64) -> Option<u32> {
         }
     }
     best.map(|b| b.1)
+}
+
+crate::math::multiversion! {
+    /// Inverse CDF over candidates in id order: the first whose running sum of `w / s` exceeds
+    /// `u`, else the last with a positive weight. The weights are computed 16 at a time.
+    fn inverse_cdf(c: &[Cand], m: f32, s: f64, u: f64) -> Option<u32> {
+        let mut cum = 0.0f64;
+        let mut last = None;
+        let mut e = [0.0f32; 16];
+        for block in c.chunks(16) {
+            cand_exps(block, m, &mut e);
+            for (x, &w) in block.iter().zip(e.iter()) {
+                cum += w as f64 / s;
+                if w > 0.0 {
+                    last = Some(x.id);
+                }
+                if u < cum {
+                    return Some(x.id);
+                }
+            }
+        }
+        last
+    }
 }
