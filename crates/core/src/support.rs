@@ -1003,30 +1003,34 @@ unsafe fn load_avx512(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, 
 }
 
 multiversion! {
-    /// [`load`]: one pass, with 64 independent lanes for the maximum (its *value* does not depend
+    /// [`load`]: one pass, with 16 independent lanes for the maximum (its *value* does not depend
     /// on the order; the caller settles the sign of a zero maximum).
     fn load_kernel(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, usize, f32) {
-        const L: usize = BLOCK;
-        let n = raw.len().min(buf.len()) / L * L;
+        const L: usize = 16;
+        let n = raw.len().min(buf.len()) / BLOCK * BLOCK;
         let mut bad = [0u32; L];
         let mut cnt = [0u32; L];
         let mut mx = [f32::NEG_INFINITY; L];
         for ((r, b), bm) in raw[..n]
-            .chunks_exact(L)
-            .zip(buf[..n].chunks_exact_mut(L))
+            .chunks_exact(BLOCK)
+            .zip(buf[..n].chunks_exact_mut(BLOCK))
             .zip(bmax.iter_mut())
         {
-            let v: [f32; L] = r.try_into().expect("chunk");
-            let mut block = [f32::NEG_INFINITY; 16];
-            for j in 0..L {
-                let x = v[j];
-                bad[j] |= nan_or_pos_inf(x) as u32;
-                cnt[j] += (x > f32::NEG_INFINITY) as u32;
-                mx[j] = if x > mx[j] { x } else { mx[j] };
-                block[j % 16] = if x > block[j % 16] { x } else { block[j % 16] };
+            let mut blk = [f32::NEG_INFINITY; L];
+            for (rh, bh) in r.chunks_exact(L).zip(b.chunks_exact_mut(L)) {
+                let v: [f32; L] = rh.try_into().expect("chunk");
+                for j in 0..L {
+                    let x = v[j];
+                    bad[j] |= nan_or_pos_inf(x) as u32;
+                    cnt[j] += (x > f32::NEG_INFINITY) as u32;
+                    blk[j] = if x > blk[j] { x } else { blk[j] };
+                }
+                bh.copy_from_slice(&v);
             }
-            *bm = block.iter().fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a });
-            b.copy_from_slice(&v);
+            for j in 0..L {
+                mx[j] = if blk[j] > mx[j] { blk[j] } else { mx[j] };
+            }
+            *bm = blk.iter().fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a });
         }
         let mut any_bad = false;
         let mut count = 0usize;
@@ -1051,7 +1055,7 @@ multiversion! {
             }
         }
         if n < raw.len() {
-            bmax[n / L] = tail;
+            bmax[n / BLOCK] = tail;
         }
         (any_bad, count, m)
     }
