@@ -394,14 +394,14 @@ impl Sampler {
         pos: usize,
         token: u32,
     ) {
-        let mut k = 0;
-        for p in &self.processors {
-            if p.new_slot().is_some() {
-                if let Some(slot) = slots.get_mut(k) {
-                    p.consume(slot, st, pos, token);
-                }
-                k += 1;
-            }
+        // slots are in processor order, one per processor that keeps one
+        for (p, slot) in self
+            .processors
+            .iter()
+            .filter(|p| p.has_slot())
+            .zip(slots.iter_mut())
+        {
+            p.consume(slot, st, pos, token);
         }
     }
 

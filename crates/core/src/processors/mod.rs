@@ -286,6 +286,14 @@ impl Processor {
         Ok(())
     }
 
+    /// Whether this processor keeps a sequence-constraint slot in the decoder state.
+    pub(crate) fn has_slot(&self) -> bool {
+        matches!(
+            self,
+            Processor::BannedSequences(_) | Processor::NoRepeatNgram(_)
+        )
+    }
+
     /// A fresh sequence-constraint slot for this processor, if it keeps one.
     pub(crate) fn new_slot(&self) -> Option<SequenceSlot> {
         match self {

@@ -111,13 +111,16 @@ pub(crate) fn apply_counted(
         });
     }
     if !ws.is_dense() {
+        let mut window = std::mem::take(&mut ws.ids_scratch);
+        scope.sorted_window(st, &mut window);
         ws.edit_cands(|id, z| {
             if skip(id) {
                 z
             } else {
-                f(z, scope.count(st, id))
+                f(z, scope.count_in(st, &window, id))
             }
         });
+        ws.ids_scratch = window;
     }
     ws.after_transform();
 }

@@ -84,6 +84,32 @@ impl PenaltyScope {
         }
     }
 
+    /// Gathers the `LastN` window, sorted, into `out` (so candidates can be counted by binary
+    /// search instead of rescanning the window once per candidate).
+    pub(crate) fn sorted_window(&self, st: &DecoderState, out: &mut Vec<u32>) {
+        out.clear();
+        if let PenaltyScope::LastN { n } = self {
+            let len = st.context_len();
+            for i in len.saturating_sub(*n)..len {
+                out.push(st.context_at(i));
+            }
+            out.sort_unstable();
+        }
+    }
+
+    /// The count of `id` in scope; for `LastN`, `window` must come from
+    /// [`sorted_window`](Self::sorted_window).
+    pub(crate) fn count_in(&self, st: &DecoderState, window: &[u32], id: u32) -> u32 {
+        match self {
+            PenaltyScope::LastN { .. } => {
+                let lo = window.partition_point(|&x| x < id);
+                let hi = window.partition_point(|&x| x <= id);
+                (hi - lo) as u32
+            }
+            _ => self.count(st, id),
+        }
+    }
+
     /// The count of `id` in scope (used for candidates when the support is sparse).
     pub(crate) fn count(&self, st: &DecoderState, id: u32) -> u32 {
         match self {
