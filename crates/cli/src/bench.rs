@@ -17,8 +17,17 @@ use serde::Serialize;
 /// Arguments of `nextok bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// What to benchmark; only `sampler` exists.
+    /// What to benchmark: `sampler` (synthetic rows, no model) or `decode` (the real model).
     pub what: String,
+    /// `decode`: a llama-architecture GGUF file (default: the default model, fetched once).
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
+    /// `decode`: tokens per run.
+    #[arg(long, default_value_t = 96)]
+    pub max_tokens: u64,
+    /// `decode`: runs per mode (the modes alternate).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -107,11 +116,14 @@ fn ns(d: Duration) -> f64 {
 
 /// Runs `nextok bench`.
 pub fn run(args: BenchArgs) -> Result<(), String> {
-    if args.what != "sampler" {
-        return Err(format!(
-            "unknown benchmark `{}` (expected `sampler`)",
-            args.what
-        ));
+    match args.what.as_str() {
+        "sampler" => {}
+        "decode" => return crate::bench_decode::run(&args),
+        other => {
+            return Err(format!(
+                "unknown benchmark `{other}` (expected `sampler` or `decode`)"
+            ))
+        }
     }
     let vocabs: Vec<usize> = if args.vocab.is_empty() {
         VOCAB_SIZES.to_vec()

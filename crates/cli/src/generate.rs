@@ -242,14 +242,14 @@ pub struct TraceHeader {
     pub simd: String,
 }
 
-fn model_path(arg: Option<&Path>) -> Result<PathBuf, String> {
+pub(crate) fn model_path(arg: Option<&Path>) -> Result<PathBuf, String> {
     match arg {
         Some(p) => Ok(p.to_path_buf()),
         None => fetch::default_model().map_err(|e| e.to_string()),
     }
 }
 
-fn load_model(path: &Path, requant: Requant) -> Result<Model, String> {
+pub(crate) fn load_model(path: &Path, requant: Requant) -> Result<Model, String> {
     let t = std::time::Instant::now();
     let m = Model::load(path, requant).map_err(|e| e.to_string())?;
     eprintln!(
@@ -291,7 +291,11 @@ fn build_sampler(
     Ok((sampler, cfg, stop))
 }
 
-fn make_sampler(model: &Model, cfg: PipelineConfig, stop: StopConfig) -> Result<Sampler, String> {
+pub(crate) fn make_sampler(
+    model: &Model,
+    cfg: PipelineConfig,
+    stop: StopConfig,
+) -> Result<Sampler, String> {
     Sampler::new_with_tokens(
         cfg,
         model.vocab.info.clone(),
@@ -416,6 +420,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         candidates: header.candidates,
         stream: true,
         constraint,
+        overlap: true,
     };
     let mut base = model.source();
     let row0 = base.prefill(&prompt).map_err(|e| e.to_string())?;
@@ -456,13 +461,15 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
     Ok(())
 }
 
-struct RunOpts {
-    logprobs: Option<usize>,
-    layer: Layer,
-    record: bool,
-    candidates: usize,
-    stream: bool,
-    constraint: Option<Arc<CompiledConstraint>>,
+pub(crate) struct RunOpts {
+    pub(crate) logprobs: Option<usize>,
+    pub(crate) layer: Layer,
+    pub(crate) record: bool,
+    pub(crate) candidates: usize,
+    pub(crate) stream: bool,
+    pub(crate) constraint: Option<Arc<CompiledConstraint>>,
+    /// Compute the constraint's next mask on another thread while the model runs.
+    pub(crate) overlap: bool,
 }
 
 /// The constraint the flags ask for, as the JSON spec stored in the request parameters.
@@ -515,7 +522,7 @@ fn constraint_spec(a: &GenerateArgs) -> Result<Option<Value>, String> {
 }
 
 /// Compiles the request's constraint over the model's vocabulary.
-fn compile_constraint(
+pub(crate) fn compile_constraint(
     model: &Model,
     params: &SamplingParams,
 ) -> Result<Option<Arc<CompiledConstraint>>, String> {
@@ -530,13 +537,31 @@ fn compile_constraint(
     engine.compile(&spec).map(Some).map_err(|e| e.to_string())
 }
 
-struct SeqOut {
-    tokens: Vec<u32>,
-    records: Vec<StepRecord>,
-    finish: Option<FinishReason>,
+pub(crate) struct SeqOut {
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) records: Vec<StepRecord>,
+    pub(crate) finish: Option<FinishReason>,
+    pub(crate) time: SeqTime,
 }
 
-fn run_sequence<S: LogitsSource>(
+/// Where a sequence's time went (wall clock of the decode loop, per part).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SeqTime {
+    /// The whole loop, first step to last.
+    pub(crate) total: std::time::Duration,
+    /// Model calls (`decode_one`), including the wait for an overlapped mask.
+    pub(crate) model: std::time::Duration,
+    /// Sampler steps (processing, the mask when it was not prepared, selection, commit; with a
+    /// trace, building the record).
+    pub(crate) sample: std::time::Duration,
+    /// Masks prepared ahead on the other thread (off the critical path unless longer than
+    /// the model call).
+    pub(crate) prepare: std::time::Duration,
+    /// How long the loop waited for a prepared mask after the model call had finished.
+    pub(crate) wait: std::time::Duration,
+}
+
+pub(crate) fn run_sequence<S: LogitsSource>(
     model: &Model,
     sampler: &Sampler,
     mut src: S,
@@ -556,10 +581,13 @@ fn run_sequence<S: LogitsSource>(
         tokens: Vec::new(),
         records: Vec::new(),
         finish: None,
+        time: SeqTime::default(),
     };
     let stdout = std::io::stdout();
     let ctx = model.weights.config.context_length;
+    let start = std::time::Instant::now();
     loop {
+        let t = std::time::Instant::now();
         let res = if o.record {
             let (res, rec) = sampler
                 .step_recorded(&row, &mut state, &mut ws, Draw::Stream, o.candidates)
@@ -574,6 +602,7 @@ fn run_sequence<S: LogitsSource>(
                 .step(&row, &mut state, &mut ws)
                 .map_err(|e| e.to_string())?
         };
+        out.time.sample += t.elapsed();
         out.tokens.push(res.token);
         if o.stream {
             let s = stream.push(
@@ -591,8 +620,33 @@ fn run_sequence<S: LogitsSource>(
         if src.len() + 1 >= ctx {
             break;
         }
-        row = src.decode_one(res.token).map_err(|e| e.to_string())?;
+        let t = std::time::Instant::now();
+        let masking = o.overlap && state.grammar().is_some_and(|g| g.is_active());
+        row = if masking {
+            // the next mask depends only on the state: compute it while the model runs
+            let (row, prep) = std::thread::scope(|sc| {
+                let h = sc.spawn(|| {
+                    let t = std::time::Instant::now();
+                    sampler.prepare(&state).map(|()| t.elapsed())
+                });
+                let row = src.decode_one(res.token);
+                let done = std::time::Instant::now();
+                let prep = h.join();
+                out.time.wait += done.elapsed();
+                (row, prep)
+            });
+            match prep {
+                Ok(Ok(d)) => out.time.prepare += d,
+                Ok(Err(e)) => return Err(e.to_string()),
+                Err(_) => return Err("the mask thread panicked".into()),
+            }
+            row.map_err(|e| e.to_string())?
+        } else {
+            src.decode_one(res.token).map_err(|e| e.to_string())?
+        };
+        out.time.model += t.elapsed();
     }
+    out.time.total = start.elapsed();
     if o.stream {
         let s = stream.finish();
         let mut lock = stdout.lock();
@@ -752,6 +806,7 @@ pub fn run_replay(a: ReplayArgs) -> Result<(), String> {
         candidates: header.candidates,
         stream: false,
         constraint: compile_constraint(&model, &header.params)?,
+        overlap: true,
     };
     let mut base = model.source();
     let row0 = base

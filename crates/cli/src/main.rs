@@ -2,11 +2,14 @@
 //!
 //! * `nextok explain FILE [--json]` — run one step from a JSON request and print its ledger.
 //! * `nextok bench sampler [--json]` — interleaved sampler benchmarks (floor / naive / nextok).
+//! * `nextok bench decode [--json]` — decode tokens/s on the real model: unconstrained, JSON
+//!   schema (mask overlapped or inline), trace on; Q4_1 and Q8_0.
 //! * `nextok vocab --tokenizer FILE | --model FILE.gguf [--id N...] [--json]` — a vocabulary's
 //!   size, EOS, BOS and special ids, and the exact bytes of tokens.
 //! * `nextok tokenize --tokenizer FILE | --model FILE.gguf --text T [--json]` — ids and bytes.
 
 mod bench;
+mod bench_decode;
 mod constrain;
 mod explain;
 mod generate;
@@ -31,7 +34,7 @@ struct Cli {
 enum Cmd {
     /// Run one step from a JSON request and print the decoding ledger.
     Explain(explain::ExplainArgs),
-    /// Run benchmarks (`nextok bench sampler`).
+    /// Run benchmarks (`nextok bench sampler`, `nextok bench decode`).
     Bench(bench::BenchArgs),
     /// Print a vocabulary's size, EOS and special tokens, and the exact bytes of tokens.
     Vocab(vocab::VocabArgs),

@@ -577,6 +577,26 @@ impl Sampler {
         st.step += 1;
     }
 
+    /// Does the part of the next step that depends only on the decoder state, not on the
+    /// logits: the constraint's allowed-token mask, cached in the state's grammar slot. Call it
+    /// while the model computes the logits (it takes `&DecoderState`, so it can run on another
+    /// thread); the step then uses the cached mask. Without a constraint, or when the pipeline
+    /// has no grammar mask, it does nothing. Calling it is never required: a step computes a
+    /// missing mask itself, and the result is the same either way.
+    pub fn prepare(&self, state: &DecoderState) -> Result<()> {
+        let Some(g) = state.grammar.as_ref().filter(|g| g.active) else {
+            return Ok(());
+        };
+        if !self
+            .processors
+            .iter()
+            .any(|p| matches!(p, Processor::GrammarMask(_)))
+        {
+            return Ok(());
+        }
+        g.with_mask(self.vocab.vocab_size, |_| ())
+    }
+
     /// One full step: process, select from the sequence's stream, commit.
     pub fn step(
         &self,

@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::Result;
 use crate::fxhash::FxHashMap;
 use crate::rng::RngState;
 
@@ -75,12 +76,34 @@ pub enum SequenceSlot {
 /// Cloning forks the engine state (beams, `n > 1`); equality compares digests. The engine sits
 /// behind a mutex because filling a mask may update the engine's caches; processors still only
 /// read the decoder state, and only the step transition commits tokens to it.
+///
+/// The slot also caches the mask of its current engine state: [`crate::Sampler::prepare`]
+/// fills it ahead of the step (for example on another thread while the model computes the
+/// logits), and the grammar-mask processor then uses it instead of asking the engine again.
+/// Every call that may change the engine state ([`GrammarSlot::with`]) drops the cache under the
+/// same lock, so a cached mask always belongs to the state it is read with.
 pub struct GrammarSlot {
     engine: std::sync::Mutex<Box<dyn crate::constraint::ConstraintState>>,
-    pub(crate) bits: std::sync::Mutex<(Vec<u64>, Vec<u32>)>,
+    pub(crate) mask: std::sync::Mutex<MaskCache>,
     /// Whether the constraint still masks (it stops masking after acceptance under the
     /// `continue` policy).
     pub(crate) active: bool,
+}
+
+/// The cached mask of a grammar slot: the bitset and the allowed ids ascending.
+#[derive(Debug, Default)]
+pub(crate) struct MaskCache {
+    pub(crate) bits: Vec<u64>,
+    pub(crate) allowed: Vec<u32>,
+    /// Whether `bits`/`allowed` hold the mask of the engine's current state.
+    pub(crate) ready: bool,
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
 }
 
 impl GrammarSlot {
@@ -88,31 +111,72 @@ impl GrammarSlot {
     pub fn new(engine: Box<dyn crate::constraint::ConstraintState>) -> Self {
         GrammarSlot {
             engine: std::sync::Mutex::new(engine),
-            bits: Default::default(),
+            mask: Default::default(),
             active: true,
         }
     }
 
-    /// Runs `f` on the engine state.
+    /// Runs `f` on the engine state (which it may change: the cached mask is dropped).
     pub fn with<R>(
         &self,
         f: impl FnOnce(&mut Box<dyn crate::constraint::ConstraintState>) -> R,
     ) -> R {
-        let mut g = match self.engine.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        // lock order everywhere: mask, then engine
+        let mut cache = lock(&self.mask);
+        let mut g = lock(&self.engine);
+        cache.ready = false;
         f(&mut g)
+    }
+
+    /// Runs `f` on the engine state without changing it (the cached mask stays).
+    fn read<R>(&self, f: impl FnOnce(&dyn crate::constraint::ConstraintState) -> R) -> R {
+        let g = lock(&self.engine);
+        f(&**g)
+    }
+
+    /// Makes the cached mask current for a vocabulary of `vocab_size` tokens (a no-op when it
+    /// already is), then runs `f` on it.
+    pub(crate) fn with_mask<R>(
+        &self,
+        vocab_size: usize,
+        f: impl FnOnce(&MaskCache) -> R,
+    ) -> Result<R> {
+        let mut cache = lock(&self.mask);
+        if !cache.ready {
+            let c = &mut *cache;
+            c.bits.clear();
+            c.bits
+                .resize(crate::constraint::bitset_words(vocab_size), 0);
+            lock(&self.engine).fill_mask(&mut c.bits)?;
+            c.allowed.clear();
+            for (w, &word) in c.bits.iter().enumerate() {
+                let mut x = word;
+                while x != 0 {
+                    let id = w * 64 + x.trailing_zeros() as usize;
+                    if id < vocab_size {
+                        c.allowed.push(id as u32);
+                    }
+                    x &= x - 1;
+                }
+            }
+            c.ready = true;
+        }
+        Ok(f(&cache))
+    }
+
+    /// Whether the mask of the current engine state is cached (see [`crate::Sampler::prepare`]).
+    pub fn mask_ready(&self) -> bool {
+        lock(&self.mask).ready
     }
 
     /// The engine's digest.
     pub fn digest(&self) -> String {
-        self.with(|e| e.digest())
+        self.read(|e| e.digest())
     }
 
     /// The engine's status.
     pub fn status(&self) -> crate::constraint::ConstraintStatus {
-        self.with(|e| e.status())
+        self.read(|e| e.status())
     }
 
     /// Whether the constraint still masks.
@@ -124,8 +188,8 @@ impl GrammarSlot {
 impl Clone for GrammarSlot {
     fn clone(&self) -> Self {
         GrammarSlot {
-            engine: std::sync::Mutex::new(self.with(|e| e.fork())),
-            bits: Default::default(),
+            engine: std::sync::Mutex::new(self.read(|e| e.fork())),
+            mask: Default::default(),
             active: self.active,
         }
     }

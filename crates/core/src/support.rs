@@ -238,7 +238,29 @@ impl Workspace {
     }
 
     /// Keeps only tokens whose id is in `allowed` (sorted, deduplicated).
+    ///
+    /// A dense support stays dense when `allowed` holds at least a quarter of the vocabulary
+    /// (a constraint inside a free-form string allows most tokens): the others are masked in
+    /// place, so later truncations keep their dense, sort-free paths.
     pub(crate) fn retain_ids(&mut self, allowed: &[u32]) {
+        if self.dense && allowed.len().saturating_mul(4) >= self.v {
+            let mut next = 0usize;
+            let mut count = 0usize;
+            for (i, slot) in self.buf.iter_mut().enumerate() {
+                if next < allowed.len() && allowed[next] as usize == i {
+                    next += 1;
+                    count += (*slot > f32::NEG_INFINITY) as usize;
+                } else {
+                    *slot = f32::NEG_INFINITY;
+                }
+            }
+            if count != self.dense_count {
+                self.dense_count = count;
+                self.max_valid = false;
+                self.invalidate();
+            }
+            return;
+        }
         if self.dense {
             self.cands.clear();
             for &id in allowed {

@@ -228,3 +228,77 @@ fn cloning_a_state_forks_the_constraint() {
     assert_eq!(a.grammar().unwrap().digest(), "toy:{\"ok\":true");
     assert_eq!(b.grammar().unwrap().digest(), "toy:{\"ok\":false");
 }
+
+/// Counts the masks the engine is asked for.
+#[derive(Debug)]
+struct Counting {
+    inner: Finite,
+    fills: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ConstraintState for Counting {
+    fn fill_mask(&mut self, allowed: &mut TokenBitset) -> nextok_core::Result<()> {
+        self.fills.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.fill_mask(allowed)
+    }
+    fn commit(&mut self, token: u32) -> nextok_core::Result<()> {
+        self.inner.commit(token)
+    }
+    fn status(&self) -> ConstraintStatus {
+        self.inner.status()
+    }
+    fn fork(&self) -> Box<dyn ConstraintState> {
+        Box::new(Counting {
+            inner: self.inner.clone(),
+            fills: self.fills.clone(),
+        })
+    }
+    fn rollback(&mut self, k: usize) -> nextok_core::Result<()> {
+        self.inner.rollback(k)
+    }
+    fn forced_bytes(&mut self) -> Vec<u8> {
+        self.inner.forced_bytes()
+    }
+    fn digest(&self) -> String {
+        self.inner.digest()
+    }
+}
+
+#[test]
+fn a_mask_prepared_on_another_thread_is_used_once_and_dropped_on_commit() {
+    let s = sampler(GrammarPolicy::OnlyEnd, None);
+    let logits = [0.3, 1.0, 0.9, 0.2, 9.0, 9.0];
+    let run = |prepare: bool| {
+        let fills = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut st = s.new_state(&[], 11).unwrap();
+        st.set_grammar(Box::new(Counting {
+            inner: Finite::new(),
+            fills: fills.clone(),
+        }));
+        let mut ws = s.new_workspace();
+        let mut lines = vec![];
+        while st.finish() == nextok_core::FinishStatus::Running {
+            if prepare {
+                std::thread::scope(|sc| sc.spawn(|| s.prepare(&st)).join().unwrap()).unwrap();
+                assert!(st.grammar().unwrap().mask_ready());
+                // reading the state (as a step record does) keeps the prepared mask
+                let _ = st.grammar().unwrap().digest();
+                assert!(st.grammar().unwrap().mask_ready());
+            }
+            let (res, rec) = s
+                .step_recorded(&logits, &mut st, &mut ws, Draw::Stream, 8)
+                .unwrap();
+            // the committed token changed the engine state: the cached mask is gone
+            assert!(!st.grammar().unwrap().mask_ready());
+            lines.push((res.token, serde_json::to_string(&rec).unwrap()));
+        }
+        (lines, fills.load(std::sync::atomic::Ordering::SeqCst))
+    };
+    let (plain, plain_fills) = run(false);
+    let (prepared, prepared_fills) = run(true);
+    assert_eq!(plain, prepared);
+    assert_eq!(plain.len(), 3); // {"ok": · true|false · }, then the grammar accepts
+                                // one mask per step whether prepared or not
+    assert_eq!(plain_fills, plain.len());
+    assert_eq!(prepared_fills, plain.len());
+}

@@ -8,7 +8,6 @@
 use serde::{Deserialize, Serialize};
 
 use super::{check_version, v1};
-use crate::constraint::bitset_words;
 use crate::error::Result;
 use crate::state::DecoderState;
 use crate::support::Workspace;
@@ -42,27 +41,7 @@ impl Compiled {
             return Ok(());
         };
         let v = ws.vocab_size();
-        let mut scratch = match g.bits.lock() {
-            Ok(b) => b,
-            Err(p) => p.into_inner(),
-        };
-        let (bits, allowed) = &mut *scratch;
-        bits.clear();
-        bits.resize(bitset_words(v), 0);
-        g.with(|e| e.fill_mask(bits))?;
-        allowed.clear();
-        for (w, &word) in bits.iter().enumerate() {
-            let mut x = word;
-            while x != 0 {
-                let b = x.trailing_zeros() as usize;
-                let id = w * 64 + b;
-                if id < v {
-                    allowed.push(id as u32);
-                }
-                x &= x - 1;
-            }
-        }
-        ws.retain_ids(allowed);
+        g.with_mask(v, |m| ws.retain_ids(&m.allowed))?;
         Ok(())
     }
 }
