@@ -148,6 +148,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
                         None
                     },
                     overlap: *mode != "json_schema_inline",
+                    ledger: None,
                 };
                 let sampler = if constrained_mode {
                     &constrained

@@ -81,7 +81,8 @@ pub fn run(args: ExplainArgs) -> Result<(), String> {
             serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
         );
     } else {
-        print!("{}", ledger(&out));
+        let n = out.tokens.len();
+        print!("{}", ledger(&out, n));
     }
     Ok(())
 }
@@ -94,8 +95,9 @@ fn fmt_f(x: f64, w: usize, p: usize) -> String {
     }
 }
 
-/// The text ledger: pipeline, stages, then one row per token.
-pub fn ledger(o: &ExplainOutput) -> String {
+/// The text ledger: pipeline, stages, then one row per token of `o.tokens` (which may be a
+/// selection of the vocabulary's `vocab_size` tokens: the summary line says so).
+pub fn ledger(o: &ExplainOutput, vocab_size: usize) -> String {
     let mut s = String::new();
     let rec = &o.record;
     s.push_str(&format!("pipeline {}\n", o.pipeline_hash));
@@ -161,14 +163,23 @@ pub fn ledger(o: &ExplainOutput) -> String {
             if r.selected { "<-" } else { "" }
         ));
     }
+    let support = if o.support.len() <= 16 {
+        format!("{:?}", o.support)
+    } else {
+        format!("{:?} … ({} ids)", &o.support[..16], o.support.len())
+    };
     s.push_str(&format!(
-        "\nselected {} (id {}); support {:?} of {}\n",
+        "\nselected {} (id {}); support {support} of {vocab_size}\n",
         o.selected_token
             .clone()
             .unwrap_or_else(|| o.selected.to_string()),
         o.selected,
-        o.support,
-        o.tokens.len()
     ));
+    if o.tokens.len() < vocab_size {
+        s.push_str(&format!(
+            "(rows: {} of the {vocab_size} tokens — the support's most probable, then the highest raw logits outside it)\n",
+            o.tokens.len()
+        ));
+    }
     s
 }

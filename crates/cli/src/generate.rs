@@ -185,6 +185,11 @@ pub struct GenerateArgs {
     /// The layer of `--logprobs`.
     #[arg(long, value_enum, default_value = "selection")]
     pub logprob_layer: LayerArg,
+    /// After the text, print the whole decoding ledger of this step (0-based; stderr): every
+    /// processor's support size, then per token the raw logit, whether it is allowed, its
+    /// processed probability, whether it is kept, and its final probability.
+    #[arg(long)]
+    pub ledger: Option<u64>,
     /// Write a JSON Lines trace (header, then one step record per line).
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -421,6 +426,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         stream: true,
         constraint,
         overlap: true,
+        ledger: a.ledger,
     };
     let mut base = model.source();
     let row0 = base.prefill(&prompt).map_err(|e| e.to_string())?;
@@ -444,6 +450,11 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
             }
         }
         println!();
+        if let Some(l) = &out.ledger {
+            eprintln!("nextok: the ledger of step {}:\n{l}", a.ledger.unwrap_or(0));
+        } else if let Some(k) = a.ledger {
+            eprintln!("nextok: no ledger: the sequence ended before step {k}");
+        }
         eprintln!(
             "nextok: finish: {} after {} tokens",
             finish_text(&model, sampler.stop(), out.finish),
@@ -470,6 +481,8 @@ pub(crate) struct RunOpts {
     pub(crate) constraint: Option<Arc<CompiledConstraint>>,
     /// Compute the constraint's next mask on another thread while the model runs.
     pub(crate) overlap: bool,
+    /// The step whose ledger to keep.
+    pub(crate) ledger: Option<u64>,
 }
 
 /// The constraint the flags ask for, as the JSON spec stored in the request parameters.
@@ -542,6 +555,8 @@ pub(crate) struct SeqOut {
     pub(crate) records: Vec<StepRecord>,
     pub(crate) finish: Option<FinishReason>,
     pub(crate) time: SeqTime,
+    /// The ledger of the step `RunOpts::ledger` asked for, as text.
+    pub(crate) ledger: Option<String>,
 }
 
 /// Where a sequence's time went (wall clock of the decode loop, per part).
@@ -582,11 +597,15 @@ pub(crate) fn run_sequence<S: LogitsSource>(
         records: Vec::new(),
         finish: None,
         time: SeqTime::default(),
+        ledger: None,
     };
     let stdout = std::io::stdout();
     let ctx = model.weights.config.context_length;
     let start = std::time::Instant::now();
     loop {
+        if o.ledger == Some(state.step()) {
+            out.ledger = Some(step_ledger(model, sampler, &row, &state)?);
+        }
         let t = std::time::Instant::now();
         let res = if o.record {
             let (res, rec) = sampler
@@ -654,6 +673,54 @@ pub(crate) fn run_sequence<S: LogitsSource>(
         let _ = lock.flush();
     }
     Ok(out)
+}
+
+/// The ledger of the step about to run on `row` (the state is not changed; the step that
+/// follows selects the same token). Rows: the support by final probability (at most 12), then
+/// the 6 highest raw logits outside it.
+fn step_ledger(
+    model: &Model,
+    sampler: &Sampler,
+    row: &[f32],
+    state: &nextok_core::DecoderState,
+) -> Result<String, String> {
+    let ex = sampler
+        .explain(row, state, Draw::Stream)
+        .map_err(|e| e.to_string())?;
+    let name = |t: u32| {
+        let b = model.vocab.token(t).unwrap_or(&[]);
+        format!("{:?}", String::from_utf8_lossy(b))
+    };
+    let mut kept: Vec<&nextok_core::TokenRow> = ex.tokens.iter().filter(|r| r.kept).collect();
+    kept.sort_by(|a, b| {
+        b.selection_prob
+            .total_cmp(&a.selection_prob)
+            .then(a.id.cmp(&b.id))
+    });
+    let mut support: Vec<u32> = kept.iter().map(|r| r.id).collect();
+    support.sort_unstable();
+    let mut out: Vec<&nextok_core::TokenRow> = ex.tokens.iter().filter(|r| !r.kept).collect();
+    out.sort_by(|a, b| b.raw_logit.total_cmp(&a.raw_logit).then(a.id.cmp(&b.id)));
+    let rows: Vec<nextok_core::request::NamedRow> = kept
+        .iter()
+        .take(12)
+        .chain(out.iter().take(6))
+        .map(|r| nextok_core::request::NamedRow {
+            token: name(r.id),
+            row: (*r).clone(),
+        })
+        .collect();
+    let o = nextok_core::request::ExplainOutput {
+        selected: ex.record.selected,
+        selected_token: Some(name(ex.record.selected)),
+        support,
+        pipeline_hash: sampler.pipeline_hash().to_string(),
+        pipeline: sampler.config().clone(),
+        u: ex.record.rng.u,
+        tokens: rows,
+        record: ex.record,
+    };
+    Ok(crate::explain::ledger(&o, model.vocab.info.vocab_size))
 }
 
 fn print_logprobs(
@@ -807,6 +874,7 @@ pub fn run_replay(a: ReplayArgs) -> Result<(), String> {
         stream: false,
         constraint: compile_constraint(&model, &header.params)?,
         overlap: true,
+        ledger: None,
     };
     let mut base = model.source();
     let row0 = base

@@ -313,3 +313,56 @@ fn bad_flags_fail_with_a_message() {
     let o = nextok(&m, &["generate", "hi", "--logit-bias", "nope"]);
     assert!(!o.status.success());
 }
+
+#[test]
+fn the_readme_demo_answers_json_and_shows_the_ledger_of_one_step() {
+    let Some(m) = model() else { return };
+    let schema = root().join("examples/person.schema.json");
+    let o = nextok(
+        &m,
+        &[
+            "generate",
+            "--chat",
+            "Give me a person as JSON with name, age and city.",
+            "--json-schema",
+            schema.to_str().unwrap(),
+            "--temperature",
+            "0.7",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "7",
+            "--ledger",
+            "0",
+        ],
+    );
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let v: Value = serde_json::from_str(text(&o.stdout).trim()).unwrap();
+    let obj = v.as_object().unwrap();
+    assert_eq!(obj.len(), 3, "{v}");
+    assert!(obj["name"].is_string() && obj["age"].is_i64() && obj["city"].is_string());
+    assert!(err.contains("finish: grammar accepted"), "{err}");
+    // the ledger of step 0: the stages, and the constraint's effect on the model's favourite
+    let ledger = &err[err.find("the ledger of step 0:").expect("a ledger")..];
+    assert!(ledger.contains("grammar_mask v1"), "{ledger}");
+    let row = |tok: &str| {
+        ledger
+            .lines()
+            .find(|l| l.starts_with(tok))
+            .unwrap_or_else(|| panic!("no row {tok}: {ledger}"))
+            .split_whitespace()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    // "```" has the highest raw logit, and JSON cannot start with it
+    let fence = row("\"```\"");
+    assert_eq!(fence[2], "no", "{ledger}");
+    assert_eq!(fence[5], "-inf", "{ledger}");
+    let brace = row("\"{\"");
+    assert_eq!(brace[2], "yes", "{ledger}");
+    assert!(fence[1].parse::<f64>().unwrap() > brace[1].parse::<f64>().unwrap());
+    // the ledger's selected token is the first one the stream printed
+    assert!(ledger.contains("selected \"{\" (id"), "{ledger}");
+    assert!(text(&o.stdout).starts_with('{'));
+}
