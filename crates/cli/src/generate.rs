@@ -30,7 +30,7 @@ use nextok_core::{
     Draw, FinishReason, Layer, PipelineConfig, Preset, Sampler, SamplingParams, StepRecord,
     StopConfig,
 };
-use nextok_model::beam::{beam_search, BeamConfig, BeamFinish};
+use nextok_model::beam::{beam_search_with, BeamConfig, BeamFinish, PipelineScorer};
 use nextok_model::chat::Message;
 use nextok_model::{fetch, LogitsSource, Model, Requant};
 use serde::{Deserialize, Serialize};
@@ -196,8 +196,9 @@ pub struct GenerateArgs {
     /// Candidates kept in each trace record.
     #[arg(long, default_value_t = 8)]
     pub trace_candidates: usize,
-    /// Beam search with this many hypotheses (sampling flags other than `--max-tokens` are
-    /// ignored; scores are raw-layer logprobs).
+    /// Beam search with this many hypotheses. Each hypothesis runs the pipeline with its own
+    /// state (masks, penalties, constraint, stop conditions); scores are processed-layer
+    /// logprobs, and only tokens in the final support (after top-k/top-p/min-p) are proposed.
     #[arg(long)]
     pub beam_width: Option<usize>,
     /// Beam search length penalty `α` in `logprob / len^α`.
@@ -349,9 +350,6 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
     if prompt.is_empty() {
         return Err("the prompt encodes to no tokens".into());
     }
-    if let Some(b) = a.beam_width {
-        return run_beam(&model, &prompt, b, a.length_penalty, a.max_tokens as usize);
-    }
     let params = SamplingParams {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -380,6 +378,18 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
     };
     let (sampler, cfg, stop) = build_sampler(&model, &a.pipeline, &params)?;
     let constraint = compile_constraint(&model, &params)?;
+    if let Some(b) = a.beam_width {
+        return run_beam(
+            &model,
+            &sampler,
+            constraint,
+            &prompt,
+            a.seed,
+            b,
+            a.length_penalty,
+            a.max_tokens as usize,
+        );
+    }
     let seeds: Vec<u64> = (0..a.n as u64).map(|i| a.seed.wrapping_add(i)).collect();
     let header = TraceHeader {
         nextok_trace: 1,
@@ -763,9 +773,13 @@ fn print_logprobs(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_beam(
     model: &Model,
+    sampler: &Sampler,
+    constraint: Option<Arc<CompiledConstraint>>,
     prompt: &[u32],
+    seed: u64,
     width: usize,
     alpha: f64,
     max_tokens: usize,
@@ -776,22 +790,36 @@ fn run_beam(
         max_tokens,
         eos_token_ids: model.vocab.info.eos_token_ids.clone(),
     };
-    let hyps = beam_search(model.source(), prompt, &cfg).map_err(|e| e.to_string())?;
+    let mut start = sampler.new_state(prompt, seed).map_err(|e| e.to_string())?;
+    if let Some(c) = &constraint {
+        start.set_grammar(Box::new(c.start()));
+    }
+    let scorer = PipelineScorer::new(sampler, start.clone());
+    let hyps =
+        beam_search_with(model.source(), prompt, &cfg, &scorer).map_err(|e| e.to_string())?;
     for (i, h) in hyps.iter().enumerate() {
-        let text = model.vocab.decode(&h.tokens).map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&text).into_owned();
+        // the visible text, as a sampled sequence would stream it (stop strings cut it)
+        let mut st = start.clone();
+        let mut stream = sampler.text_stream();
+        let mut text = String::new();
+        for &t in &h.tokens {
+            sampler.commit(&mut st, t).map_err(|e| e.to_string())?;
+            text.push_str(&stream.push(sampler.visible_bytes(t), st.stop_state().hit.as_ref()));
+        }
+        text.push_str(&stream.finish());
         if i == 0 {
             println!("{text}");
         }
+        let finish = match &h.finish {
+            BeamFinish::Eos => "eos".to_string(),
+            BeamFinish::Length => "length".to_string(),
+            BeamFinish::Stop(r) => finish_text(model, sampler.stop(), Some(*r)),
+        };
         eprintln!(
-            "nextok: beam {i}: score {:.4} logprob {:.4} len {} finish {} {:?}",
+            "nextok: beam {i}: score {:.4} logprob {:.4} [processed] len {} finish {finish} {:?}",
             h.score,
             h.logprob,
             h.tokens.len(),
-            match h.finish {
-                BeamFinish::Eos => "eos",
-                BeamFinish::Length => "length",
-            },
             text
         );
     }

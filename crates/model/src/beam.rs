@@ -1,15 +1,28 @@
-//! Beam search over a [`LogitsSource`], one KV branch per hypothesis.
+//! Beam search over a [`LogitsSource`], one KV branch per hypothesis (000 §3.11).
 //!
-//! Scores are sums of the **raw-layer** logprobs (log-softmax of the model's logits, in `f64`).
+//! A hypothesis is `(tokens, score, KV branch, state)`. What scores a step and what the state
+//! holds is a [`BeamScorer`]:
+//!
+//! * [`RawScorer`] — scores are **raw-layer** logprobs (log-softmax of the model's logits, in
+//!   `f64`); a hypothesis ends at an EOS id. No state.
+//! * [`PipelineScorer`] — each hypothesis carries its own [`DecoderState`] (token counts,
+//!   sequence automata, constraint state, stop state), and each step runs the request's
+//!   pipeline on its logits: masks, penalties, the grammar mask and temperature shape the
+//!   scores, which are **processed-layer** logprobs (log-softmax of the processed logits), and
+//!   only tokens in the final support (after top-k / top-p / min-p / typical-p) are proposed.
+//!   A hypothesis ends where the sampler's commit says a sequence ends: EOS, a stop token, a
+//!   stop string, the constraint's acceptance (per the grammar policy), or `max_tokens`.
+//!
 //! The rules, all explicit:
 //!
 //! * Each step every live hypothesis proposes its `2·B` best next tokens (ties → lower id).
 //!   All proposals are ranked by cumulative logprob, descending; ties → the parent that ranked
 //!   first, then the lower token id.
-//! * Walking down the ranking, a proposal that is an EOS id becomes a **finished** hypothesis
-//!   (the EOS token counts in its length) if it ranks within the first `B` proposals; any other
-//!   proposal becomes a live hypothesis until `B` are live. A live hypothesis forks its
-//!   parent's branch (the last child takes the parent's branch itself) and feeds its token.
+//! * Walking down the ranking, a proposal that ends its sequence (for example an EOS id)
+//!   becomes a **finished** hypothesis (the token counts in its length) if it ranks within the
+//!   first `B` proposals; any other proposal becomes a live hypothesis until `B` are live. A
+//!   live hypothesis forks its parent's branch (the last child takes the parent's branch
+//!   itself) and feeds its token.
 //! * The search stops when `B` hypotheses have finished (early stopping, as Hugging Face's
 //!   `early_stopping=True`), when none is live, or after `max_tokens` steps — the live
 //!   hypotheses then finish by length.
@@ -17,6 +30,10 @@
 //!   sums), descending; ties → the shorter hypothesis, then the lexicographically smaller ids.
 //!
 //! Greedy decoding is width 1.
+
+use std::cell::RefCell;
+
+use nextok_core::{DecoderState, Draw, FinishReason, Sampler, Workspace};
 
 use crate::error::{ModelError, Result};
 use crate::LogitsSource;
@@ -30,25 +47,29 @@ pub struct BeamConfig {
     pub length_penalty: f64,
     /// Most generated tokens per hypothesis.
     pub max_tokens: usize,
-    /// Tokens that finish a hypothesis.
+    /// Tokens that finish a hypothesis ([`RawScorer`]; a [`PipelineScorer`] uses the
+    /// sampler's stop conditions instead).
     pub eos_token_ids: Vec<u32>,
 }
 
 /// Why a hypothesis ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BeamFinish {
     /// It selected an EOS id (included in `tokens`).
     Eos,
     /// It reached `max_tokens` (or the search ended while it was live).
     Length,
+    /// Another stop condition of the request: a stop token, a stop string, the constraint's
+    /// acceptance.
+    Stop(FinishReason),
 }
 
 /// A finished hypothesis.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hypothesis {
-    /// Generated ids (an EOS id last when `finish` is `Eos`).
+    /// Generated ids (the finishing token last, when one finished it).
     pub tokens: Vec<u32>,
-    /// Sum of raw-layer logprobs.
+    /// Sum of the scorer's logprobs (raw or processed layer).
     pub logprob: f64,
     /// `logprob / len^α`.
     pub score: f64,
@@ -56,11 +77,114 @@ pub struct Hypothesis {
     pub finish: BeamFinish,
 }
 
-struct Live<S> {
+/// What scores a beam step and what each hypothesis carries besides its tokens.
+pub trait BeamScorer {
+    /// Per-hypothesis state (forked by cloning).
+    type State: Clone;
+    /// The state before the first generated token.
+    fn start(&self) -> Result<Self::State>;
+    /// Up to `n` proposals `(token, logprob)` for the step on `logits`, best first (ties →
+    /// lower id).
+    fn propose(&self, logits: &[f32], state: &Self::State, n: usize) -> Result<Vec<(u32, f64)>>;
+    /// Appends `token` to `state`; returns why the sequence ends there, if it does.
+    fn commit(&self, state: &mut Self::State, token: u32) -> Result<Option<BeamFinish>>;
+}
+
+/// Raw-layer scores, EOS ids end a hypothesis (the scorer of [`beam_search`]).
+#[derive(Debug, Clone)]
+pub struct RawScorer {
+    /// Tokens that finish a hypothesis.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl BeamScorer for RawScorer {
+    type State = ();
+    fn start(&self) -> Result<()> {
+        Ok(())
+    }
+    fn propose(&self, logits: &[f32], _: &(), n: usize) -> Result<Vec<(u32, f64)>> {
+        if let Some(i) = logits
+            .iter()
+            .position(|z| z.is_nan() || *z == f32::INFINITY)
+        {
+            return Err(ModelError::new(format!(
+                "invalid logits[{i}]: {} (NaN and +inf are not scored)",
+                logits[i]
+            )));
+        }
+        let lp = log_softmax(logits);
+        let mut ids: Vec<u32> = (0..lp.len() as u32)
+            .filter(|&i| lp[i as usize] > f64::NEG_INFINITY)
+            .collect();
+        ids.sort_by(|&x, &y| lp[y as usize].total_cmp(&lp[x as usize]).then(x.cmp(&y)));
+        ids.truncate(n);
+        Ok(ids.iter().map(|&t| (t, lp[t as usize])).collect())
+    }
+    fn commit(&self, _: &mut (), token: u32) -> Result<Option<BeamFinish>> {
+        Ok(self
+            .eos_token_ids
+            .contains(&token)
+            .then_some(BeamFinish::Eos))
+    }
+}
+
+/// Scores with the request's pipeline: processed-layer logprobs over the final support, a
+/// [`DecoderState`] per hypothesis (see the module docs).
+pub struct PipelineScorer<'a> {
+    sampler: &'a Sampler,
+    start: DecoderState,
+    ws: RefCell<Workspace>,
+}
+
+impl<'a> PipelineScorer<'a> {
+    /// Hypotheses start from `start` (the prompt's state, with any constraint attached).
+    pub fn new(sampler: &'a Sampler, start: DecoderState) -> Self {
+        PipelineScorer {
+            sampler,
+            start,
+            ws: RefCell::new(sampler.new_workspace()),
+        }
+    }
+}
+
+impl BeamScorer for PipelineScorer<'_> {
+    type State = DecoderState;
+    fn start(&self) -> Result<DecoderState> {
+        Ok(self.start.clone())
+    }
+    fn propose(&self, logits: &[f32], state: &DecoderState, n: usize) -> Result<Vec<(u32, f64)>> {
+        let mut ws = self.ws.borrow_mut();
+        // the record lists the final support best first (ties → lower id) with each
+        // candidate's logprob per layer; the selection itself is not used
+        let (_, rec) = self
+            .sampler
+            .select_recorded(logits, state, &mut ws, Draw::FixedU(0.0), n)
+            .map_err(|e| ModelError::new(format!("beam step {}: {e}", state.step())))?;
+        Ok(rec
+            .candidates
+            .iter()
+            .map(|c| (c.id, c.processed_logprob))
+            .collect())
+    }
+    fn commit(&self, state: &mut DecoderState, token: u32) -> Result<Option<BeamFinish>> {
+        let r = self
+            .sampler
+            .commit(state, token)
+            .map_err(|e| ModelError::new(format!("beam step {}: {e}", state.step())))?;
+        Ok(r.map(|r| match r {
+            FinishReason::Eos { .. } => BeamFinish::Eos,
+            FinishReason::MaxTokens => BeamFinish::Length,
+            other => BeamFinish::Stop(other),
+        }))
+    }
+}
+
+struct Live<S, T> {
     tokens: Vec<u32>,
     logprob: f64,
     source: S,
     logits: Vec<f32>,
+    state: T,
 }
 
 /// Log-softmax of `logits` in `f64`.
@@ -79,18 +203,38 @@ fn score(logprob: f64, len: usize, alpha: f64) -> f64 {
     }
 }
 
-/// Runs beam search from `prompt` (non-empty) on `source` (an empty branch). Returns the
-/// finished hypotheses, best first.
+/// Runs beam search from `prompt` (non-empty) on `source` (an empty branch) with raw-layer
+/// scores ([`RawScorer`] on `cfg.eos_token_ids`). Returns the finished hypotheses, best first.
 pub fn beam_search<S: LogitsSource>(
-    mut source: S,
+    source: S,
     prompt: &[u32],
     cfg: &BeamConfig,
 ) -> Result<Vec<Hypothesis>> {
+    let scorer = RawScorer {
+        eos_token_ids: cfg.eos_token_ids.clone(),
+    };
+    beam_search_with(source, prompt, cfg, &scorer)
+}
+
+/// Runs beam search from `prompt` (non-empty) on `source` (an empty branch) with `scorer`.
+/// Returns the finished hypotheses, best first.
+pub fn beam_search_with<S: LogitsSource, B: BeamScorer>(
+    mut source: S,
+    prompt: &[u32],
+    cfg: &BeamConfig,
+    scorer: &B,
+) -> Result<Vec<Hypothesis>> {
     if cfg.width == 0 {
-        return Err(ModelError::new("beam width must be at least 1"));
+        return Err(ModelError::new("invalid `beam_width`: must be at least 1"));
     }
     if cfg.max_tokens == 0 {
-        return Err(ModelError::new("max_tokens must be at least 1"));
+        return Err(ModelError::new("invalid `max_tokens`: must be at least 1"));
+    }
+    if !cfg.length_penalty.is_finite() {
+        return Err(ModelError::new(format!(
+            "invalid `length_penalty`: {} (must be finite)",
+            cfg.length_penalty
+        )));
     }
     let b = cfg.width;
     let logits = source.prefill(prompt)?;
@@ -99,49 +243,42 @@ pub fn beam_search<S: LogitsSource>(
         logprob: 0.0,
         source,
         logits,
+        state: scorer.start()?,
     }];
     let mut finished: Vec<Hypothesis> = Vec::new();
     for _step in 0..cfg.max_tokens {
         // proposals: (cum logprob, parent index, token)
         let mut props: Vec<(f64, usize, u32)> = Vec::new();
         for (pi, h) in live.iter().enumerate() {
-            let lp = log_softmax(&h.logits);
-            let mut ids: Vec<u32> = (0..lp.len() as u32)
-                .filter(|&i| lp[i as usize] > f64::NEG_INFINITY)
-                .collect();
-            ids.sort_by(|&x, &y| {
-                lp[y as usize]
-                    .partial_cmp(&lp[x as usize])
-                    .unwrap()
-                    .then(x.cmp(&y))
-            });
-            ids.truncate(2 * b);
-            props.extend(ids.iter().map(|&t| (h.logprob + lp[t as usize], pi, t)));
+            let ids = scorer.propose(&h.logits, &h.state, 2 * b)?;
+            props.extend(ids.iter().map(|&(t, lp)| (h.logprob + lp, pi, t)));
         }
-        props.sort_by(|x, y| {
-            y.0.partial_cmp(&x.0)
-                .unwrap()
-                .then(x.1.cmp(&y.1))
-                .then(x.2.cmp(&y.2))
-        });
-        let mut chosen: Vec<(f64, usize, u32)> = Vec::new();
+        props.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
+        let mut chosen: Vec<(f64, usize, u32, B::State)> = Vec::new();
         for (rank, &(lp, pi, t)) in props.iter().enumerate() {
-            if cfg.eos_token_ids.contains(&t) {
-                if rank < b {
-                    let mut tokens = live[pi].tokens.clone();
-                    tokens.push(t);
-                    finished.push(Hypothesis {
-                        score: score(lp, tokens.len(), cfg.length_penalty),
-                        tokens,
-                        logprob: lp,
-                        finish: BeamFinish::Eos,
-                    });
-                }
-            } else if chosen.len() < b {
-                chosen.push((lp, pi, t));
-            }
-            if chosen.len() == b && rank + 1 >= b {
+            if chosen.len() == b && rank >= b {
                 break;
+            }
+            let mut st = live[pi].state.clone();
+            match scorer.commit(&mut st, t)? {
+                Some(finish) if finish != BeamFinish::Length => {
+                    if rank < b {
+                        let mut tokens = live[pi].tokens.clone();
+                        tokens.push(t);
+                        finished.push(Hypothesis {
+                            score: score(lp, tokens.len(), cfg.length_penalty),
+                            tokens,
+                            logprob: lp,
+                            finish,
+                        });
+                    }
+                }
+                // a length finish from the state (its max_tokens) ends the search below
+                _ => {
+                    if chosen.len() < b {
+                        chosen.push((lp, pi, t, st));
+                    }
+                }
             }
         }
         if finished.len() >= b || chosen.is_empty() {
@@ -149,19 +286,23 @@ pub fn beam_search<S: LogitsSource>(
             break;
         }
         // Children: fork the parent's branch, the last child of a parent takes it.
-        let mut parents: Vec<Option<Live<S>>> = live.drain(..).map(Some).collect();
+        let mut parents: Vec<Option<Live<S, B::State>>> = live.drain(..).map(Some).collect();
         let mut remaining = vec![0usize; parents.len()];
         for c in &chosen {
             remaining[c.1] += 1;
         }
         let mut next = Vec::with_capacity(chosen.len());
-        for &(lp, pi, t) in &chosen {
+        for (lp, pi, t, state) in chosen {
             remaining[pi] -= 1;
             let (mut src, mut tokens) = if remaining[pi] == 0 {
-                let p = parents[pi].take().expect("parent used once");
+                let p = parents[pi]
+                    .take()
+                    .ok_or_else(|| ModelError::new("beam: a parent was used twice"))?;
                 (p.source, p.tokens)
             } else {
-                let p = parents[pi].as_ref().expect("parent alive");
+                let p = parents[pi]
+                    .as_ref()
+                    .ok_or_else(|| ModelError::new("beam: a parent was used twice"))?;
                 (p.source.fork()?, p.tokens.clone())
             };
             tokens.push(t);
@@ -175,6 +316,7 @@ pub fn beam_search<S: LogitsSource>(
                 logprob: lp,
                 source: src,
                 logits,
+                state,
             });
         }
         live = next;
@@ -192,8 +334,7 @@ pub fn beam_search<S: LogitsSource>(
     }
     finished.sort_by(|x, y| {
         y.score
-            .partial_cmp(&x.score)
-            .unwrap()
+            .total_cmp(&x.score)
             .then(x.tokens.len().cmp(&y.tokens.len()))
             .then(x.tokens.cmp(&y.tokens))
     });
