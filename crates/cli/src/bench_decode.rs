@@ -11,7 +11,10 @@
 //! * `trace` — unconstrained, every step recorded (8 candidates) and serialised as a trace line.
 //!
 //! The modes run round-robin, `--reps` times, for the shipped quantisation and the Q8_0
-//! re-quantisation; each mode's figure is the median over its runs. The share columns split
+//! re-quantisation; each mode's figure is the median over its runs, and its ratio to the
+//! unconstrained run is taken per repetition (paired) before the median. Because the model's
+//! time dominates and a shared machine's speed drifts, the table also gives the ratio that the
+//! mode's added critical-path time alone implies. The share columns split
 //! the loop's wall clock: the sampler step (processing, selection, commit, and the mask when it
 //! is computed inline), and the mask prepared on the other thread — which is off the critical
 //! path, except for the wait after the model call, reported separately.
@@ -61,7 +64,13 @@ struct Row {
     tokens: usize,
     runs: usize,
     tokens_per_s: f64,
+    /// Median over repetitions of this run's tokens/s over the unconstrained run's.
     over_unconstrained: f64,
+    /// Time per token this mode adds to the decode loop's critical path (sampler step and
+    /// the wait for a prepared mask) beyond the unconstrained sampler step.
+    critical_path_added_us: f64,
+    /// The tokens/s ratio that added time alone implies (model time held equal).
+    critical_path_ratio: f64,
     sample_share: f64,
     prepare_share: f64,
     wait_share: f64,
@@ -194,7 +203,24 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
                     .collect(),
             )
         };
-        let base_rate = rate(&results[0]);
+        // each mode against the unconstrained run of the same repetition (paired: a slow
+        // phase of a shared machine hits both), median over repetitions
+        let paired = |r: &[(usize, SeqTime)]| {
+            median(
+                r.iter()
+                    .zip(&results[0])
+                    .map(|((n, t), (n0, t0))| {
+                        (*n as f64 / t.total.as_secs_f64()) / (*n0 as f64 / t0.total.as_secs_f64())
+                    })
+                    .collect(),
+            )
+        };
+        let base_sample = median(
+            results[0]
+                .iter()
+                .map(|(n, t)| t.sample.as_secs_f64() * 1e6 / *n as f64)
+                .collect(),
+        );
         for (mi, mode) in MODES.iter().enumerate() {
             let r = &results[mi];
             let share = |f: fn(&SeqTime) -> Duration| {
@@ -212,13 +238,17 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
                 )
             };
             let tps = rate(r);
+            let us_per_token = 1e6 / tps;
+            let added = per_token(|t| t.sample) + per_token(|t| t.wait) - base_sample;
             rows.push(Row {
                 quant,
                 mode,
                 tokens: r.first().map(|x| x.0).unwrap_or(0),
                 runs: r.len(),
                 tokens_per_s: tps,
-                over_unconstrained: tps / base_rate,
+                over_unconstrained: paired(r),
+                critical_path_added_us: added,
+                critical_path_ratio: us_per_token / (us_per_token + added.max(0.0)),
                 sample_share: share(|t| t.sample),
                 prepare_share: share(|t| t.prepare),
                 wait_share: share(|t| t.wait),
@@ -251,16 +281,17 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             report.model, report.threads_available, report.simd, max_tokens, reps
         );
         println!(
-            "| weights | mode | tokens/s | × unconstrained | sampler step | µs/token | mask ahead (other thread) | µs/token | waited for mask |"
+            "| weights | mode | tokens/s | × unconstrained (paired) | × implied by added time | sampler step | µs/token | mask ahead (other thread) | µs/token | waited for mask |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
         for r in &report.rows {
             println!(
-                "| {} | {} | {:.1} | {:.3} | {:.2} % | {:.0} | {:.2} % | {:.0} | {:.2} % |",
+                "| {} | {} | {:.1} | {:.3} | {:.4} | {:.2} % | {:.0} | {:.2} % | {:.0} | {:.2} % |",
                 r.quant,
                 r.mode,
                 r.tokens_per_s,
                 r.over_unconstrained,
+                r.critical_path_ratio,
                 100.0 * r.sample_share,
                 r.sample_us_per_token,
                 100.0 * r.prepare_share,
