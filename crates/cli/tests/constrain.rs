@@ -3,7 +3,6 @@
 //! written here, and the real Llama-3 tokenizer from `.testdata/` when present (skipped with a
 //! notice otherwise).
 
-use std::path::PathBuf;
 use std::process::Command;
 
 fn nextok(args: &[&str]) -> (i32, String, String) {
@@ -60,17 +59,7 @@ fn nextok_vocab_char(b: u8) -> char {
 }
 
 fn llama3() -> Option<String> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let p = std::env::var_os("NEXTOK_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join(".testdata"))
-        .join("llama3/tokenizer.json");
-    if p.exists() {
-        Some(p.to_string_lossy().into_owned())
-    } else {
-        eprintln!("notice: {} absent; skipping", p.display());
-        None
-    }
+    nextok_testdata::require(nextok_testdata::LLAMA3).map(|p| p.to_string_lossy().into_owned())
 }
 
 #[test]

@@ -8,28 +8,11 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    nextok_testdata::repo_root()
 }
 
 fn model() -> Option<PathBuf> {
-    let dir = std::env::var_os("NEXTOK_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".testdata"));
-    let p = dir.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "{} is missing and CI is set: run scripts/fetch-testdata.sh",
-            p.display()
-        );
-    }
-    eprintln!(
-        "notice: {} is missing; skipping (run scripts/fetch-testdata.sh)",
-        p.display()
-    );
-    None
+    nextok_testdata::require(nextok_testdata::SMOLLM2)
 }
 
 const CAPITAL: &str = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France? Answer in two sentences.<|im_end|>\n<|im_start|>assistant\n";

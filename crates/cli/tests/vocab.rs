@@ -3,7 +3,6 @@
 //! (or `NEXTOK_TESTDATA`). A missing real file skips its test with a notice, unless `CI` is
 //! set, where it fails.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use nextok_vocab::gguf::{write_metadata, Array, Value as G};
@@ -193,25 +192,7 @@ fn bad_input_is_one_line_and_exit_2() {
 
 /// The real test-data file `rel`, or `None` (after a notice) when it is absent outside CI.
 fn testdata(rel: &str) -> Option<String> {
-    let dir = std::env::var_os("NEXTOK_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.testdata"));
-    let p = dir.join(rel);
-    if p.is_file() {
-        return Some(p.display().to_string());
-    }
-    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-    if ci {
-        panic!(
-            "test data {} is missing (CI is set): run scripts/fetch-testdata.sh",
-            p.display()
-        );
-    }
-    eprintln!(
-        "SKIPPED: test data {} is absent; run scripts/fetch-testdata.sh to check real files",
-        p.display()
-    );
-    None
+    nextok_testdata::require(rel).map(|p| p.display().to_string())
 }
 
 #[test]

@@ -22,21 +22,11 @@ use nextok_vocab::encode::Encoder;
 use nextok_vocab::{LoadOptions, Vocabulary};
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    nextok_testdata::repo_root()
 }
 
 fn load() -> Option<(Arc<ConstraintEngine>, Encoder)> {
-    let p = std::env::var_os("NEXTOK_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".testdata"))
-        .join("llama3/tokenizer.json");
-    if !p.exists() {
-        eprintln!(
-            "notice: {} absent; skipping the mask benchmarks",
-            p.display()
-        );
-        return None;
-    }
+    let p = nextok_testdata::optional(nextok_testdata::LLAMA3)?;
     let v = Vocabulary::from_tokenizer_json_file(&p, &LoadOptions::default()).ok()?;
     let cv = ConstraintVocab::new(&v.bytes, &v.info).ok()?;
     let e = ConstraintEngine::new(Arc::new(cv)).ok()?;

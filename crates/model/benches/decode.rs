@@ -12,18 +12,13 @@ use nextok_core::{Draw, Preset, Sampler, SamplingParams};
 use nextok_model::{LogitsSource, Model, Requant};
 
 fn model_path() -> Option<PathBuf> {
-    let dir = std::env::var_os("NEXTOK_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.testdata"));
-    let p = dir.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    p.exists().then_some(p)
+    nextok_testdata::optional(nextok_testdata::SMOLLM2)
 }
 
 const PROMPT: &str = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWrite one sentence about a cat.<|im_end|>\n<|im_start|>assistant\n";
 
 fn bench(c: &mut Criterion) {
     let Some(path) = model_path() else {
-        eprintln!("notice: the SmolLM2 GGUF is missing; run scripts/fetch-testdata.sh");
         return;
     };
     let mut g = c.benchmark_group("model");

@@ -13,19 +13,7 @@ use nextok_vocab::gguf::Gguf;
 use nextok_vocab::{LoadOptions, Vocabulary};
 
 fn testdata(rel: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("NEXTOK_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.testdata"));
-    let p = dir.join(rel);
-    if p.is_file() {
-        Some(p)
-    } else {
-        eprintln!(
-            "SKIPPED: {} is absent; run scripts/fetch-testdata.sh",
-            p.display()
-        );
-        None
-    }
+    nextok_testdata::optional(rel)
 }
 
 fn load(c: &mut Criterion) {

@@ -28,25 +28,7 @@ use tokenizers::Tokenizer;
 
 /// The test-data file `rel`, or `None` (after a notice) when it is absent outside CI.
 fn testdata(rel: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("NEXTOK_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.testdata"));
-    let p = dir.join(rel);
-    if p.is_file() {
-        return Some(p);
-    }
-    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-    if ci {
-        panic!(
-            "test data {} is missing (CI is set): run scripts/fetch-testdata.sh",
-            p.display()
-        );
-    }
-    eprintln!(
-        "SKIPPED: test data {} is absent; run scripts/fetch-testdata.sh to check real files",
-        p.display()
-    );
-    None
+    nextok_testdata::require(rel)
 }
 
 #[derive(Debug, Default)]

@@ -12,21 +12,7 @@ use nextok_vocab::encode::Encoder;
 use nextok_vocab::{LoadOptions, Vocabulary};
 
 fn testdata(rel: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("NEXTOK_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.testdata"));
-    let p = dir.join(rel);
-    if p.is_file() {
-        return Some(p);
-    }
-    if std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0") {
-        panic!(
-            "test data {} is missing (CI is set): run scripts/fetch-testdata.sh",
-            p.display()
-        );
-    }
-    eprintln!("SKIPPED: test data {} is absent", p.display());
-    None
+    nextok_testdata::require(rel)
 }
 
 const CASES: &[(&str, &str, &str)] = &[

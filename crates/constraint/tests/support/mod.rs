@@ -12,28 +12,15 @@ use nextok_vocab::{LoadOptions, Vocabulary};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    nextok_testdata::repo_root()
 }
 
-/// `.testdata/` (or `NEXTOK_TESTDATA`).
-pub fn testdata() -> PathBuf {
-    std::env::var_os("NEXTOK_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".testdata"))
-}
-
-/// The Llama-3 engine and encoder, or `None` (with a notice) when the file is absent.
+/// The Llama-3 engine and encoder, or `None` (with a notice) when the file is absent outside
+/// CI.
 pub fn llama3() -> Option<&'static (Arc<ConstraintEngine>, Encoder)> {
     static L: OnceLock<Option<(Arc<ConstraintEngine>, Encoder)>> = OnceLock::new();
     L.get_or_init(|| {
-        let p = testdata().join("llama3/tokenizer.json");
-        if !p.exists() {
-            eprintln!(
-                "notice: {} absent (run scripts/fetch-testdata.sh); skipping",
-                p.display()
-            );
-            return None;
-        }
+        let p = nextok_testdata::require(nextok_testdata::LLAMA3)?;
         let v = Vocabulary::from_tokenizer_json_file(&p, &LoadOptions::default()).unwrap();
         let cv = ConstraintVocab::new(&v.bytes, &v.info).unwrap();
         let engine = ConstraintEngine::new(Arc::new(cv)).unwrap();
