@@ -169,41 +169,83 @@ pub fn exp_f32(x: f32) -> f32 {
 }
 
 /// AVX-512 versions of the hot kernels, written with intrinsics: the same IEEE-754 operations as
-/// the scalar code, lane by lane, in the same order (no fused multiply-add).
+/// the scalar code, lane by lane, in the same order (no fused multiply-add); where a single exact
+/// instruction replaces a sequence of the scalar code (rounding to an integer, scaling by a power
+/// of two), it is shown to give the same bits (see [`x86::exp16x4`]).
 #[cfg(all(target_arch = "x86_64", nextok_avx512))]
 pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     use super::*;
 
-    /// [`exp_f32`] on 16 lanes.
+    /// [`exp_f32`] on four vectors of 16 lanes, with the same bits for every input (checked
+    /// exhaustively over all non-NaN `f32` inputs when this was written; the unit test
+    /// `exp16x4_matches_scalar` checks every 61st bit pattern and the edges).
+    ///
+    /// Two steps are done by single exact instructions instead of the scalar code's integer
+    /// tricks: `n = (x · log2 e + 1.5·2^23) − 1.5·2^23` is round-to-nearest-even of `x · log2 e`
+    /// (for `|x · log2 e| < 2^22`; larger values only reach flushed lanes), which `vrndscaleps`
+    /// computes directly, and `y · 2^n` (`2^n` built from the exponent bits) is `vscalefps(y,
+    /// n)`: both are one correctly rounded multiplication by an exact power of two, subnormal
+    /// results included. A `-0.0` from the rounding (for `−0.5 ≤ x · log2 e < 0`) only changes the
+    /// sign of a zero `r`, which the final `… + r + 1` absorbs.
+    ///
+    /// Each step is done for all four vectors before the next (the four dependency chains
+    /// interleave, which keeps more of the vector units busy).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
-    pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
-        let flush = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_F32_FLUSH));
-        // `if x > 88 { 88 } else { x }`: min(88, x) returns x when the comparison fails
-        let xc = _mm512_min_ps(_mm512_set1_ps(EXP_CLAMP), x);
-        let xc = _mm512_maskz_mov_ps(!flush, xc);
-        let t = _mm512_add_ps(
-            _mm512_mul_ps(xc, _mm512_set1_ps(EXP_LOG2E)),
-            _mm512_set1_ps(EXP_MAGIC),
-        );
-        let n = _mm512_sub_ps(t, _mm512_set1_ps(EXP_MAGIC));
-        let r = _mm512_sub_ps(
-            _mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(EXP_C1))),
-            _mm512_mul_ps(n, _mm512_set1_ps(EXP_C2)),
-        );
-        let z = _mm512_mul_ps(r, r);
-        let mut y = _mm512_set1_ps(EXP_P[0]);
-        y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(EXP_P[1]));
-        y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(EXP_P[2]));
-        y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(EXP_P[3]));
-        y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(EXP_P[4]));
-        y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(EXP_P[5]));
-        y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, z), r), _mm512_set1_ps(1.0));
-        let bits = _mm512_add_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(EXP_BIAS as i32));
-        let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(bits));
-        _mm512_maskz_mul_ps(!flush, y, pow2)
+    pub(crate) unsafe fn exp16x4(x: [__m512; 4]) -> [__m512; 4] {
+        exp16x4_clamp::<true>(x)
+    }
+
+    /// [`exp16x4`]; without `CLAMP` only for inputs `<= 0` (then `min(88, x)` is `x`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+    pub(crate) unsafe fn exp16x4_clamp<const CLAMP: bool>(x: [__m512; 4]) -> [__m512; 4] {
+        let mut keep = [0u16; 4];
+        let mut xc = [_mm512_setzero_ps(); 4];
+        let mut n = [_mm512_setzero_ps(); 4];
+        let mut r = [_mm512_setzero_ps(); 4];
+        let mut z = [_mm512_setzero_ps(); 4];
+        let mut y = [_mm512_set1_ps(EXP_P[0]); 4];
+        for k in 0..4 {
+            // not flushed: `!(x < -87)` (a NaN lane computes NaN, as the scalar code does)
+            keep[k] = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x[k], _mm512_set1_ps(EXP_F32_FLUSH));
+            xc[k] = if CLAMP {
+                _mm512_min_ps(_mm512_set1_ps(EXP_CLAMP), x[k])
+            } else {
+                x[k]
+            };
+        }
+        for k in 0..4 {
+            n[k] = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_ps(xc[k], _mm512_set1_ps(EXP_LOG2E)),
+            );
+        }
+        for k in 0..4 {
+            r[k] = _mm512_sub_ps(
+                _mm512_sub_ps(xc[k], _mm512_mul_ps(n[k], _mm512_set1_ps(EXP_C1))),
+                _mm512_mul_ps(n[k], _mm512_set1_ps(EXP_C2)),
+            );
+        }
+        for k in 0..4 {
+            z[k] = _mm512_mul_ps(r[k], r[k]);
+        }
+        for &c in &EXP_P[1..] {
+            for k in 0..4 {
+                y[k] = _mm512_add_ps(_mm512_mul_ps(y[k], r[k]), _mm512_set1_ps(c));
+            }
+        }
+        for k in 0..4 {
+            y[k] = _mm512_add_ps(
+                _mm512_add_ps(_mm512_mul_ps(y[k], z[k]), r[k]),
+                _mm512_set1_ps(1.0),
+            );
+        }
+        for k in 0..4 {
+            y[k] = _mm512_maskz_scalef_ps(keep[k], y[k], n[k]);
+        }
+        y
     }
 
     /// Adds the 16 lanes of `e` to the 8 `f64` lanes: elements 0..8, then 8..16.
@@ -217,60 +259,16 @@ pub(crate) mod x86 {
         _mm512_add_pd(_mm512_add_pd(acc, lo), hi)
     }
 
-    /// Adds a block of 64 weights to the lane sums and reports its weights `>= t`.
-    #[inline(always)]
-    unsafe fn consume(
-        mut a: __m512d,
-        start: usize,
-        e: &[__m512; 4],
-        vt: __m512,
-        on_hit: &mut impl FnMut(usize, u64, &[f32; 64]),
-    ) -> __m512d {
-        a = add_lanes16(a, e[0]);
-        a = add_lanes16(a, e[1]);
-        a = add_lanes16(a, e[2]);
-        a = add_lanes16(a, e[3]);
-        let h0 = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(e[0], vt) as u64;
-        let h1 = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(e[1], vt) as u64;
-        let h2 = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(e[2], vt) as u64;
-        let h3 = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(e[3], vt) as u64;
-        let hits = h0 | h1 << 16 | h2 << 32 | h3 << 48;
-        if hits != 0 {
-            report(start, hits, e, on_hit);
-        }
-        a
-    }
-
-    #[cold]
-    #[inline(never)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
-    unsafe fn report(
-        start: usize,
-        hits: u64,
-        e: &[__m512; 4],
-        on_hit: &mut impl FnMut(usize, u64, &[f32; 64]),
-    ) {
-        let mut b = [0.0f32; 64];
-        _mm512_storeu_ps(b.as_mut_ptr(), e[0]);
-        _mm512_storeu_ps(b.as_mut_ptr().add(16), e[1]);
-        _mm512_storeu_ps(b.as_mut_ptr().add(32), e[2]);
-        _mm512_storeu_ps(b.as_mut_ptr().add(48), e[3]);
-        on_hit(start, hits, &b);
-    }
-
     /// `w[i] = exp_f32(z[i] - m)` over the whole blocks of 64 values (nothing is stored when `w`
-    /// is `None`); the lane sums of [`super::sum_f64_lanes`] continue in `acc`;
-    /// `on_hit(block start, mask, block weights)` is called for every block where some weight is
-    /// `>= tmin` (bit `j` of the mask: value `start + j`). Returns the number of values covered.
+    /// is `None`); the lane sums of [`super::sum_f64_lanes`] continue in `acc`. Returns the
+    /// number of values covered.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
-    pub(crate) unsafe fn exp_blocks(
+    pub(crate) unsafe fn exp_blocks<const CLAMP: bool>(
         z: &[f32],
         m: f32,
         mut w: Option<&mut [f32]>,
         acc: &mut [f64; 8],
-        tmin: f32,
-        mut on_hit: impl FnMut(usize, u64, &[f32; 64]),
     ) -> usize {
         let n = match &w {
             Some(w) => z.len().min(w.len()),
@@ -278,19 +276,18 @@ pub(crate) mod x86 {
         } / 64
             * 64;
         let vm = _mm512_set1_ps(m);
-        let vt = _mm512_set1_ps(tmin);
         let mut a = _mm512_loadu_pd(acc.as_ptr());
         // software pipelined: the weights of a block are summed one block later, so that the
         // sequential lane sums never wait for the long `exp` chain of the block being computed
         macro_rules! block {
             ($i:expr) => {{
                 let p = z.as_ptr().add($i);
-                let e = [
-                    exp16(_mm512_sub_ps(_mm512_loadu_ps(p), vm)),
-                    exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(16)), vm)),
-                    exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(32)), vm)),
-                    exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(48)), vm)),
-                ];
+                let e = exp16x4_clamp::<CLAMP>([
+                    _mm512_sub_ps(_mm512_loadu_ps(p), vm),
+                    _mm512_sub_ps(_mm512_loadu_ps(p.add(16)), vm),
+                    _mm512_sub_ps(_mm512_loadu_ps(p.add(32)), vm),
+                    _mm512_sub_ps(_mm512_loadu_ps(p.add(48)), vm),
+                ]);
                 if let Some(w) = w.as_deref_mut() {
                     let q = w.as_mut_ptr().add($i);
                     _mm512_storeu_ps(q, e[0]);
@@ -301,16 +298,25 @@ pub(crate) mod x86 {
                 e
             }};
         }
+        macro_rules! consume {
+            ($e:expr) => {{
+                let e = $e;
+                a = add_lanes16(a, e[0]);
+                a = add_lanes16(a, e[1]);
+                a = add_lanes16(a, e[2]);
+                a = add_lanes16(a, e[3]);
+            }};
+        }
         if n > 0 {
             let mut prev = block!(0);
             let mut i = 64;
             while i < n {
                 let e = block!(i);
-                a = consume(a, i - 64, &prev, vt, &mut on_hit);
+                consume!(prev);
                 prev = e;
                 i += 64;
             }
-            a = consume(a, n - 64, &prev, vt, &mut on_hit);
+            consume!(prev);
         }
         _mm512_storeu_pd(acc.as_mut_ptr(), a);
         n
@@ -473,7 +479,7 @@ fn exp_weights_kernel(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
 unsafe fn exp_weights_avx512(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
     let mut acc = [0.0f64; 8];
-    let n = x86::exp_blocks(z, m, Some(&mut *w), &mut acc, f32::INFINITY, |_, _, _| {});
+    let n = x86::exp_blocks::<true>(z, m, Some(&mut *w), &mut acc);
     for (i, (zv, wv)) in z.iter().zip(w.iter_mut()).enumerate().skip(n) {
         let e = exp_f32(*zv - m);
         *wv = e;
@@ -506,20 +512,32 @@ pub fn exp_sum(z: &[f32], m: f32) -> f64 {
     exp_sum_kernel(z, m)
 }
 
+/// [`exp_sum`] when `m` is at least every `z[i]` (the maximum): the same result, a little faster
+/// (the clamp of large inputs cannot apply).
+pub(crate) fn exp_sum_at_max(z: &[f32], m: f32) -> f64 {
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    if simd::level() >= simd::AVX512 && !m.is_nan() {
+        // SAFETY: the CPU supports AVX-512 (`simd::detected`); `z[i] - m <= 0` for every `i`
+        // (the caller's contract), so skipping `min(88, x)` changes nothing.
+        return unsafe { exp_sum_avx512::<false>(z, m) };
+    }
+    exp_sum_multi(z, m)
+}
+
 fn exp_sum_kernel(z: &[f32], m: f32) -> f64 {
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
     if simd::level() >= simd::AVX512 {
         // SAFETY: the CPU supports AVX-512 (`simd::detected`).
-        return unsafe { exp_sum_avx512(z, m) };
+        return unsafe { exp_sum_avx512::<true>(z, m) };
     }
     exp_sum_multi(z, m)
 }
 
 #[cfg(all(target_arch = "x86_64", nextok_avx512))]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
-unsafe fn exp_sum_avx512(z: &[f32], m: f32) -> f64 {
+unsafe fn exp_sum_avx512<const CLAMP: bool>(z: &[f32], m: f32) -> f64 {
     let mut acc = [0.0f64; 8];
-    let n = x86::exp_blocks(z, m, None, &mut acc, f32::INFINITY, |_, _, _| {});
+    let n = x86::exp_blocks::<CLAMP>(z, m, None, &mut acc);
     for (i, &x) in z.iter().enumerate().skip(n) {
         acc[i % 8] += exp_f32(x - m) as f64;
     }
@@ -671,6 +689,48 @@ mod tests {
         assert_eq!(ln_f64(0.0), f64::NEG_INFINITY);
         assert!(ln_f64(-1.0).is_nan());
         assert_eq!(ln_f64(1.0), 0.0);
+    }
+
+    /// The AVX-512 `exp` against the scalar one on every 61st `f32` bit pattern, and on the
+    /// values around 0, the flush threshold and the clamp.
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    #[test]
+    fn exp16x4_matches_scalar() {
+        use std::arch::x86_64::*;
+        if simd::detected() < simd::AVX512 {
+            return;
+        }
+        let mut xs: Vec<f32> = (0..u32::MAX / 61).map(|i| f32::from_bits(i * 61)).collect();
+        for c in [0.0f32, -87.0, 88.0, -87.5, 87.5] {
+            let b = c.to_bits();
+            for d in 0..20_000u32 {
+                xs.push(f32::from_bits(b.wrapping_add(d)));
+                xs.push(f32::from_bits(b.wrapping_sub(d)));
+            }
+        }
+        xs.extend([f32::NEG_INFINITY, f32::INFINITY, -0.0, f32::MAX, -f32::MAX]);
+        xs.retain(|x| !x.is_nan());
+        for c in xs.chunks(64) {
+            let mut v = [0.0f32; 64];
+            v[..c.len()].copy_from_slice(c);
+            let mut out = [0.0f32; 64];
+            // SAFETY: AVX-512 is available (checked above).
+            unsafe {
+                let p = v.as_ptr();
+                let e = x86::exp16x4([
+                    _mm512_loadu_ps(p),
+                    _mm512_loadu_ps(p.add(16)),
+                    _mm512_loadu_ps(p.add(32)),
+                    _mm512_loadu_ps(p.add(48)),
+                ]);
+                for (k, e) in e.iter().enumerate() {
+                    _mm512_storeu_ps(out.as_mut_ptr().add(16 * k), *e);
+                }
+            }
+            for (x, y) in v.iter().zip(out) {
+                assert_eq!(exp_f32(*x).to_bits(), y.to_bits(), "exp of {x:e}");
+            }
+        }
     }
 
     #[test]

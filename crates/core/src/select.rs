@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::math::{exp_f32, ln_f64};
 use crate::rng::{Purpose, RngState};
-use crate::support::{cand_exps, Cand, Workspace};
+use crate::support::{cand_weights, Cand, Workspace};
 
 /// The selection rule of a pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -74,7 +74,7 @@ pub(crate) fn select(
 }
 
 fn categorical(ws: &mut Workspace, u: f64) -> Option<u32> {
-    let (m, s) = ws.normalize();
+    let (m, s) = ws.normalize_any_order();
     if ws.dense {
         let mut cum = 0.0f64;
         let mut last = None;
@@ -93,16 +93,26 @@ fn categorical(ws: &mut Workspace, u: f64) -> Option<u32> {
         }
         last
     } else {
-        // id-ascending order over a copy (the canonical order is kept for the record)
-        ws.scratch.clear();
-        ws.scratch.extend_from_slice(&ws.cands);
-        crate::support::sort_by_id(&mut ws.scratch, &mut ws.aux, ws.v);
-        inverse_cdf(&ws.scratch, m, s, u)
+        // id-ascending order (the dense top-p leaves its nucleus so); else over a copy, keeping
+        // the canonical order for the record
+        let c = if ws.cands.is_sorted_by_key(|c| c.id) {
+            &ws.cands
+        } else {
+            ws.scratch.clear();
+            ws.scratch.extend_from_slice(&ws.cands);
+            crate::support::sort_by_id(&mut ws.scratch, &mut ws.aux, ws.v);
+            &ws.scratch
+        };
+        // (the dense weights are not in use while the support is sparse)
+        ws.dense_w_valid = false;
+        let w = &mut ws.w[..c.len()];
+        cand_weights(c, m, w);
+        inverse_cdf(c, w, s, u)
     }
 }
 
 fn gumbel(ws: &mut Workspace, rng: &RngState, step: u64) -> Option<u32> {
-    let (m, _s) = ws.normalize();
+    let (m, _s) = ws.normalize_any_order();
     let mut best: Option<(f64, u32)> = None;
     let mut consider = |id: u32, z: f32| {
         let w = exp_f32(z - m) as f64;
@@ -131,17 +141,21 @@ fn gumbel(ws: &mut Workspace, rng: &RngState, step: u64) -> Option<u32> {
 }
 
 crate::math::multiversion! {
-    /// Inverse CDF over candidates in id order: the first whose running sum of `w / s` exceeds
-    /// `u`, else the last with a positive weight. The weights are computed 16 at a time.
-    fn inverse_cdf(c: &[Cand], m: f32, s: f64, u: f64) -> Option<u32> {
+    /// Inverse CDF over candidates in id order with weights `w`: the first whose running sum of
+    /// `w / s` exceeds `u`, else the last with a positive weight. The divisions are done 8 at a
+    /// time ahead of the sequential sum.
+    fn inverse_cdf(c: &[Cand], w: &[f32], s: f64, u: f64) -> Option<u32> {
         let mut cum = 0.0f64;
         let mut last = None;
-        let mut e = [0.0f32; 16];
-        for block in c.chunks(16) {
-            cand_exps(block, m, &mut e);
-            for (x, &w) in block.iter().zip(e.iter()) {
-                cum += w as f64 / s;
-                if w > 0.0 {
+        let mut t = [0.0f64; 8];
+        for (cb, wb) in c.chunks(8).zip(w.chunks(8)) {
+            for (tj, &wj) in t.iter_mut().zip(wb) {
+                *tj = wj as f64 / s;
+            }
+            for ((x, &wj), &tj) in cb.iter().zip(wb).zip(t.iter()) {
+                cum += tj;
+                if wj > 0.0 {
+                    // the rounding guard never returns a token whose weight underflowed to 0
                     last = Some(x.id);
                 }
                 if u < cum {
