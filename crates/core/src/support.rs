@@ -903,7 +903,7 @@ multiversion! {
 
 /// [`cand_weights`] on 16 lanes, 64 candidates at a time.
 #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
 unsafe fn cand_weights_avx512(c: &[Cand], m: f32, w: &mut [f32]) {
     use std::arch::x86_64::*;
     let vm = _mm512_set1_ps(m);
@@ -1158,7 +1158,7 @@ fn load(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, usize, f32) {
 /// *value* does not depend on the order). The maxima of 16 blocks are reduced together
 /// ([`block_maxima16`]); the counts come from the comparison masks.
 #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
 unsafe fn load_avx512(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, usize, f32) {
     use std::arch::x86_64::*;
     const GROUP: usize = 16 * BLOCK;
@@ -1236,7 +1236,7 @@ unsafe fn load_avx512(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, 
 /// tree (halving the data at every level) instead of one reduction per vector.
 #[cfg(all(target_arch = "x86_64", nextok_avx512))]
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
 unsafe fn block_maxima16(v: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
     // pairs of vectors: 128-bit halves folded, [A0|A2, A1|A3, B0|B2, B1|B3]
@@ -1336,7 +1336,7 @@ multiversion! {
 
 /// [`top_k_scan`] testing 64 values at a time.
 #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
 unsafe fn top_k_scan_avx512(buf: &[f32], bmax: &[f32], start: usize, heap: &mut [Cand]) {
     use std::arch::x86_64::*;
     let mut thr = heap[0].z;
@@ -1519,7 +1519,7 @@ multiversion! {
 /// at a time, and the kept values are compressed and interleaved with their ids into whole
 /// `Cand` stores. `TIE`: whether `band` excludes anything by `tie_z`.
 #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
 unsafe fn collect_band_avx512<const TIE: bool>(
     buf: &[f32],
     bmax: &[f32],
