@@ -699,12 +699,34 @@ mod tests {
         assert_eq!(ln_f64(1.0), 0.0);
     }
 
+    /// Checks [`x86::exp16x4`] against [`exp_f32`] on 64 inputs (AVX-512 must be available).
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    fn check_exp16x4(v: &[f32; 64]) {
+        use std::arch::x86_64::*;
+        let mut out = [0.0f32; 64];
+        // SAFETY: the callers check that the CPU supports AVX-512.
+        unsafe {
+            let p = v.as_ptr();
+            let e = x86::exp16x4([
+                _mm512_loadu_ps(p),
+                _mm512_loadu_ps(p.add(16)),
+                _mm512_loadu_ps(p.add(32)),
+                _mm512_loadu_ps(p.add(48)),
+            ]);
+            for (k, e) in e.iter().enumerate() {
+                _mm512_storeu_ps(out.as_mut_ptr().add(16 * k), *e);
+            }
+        }
+        for (x, y) in v.iter().zip(out) {
+            assert_eq!(exp_f32(*x).to_bits(), y.to_bits(), "exp of {x:e}");
+        }
+    }
+
     /// The AVX-512 `exp` against the scalar one on every 61st `f32` bit pattern, and on the
     /// values around 0, the flush threshold and the clamp.
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
     #[test]
     fn exp16x4_matches_scalar() {
-        use std::arch::x86_64::*;
         if simd::detected() < simd::AVX512 {
             return;
         }
@@ -721,23 +743,7 @@ mod tests {
         for c in xs.chunks(64) {
             let mut v = [0.0f32; 64];
             v[..c.len()].copy_from_slice(c);
-            let mut out = [0.0f32; 64];
-            // SAFETY: AVX-512 is available (checked above).
-            unsafe {
-                let p = v.as_ptr();
-                let e = x86::exp16x4([
-                    _mm512_loadu_ps(p),
-                    _mm512_loadu_ps(p.add(16)),
-                    _mm512_loadu_ps(p.add(32)),
-                    _mm512_loadu_ps(p.add(48)),
-                ]);
-                for (k, e) in e.iter().enumerate() {
-                    _mm512_storeu_ps(out.as_mut_ptr().add(16 * k), *e);
-                }
-            }
-            for (x, y) in v.iter().zip(out) {
-                assert_eq!(exp_f32(*x).to_bits(), y.to_bits(), "exp of {x:e}");
-            }
+            check_exp16x4(&v);
         }
     }
 
@@ -747,33 +753,16 @@ mod tests {
     #[ignore]
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
     fn exp16x4_matches_scalar_everywhere() {
-        use std::arch::x86_64::*;
         if simd::detected() < simd::AVX512 {
             return;
         }
         let mut v = [0.0f32; 64];
-        let mut out = [0.0f32; 64];
         for base in (0..=u32::MAX).step_by(64) {
             for (j, x) in v.iter_mut().enumerate() {
                 let x0 = f32::from_bits(base + j as u32);
                 *x = if x0.is_nan() { 0.0 } else { x0 };
             }
-            // SAFETY: AVX-512 is available (checked above).
-            unsafe {
-                let p = v.as_ptr();
-                let e = x86::exp16x4([
-                    _mm512_loadu_ps(p),
-                    _mm512_loadu_ps(p.add(16)),
-                    _mm512_loadu_ps(p.add(32)),
-                    _mm512_loadu_ps(p.add(48)),
-                ]);
-                for (k, e) in e.iter().enumerate() {
-                    _mm512_storeu_ps(out.as_mut_ptr().add(16 * k), *e);
-                }
-            }
-            for (x, y) in v.iter().zip(out) {
-                assert_eq!(exp_f32(*x).to_bits(), y.to_bits(), "exp of {x:e}");
-            }
+            check_exp16x4(&v);
         }
     }
 
