@@ -46,11 +46,17 @@ pub struct BenchArgs {
     /// Use at most these kernels: `baseline`, `avx2` or `avx512` (results do not change).
     #[arg(long)]
     pub simd: Option<String>,
+    /// `sampler`: also run both cases on a real logits row — the default model's (or
+    /// `--model`'s) row after a chat prompt, with its vocabulary and the prompt as history.
+    #[arg(long)]
+    pub real: bool,
 }
 
 #[derive(Serialize)]
 struct StepRow {
     vocab: usize,
+    /// `synthetic` (the fixture rows) or the model whose logits row this is.
+    logits: String,
     case: &'static str,
     name: &'static str,
     support: usize,
@@ -159,7 +165,12 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let threads_available = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let steps = step_medians(&vocabs, args.iters, args.cold, !args.json);
+    let real = if args.real {
+        real_benches(&args)?
+    } else {
+        Vec::new()
+    };
+    let steps = step_medians(&vocabs, real, args.iters, args.cold, !args.json);
     let batch = batch_rates(&vocabs, args.batch_iters.max(1), !args.json);
     let targets = targets(&steps, &batch);
     let report = Report {
@@ -213,12 +224,59 @@ fn call(b: &mut StepBench, which: usize) {
     }
 }
 
-fn step_medians(vocabs: &[usize], iters: usize, cold: bool, progress: bool) -> Vec<StepRow> {
+/// Both cases on a real model's logits row (see `--real`), labelled with the model's name.
+fn real_benches(args: &BenchArgs) -> Result<Vec<(String, StepBench)>, String> {
+    let path = crate::generate::model_path(args.model.as_deref())?;
+    let model =
+        nextok_model::Model::load(&path, nextok_model::Requant::Keep).map_err(|e| e.to_string())?;
+    let text = model
+        .render_chat(
+            &[nextok_model::chat::Message::new(
+                "user",
+                "Write one sentence about a cat.".to_string(),
+            )],
+            true,
+        )
+        .map_err(|e| e.to_string())?;
+    let prompt = model.encode_prompt(&text).map_err(|e| e.to_string())?;
+    let mut src = model.source();
+    let row = nextok_model::LogitsSource::prefill(&mut src, &prompt).map_err(|e| e.to_string())?;
+    let name = path
+        .file_stem()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    Ok(Case::ALL
+        .iter()
+        .map(|&case| {
+            let fixture = nextok_core::bench::Fixture {
+                vocab: model.vocab.info.clone(),
+                logits: row.clone(),
+                history: prompt.clone(),
+                strong: Vec::new(),
+            };
+            (name.clone(), StepBench::with_fixture(case, fixture))
+        })
+        .collect())
+}
+
+fn step_medians(
+    vocabs: &[usize],
+    real: Vec<(String, StepBench)>,
+    iters: usize,
+    cold: bool,
+    progress: bool,
+) -> Vec<StepRow> {
     let mut benches: Vec<StepBench> = Vec::new();
+    let mut labels: Vec<String> = Vec::new();
     for &v in vocabs {
         for case in Case::ALL {
             benches.push(StepBench::new(case, v));
+            labels.push("synthetic".into());
         }
+    }
+    for (label, b) in real {
+        benches.push(b);
+        labels.push(label);
     }
     let supports: Vec<usize> = benches.iter_mut().map(|b| b.nextok_support()).collect();
     let mut evict = cold.then(Evictor::new);
@@ -250,13 +308,15 @@ fn step_medians(vocabs: &[usize], iters: usize, cold: bool, progress: bool) -> V
         .iter()
         .zip(times.iter_mut())
         .zip(supports)
-        .map(|((b, t), support)| {
+        .zip(labels)
+        .map(|(((b, t), support), logits)| {
             let floor = median(&mut t[0]);
             let naive = median(&mut t[1]);
             let nextok = median(&mut t[2]);
             let normaliser = median(&mut t[3]);
             StepRow {
                 vocab: b.fixture.logits.len(),
+                logits,
                 case: b.case.key(),
                 name: b.case.name(),
                 support,
@@ -322,7 +382,7 @@ fn targets(steps: &[StepRow], batch: &[BatchRow]) -> Vec<Target> {
     let step = |case: &str| {
         steps
             .iter()
-            .find(|s| s.vocab == TARGET_VOCAB && s.case == case)
+            .find(|s| s.vocab == TARGET_VOCAB && s.case == case && s.logits == "synthetic")
     };
     if let Some(s) = step(Case::DefaultChain.key()) {
         out.push(Target {
@@ -391,10 +451,15 @@ fn print_tables(r: &Report) {
         "norm/floor"
     );
     for s in &r.steps {
+        let name = if s.logits == "synthetic" {
+            s.name.to_string()
+        } else {
+            format!("{} [{}]", s.name, s.logits)
+        };
         println!(
             "{:>7}  {:<28} {:>7} {:>9.2} {:>10.1} {:>10.2} {:>12.2} {:>12.1} {:>10.2}",
             s.vocab,
-            s.name,
+            name,
             s.support,
             s.floor_ns / 1e3,
             s.naive_ns / 1e3,

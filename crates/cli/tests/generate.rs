@@ -349,3 +349,37 @@ fn the_readme_demo_answers_json_and_shows_the_ledger_of_one_step() {
     assert!(ledger.contains("selected \"{\" (id"), "{ledger}");
     assert!(text(&o.stdout).starts_with('{'));
 }
+
+#[test]
+fn bench_sampler_runs_on_a_real_logits_row() {
+    let Some(m) = model() else { return };
+    let o = nextok(
+        &m,
+        &[
+            "bench",
+            "sampler",
+            "--real",
+            "--vocab",
+            "1024",
+            "--iters",
+            "3",
+            "--batch-iters",
+            "1",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let real: Vec<&Value> = v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["logits"] == "SmolLM2-135M-Instruct.Q4_1")
+        .collect();
+    assert_eq!(real.len(), 2, "{v}");
+    for s in real {
+        assert_eq!(s["vocab"], 49152);
+        assert!(s["support"].as_u64().unwrap() >= 1);
+        assert!(s["nextok_ns"].as_f64().unwrap() > 0.0);
+    }
+}

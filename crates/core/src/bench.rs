@@ -412,7 +412,17 @@ pub struct StepBench {
 impl StepBench {
     /// The workload of `case` at vocabulary size `v`.
     pub fn new(case: Case, v: usize) -> Self {
-        let fixture = fixture(v, v as u64);
+        Self::with_fixture(case, fixture(v, v as u64))
+    }
+
+    /// The workload of `case` on a given row, vocabulary and history (for example a real
+    /// model's logits row, its vocabulary and the prompt).
+    ///
+    /// # Panics
+    ///
+    /// When a history id is outside the vocabulary.
+    pub fn with_fixture(case: Case, fixture: Fixture) -> Self {
+        let v = fixture.logits.len();
         let sampler = case.sampler(&fixture.vocab);
         let mut state = sampler
             .new_state(&fixture.history, 42)
