@@ -24,8 +24,9 @@
 //!   live hypothesis forks its parent's branch (the last child takes the parent's branch
 //!   itself) and feeds its token.
 //! * The search stops when `B` hypotheses have finished (early stopping, as Hugging Face's
-//!   `early_stopping=True`), when none is live, or after `max_tokens` steps — the live
-//!   hypotheses then finish by length.
+//!   `early_stopping=True`), when none is live, or after `max_tokens` steps (the smaller of the
+//!   beam's and the scorer's, e.g. the request's `max_tokens`) — the live hypotheses then
+//!   finish by length.
 //! * Final ranking: `score = logprob / len^α` (`α` = `length_penalty`; `α = 0` compares raw
 //!   sums), descending; ties → the shorter hypothesis, then the lexicographically smaller ids.
 //!
@@ -88,6 +89,11 @@ pub trait BeamScorer {
     fn propose(&self, logits: &[f32], state: &Self::State, n: usize) -> Result<Vec<(u32, f64)>>;
     /// Appends `token` to `state`; returns why the sequence ends there, if it does.
     fn commit(&self, state: &mut Self::State, token: u32) -> Result<Option<BeamFinish>>;
+    /// The scorer's own limit on generated tokens, if it has one (the search stops at the
+    /// smaller of this and [`BeamConfig::max_tokens`]).
+    fn max_tokens(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Raw-layer scores, EOS ids end a hypothesis (the scorer of [`beam_search`]).
@@ -177,6 +183,12 @@ impl BeamScorer for PipelineScorer<'_> {
             other => BeamFinish::Stop(other),
         }))
     }
+    fn max_tokens(&self) -> Option<usize> {
+        self.sampler
+            .stop()
+            .max_tokens
+            .map(|m| usize::try_from(m).unwrap_or(usize::MAX))
+    }
 }
 
 struct Live<S, T> {
@@ -237,6 +249,12 @@ pub fn beam_search_with<S: LogitsSource, B: BeamScorer>(
         )));
     }
     let b = cfg.width;
+    let max_tokens = scorer
+        .max_tokens()
+        .map_or(cfg.max_tokens, |m| m.min(cfg.max_tokens));
+    if max_tokens == 0 {
+        return Err(ModelError::new("invalid `max_tokens`: must be at least 1"));
+    }
     let logits = source.prefill(prompt)?;
     let mut live = vec![Live {
         tokens: Vec::new(),
@@ -246,7 +264,7 @@ pub fn beam_search_with<S: LogitsSource, B: BeamScorer>(
         state: scorer.start()?,
     }];
     let mut finished: Vec<Hypothesis> = Vec::new();
-    for _step in 0..cfg.max_tokens {
+    for _step in 0..max_tokens {
         // proposals: (cum logprob, parent index, token)
         let mut props: Vec<(f64, usize, u32)> = Vec::new();
         for (pi, h) in live.iter().enumerate() {
@@ -306,7 +324,7 @@ pub fn beam_search_with<S: LogitsSource, B: BeamScorer>(
                 (p.source.fork()?, p.tokens.clone())
             };
             tokens.push(t);
-            let logits = if tokens.len() < cfg.max_tokens {
+            let logits = if tokens.len() < max_tokens {
                 src.decode_one(t)?
             } else {
                 Vec::new() // finished by length; no logits needed
@@ -320,7 +338,7 @@ pub fn beam_search_with<S: LogitsSource, B: BeamScorer>(
             });
         }
         live = next;
-        if live.iter().all(|h| h.tokens.len() >= cfg.max_tokens) {
+        if live.iter().all(|h| h.tokens.len() >= max_tokens) {
             break;
         }
     }

@@ -169,4 +169,20 @@ mod pipeline {
             BeamFinish::Stop(FinishReason::StopToken { token: 2 })
         );
     }
+
+    #[test]
+    fn the_requests_max_tokens_ends_the_search_by_length() {
+        let s = sampler(SamplingParams {
+            max_tokens: Some(1),
+            ..Default::default()
+        });
+        let start = s.new_state(&[5], 0).unwrap();
+        let scorer = PipelineScorer::new(&s, start);
+        // the beam allows 8 tokens, the request 1: one step, both hypotheses by length
+        let h = beam_search_with(tree(), &[5], &cfg(2), &scorer).unwrap();
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[0].tokens, vec![0]);
+        assert_eq!(h[1].tokens, vec![1]);
+        assert!(h.iter().all(|x| x.finish == BeamFinish::Length));
+    }
 }
