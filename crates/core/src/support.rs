@@ -1999,22 +1999,9 @@ mod tests {
         (simd::BASELINE..=simd::detected()).collect()
     }
 
+    /// The maximum by the plain scalar code (the kernel's body, not dispatched).
     fn max_ref(xs: &[f32]) -> f32 {
-        let mut acc = [f32::NEG_INFINITY; 8];
-        let chunks = xs.chunks_exact(8);
-        let rem = chunks.remainder();
-        for c in chunks {
-            for j in 0..8 {
-                acc[j] = if c[j] > acc[j] { c[j] } else { acc[j] };
-            }
-        }
-        let mut m = f32::NEG_INFINITY;
-        for &x in rem.iter().chain(acc.iter()) {
-            if x > m {
-                m = x;
-            }
-        }
-        m
+        math::max_f32_inline(xs)
     }
 
     fn exp_sum_ref(z: &[f32], m: f32) -> (f64, Vec<f32>) {
