@@ -586,7 +586,7 @@ pub(crate) struct SeqTime {
     pub(crate) wait: std::time::Duration,
 }
 
-pub(crate) fn run_sequence<S: LogitsSource>(
+pub(crate) fn run_sequence<S: LogitsSource + Send>(
     model: &Model,
     sampler: &Sampler,
     mut src: S,
@@ -652,23 +652,21 @@ pub(crate) fn run_sequence<S: LogitsSource>(
         let t = std::time::Instant::now();
         let masking = o.overlap && state.grammar().is_some_and(|g| g.is_active());
         row = if masking {
-            // the next mask depends only on the state: compute it while the model runs
-            let (row, prep) = std::thread::scope(|sc| {
-                let h = sc.spawn(|| {
+            // the next mask depends only on the state: compute it while the model runs, as a
+            // job another thread of the pool steals (no thread is created per token)
+            let (row, prep) = rayon::join(
+                || {
+                    let row = src.decode_one(res.token);
+                    (row, std::time::Instant::now())
+                },
+                || {
                     let t = std::time::Instant::now();
                     sampler.prepare(&state).map(|()| t.elapsed())
-                });
-                let row = src.decode_one(res.token);
-                let done = std::time::Instant::now();
-                let prep = h.join();
-                out.time.wait += done.elapsed();
-                (row, prep)
-            });
-            match prep {
-                Ok(Ok(d)) => out.time.prepare += d,
-                Ok(Err(e)) => return Err(e.to_string()),
-                Err(_) => return Err("the mask thread panicked".into()),
-            }
+                },
+            );
+            let (row, done) = row;
+            out.time.wait += done.elapsed();
+            out.time.prepare += prep.map_err(|e| e.to_string())?;
             row.map_err(|e| e.to_string())?
         } else {
             src.decode_one(res.token).map_err(|e| e.to_string())?
