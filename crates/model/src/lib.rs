@@ -6,8 +6,12 @@
 //! `-n` sequences from one prompt) and [`truncate`](LogitsSource::truncate) back to an accepted
 //! prefix (speculative decoding, replay).
 //!
-//! * [`llama`] — a llama-architecture GGUF model on candle (CPU), with its own forward pass so
-//!   that the KV cache can be forked and truncated; optional re-quantisation to Q8_0;
+//! * [`llama`] — a llama-architecture GGUF model (CPU): one forward pass over a batch of
+//!   sequences at their own positions ([`LlamaWeights::forward_batch`]), batch-invariant, on
+//!   nextok's own quantised kernels; optional re-quantisation to Q8_0;
+//! * [`kernels`] — quantised matrix × batch kernels (Q4_1, Q8_0) that read each weight block
+//!   once for all rows, SIMD chosen at run time with a bit-identical scalar reference;
+//! * [`kv`] — the paged KV cache: blocks shared by forks and the prefix cache, copied on write;
 //! * [`Model`] — a loaded GGUF file: weights, its exact-bytes vocabulary, the tokenizer rebuilt
 //!   from GGUF metadata, the chat template, and the file's SHA-256;
 //! * [`fetch`] — the default model, fetched once into a cache directory and verified;
@@ -21,6 +25,8 @@ pub mod beam;
 pub mod chat;
 mod error;
 pub mod fetch;
+pub mod kernels;
+pub mod kv;
 pub mod llama;
 pub mod scripted;
 
@@ -30,7 +36,8 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 pub use error::{ModelError, Result};
-pub use llama::{LlamaSource, LlamaWeights, Requant};
+pub use kv::{KvGeometry, KvPool, SeqKv};
+pub use llama::{BatchSeq, LlamaSource, LlamaWeights, LogitRows, Requant, Scratch};
 
 /// One sequence of a model: produces the raw logits after each id it is fed.
 pub trait LogitsSource: Sized {

@@ -1,27 +1,42 @@
-//! A small llama forward pass on candle tensors, with the KV cache held outside the layers.
+//! The llama forward pass: many sequences in one batch, on nextok's own kernels.
 //!
 //! The weights ([`LlamaWeights`]) are read from a GGUF file once and shared (behind an `Arc`)
-//! by every branch; a [`LlamaSource`] is one sequence: its KV cache (one key and one value
-//! tensor per layer, `[1, n_kv_heads, len, head_dim]`) and its length. Because candle tensors
-//! are immutable and reference-counted, [`fork`](crate::LogitsSource::fork) is a clone of the
-//! cache handles (the new branch shares the prefix and copies on its next append) and
-//! [`truncate`](crate::LogitsSource::truncate) is a narrow of every cache tensor.
+//! by every sequence. [`LlamaWeights::forward_batch`] runs one forward pass over a batch of
+//! sequences, each contributing any number of new tokens at its own position — a decode step
+//! (one token), a chunk of a prompt, or a speculative draft — against its own paged KV cache
+//! ([`SeqKv`]). All the rows of the batch go through each weight matrix together
+//! ([`kernels::matmul`] reads every weight block once for all rows).
+//!
+//! **Batch invariance.** Every value a row produces is computed by the same sequence of
+//! floating-point operations whatever else is in the batch, how the prompt was split into
+//! chunks, and how many threads run it: the matrix kernels fix each output's reduction order,
+//! attention runs per query row over that row's own keys in position order, and the norms,
+//! rotary embeddings and activations are per row. A sequence's logits are therefore
+//! bit-identical alone or in any batch, and a prefix computed once can be reused by another
+//! sequence (the prefix cache) with the very values it would have computed itself.
 //!
 //! The architecture is llama as GGUF stores it: RMSNorm, rotary embeddings on adjacent pairs
 //! (GGUF's Q/K weights are permuted for that layout), grouped-query attention, a SwiGLU
 //! feed-forward, and an output matrix that is `output.weight` or, when absent, the token
-//! embedding (tied). Matrices stay quantised (candle's `QMatMul`); Q4_1 matrices can be
-//! re-quantised to Q8_0 at load ([`Requant::Q8_0`]), which candle multiplies much faster on x86.
+//! embedding (tied). As in llama.cpp, matrices stay quantised and multiply activations quantised
+//! to 8 bits per 32-value block, and queries, keys, values and attention weights are rounded to
+//! half precision (the KV cache is `f16`). Q4_1 matrices can be re-quantised to Q8_0 at load
+//! ([`Requant::Q8_0`]).
 
+use std::cell::RefCell;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::Device;
+use half::f16;
+use rayon::prelude::*;
 
 use crate::error::{ModelError, Result};
+use crate::kernels::{self, Activations, QMatrix};
+use crate::kv::{KvGeometry, KvPool, SeqKv, BLOCK_POSITIONS};
 use crate::LogitsSource;
 
 /// What to do with the quantised matrices at load.
@@ -57,39 +72,43 @@ pub struct LlamaConfig {
     pub n_kv_head: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// Feed-forward width.
+    pub n_ff: usize,
     /// RMSNorm epsilon.
     pub rms_eps: f64,
     /// RoPE base frequency.
     pub rope_theta: f32,
-    /// Training context length (the cache may not grow past it).
+    /// Training context length (a sequence may not grow past it).
     pub context_length: usize,
     /// Rows of the output matrix (the logits row length).
     pub vocab_size: usize,
 }
 
 struct Layer {
-    attn_norm: Tensor,
-    wq: QMatMul,
-    wk: QMatMul,
-    wv: QMatMul,
-    wo: QMatMul,
-    ffn_norm: Tensor,
-    w_gate: QMatMul,
-    w_up: QMatMul,
-    w_down: QMatMul,
+    attn_norm: Vec<f32>,
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
+    wo: QMatrix,
+    ffn_norm: Vec<f32>,
+    w_gate: QMatrix,
+    w_up: QMatrix,
+    w_down: QMatrix,
 }
 
 /// The weights of a llama-architecture GGUF model, loaded for the CPU.
 pub struct LlamaWeights {
     /// Hyper-parameters.
     pub config: LlamaConfig,
-    embed: Tensor,
+    embed: QMatrix,
     layers: Vec<Layer>,
-    norm: Tensor,
-    output: QMatMul,
-    cos: Tensor,
-    sin: Tensor,
-    device: Device,
+    norm: Vec<f32>,
+    /// `None`: tied to the embedding.
+    output: Option<QMatrix>,
+    /// `cos` and `sin` of every (position, pair), `[context_length][head_dim / 2]`.
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+    pool: KvPool,
     /// The quantisation of the output matrix after load (for reports).
     pub output_dtype: String,
     /// The re-quantisation applied at load.
@@ -121,6 +140,62 @@ fn md_f32(c: &gguf_file::Content, key: &str) -> Option<f32> {
     c.metadata.get(key).and_then(|v| v.to_f32().ok())
 }
 
+/// Which rows of a sequence's new tokens need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    /// None (a prompt chunk that is not the prompt's last).
+    None,
+    /// After the last new token (a decode step, the last prompt chunk).
+    Last,
+    /// After every new token (verifying a speculative draft).
+    All,
+}
+
+/// One sequence's part of a batch: its cache and the tokens fed after it.
+#[derive(Debug)]
+pub struct BatchSeq<'a> {
+    /// The sequence's cache; its length is the position of the first new token, and grows by
+    /// `tokens.len()`.
+    pub kv: &'a mut SeqKv,
+    /// The new tokens (at least one).
+    pub tokens: &'a [u32],
+    /// Which of them need logits.
+    pub logits: LogitRows,
+}
+
+/// Buffers a forward pass reuses from call to call (one per caller; nothing in it carries
+/// over between calls).
+#[derive(Default)]
+pub struct Scratch {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    tmp: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    acts: Activations,
+    /// Per row: (sequence index, absolute position).
+    rows: Vec<(usize, usize)>,
+    /// Rows whose logits are returned, in order.
+    logit_rows: Vec<usize>,
+}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch")
+            .field("rows", &self.rows.len())
+            .finish()
+    }
+}
+
+fn resize(v: &mut Vec<f32>, n: usize) {
+    v.clear();
+    v.resize(n, 0.0);
+}
+
 impl LlamaWeights {
     /// Loads a llama-architecture GGUF file (`general.architecture = llama`).
     pub fn load(path: &Path, requant: Requant) -> Result<LlamaWeights> {
@@ -146,13 +221,23 @@ impl LlamaWeights {
         let n_kv_head = md_usize(&c, "llama.attention.head_count_kv").unwrap_or(n_head);
         let n_layer = md_usize(&c, "llama.block_count")?;
         let n_embd = md_usize(&c, "llama.embedding_length")?;
+        if n_head == 0 || n_kv_head == 0 {
+            return Err(ModelError::new(format!(
+                "unsupported head layout: {n_head} heads, {n_kv_head} kv heads"
+            )));
+        }
         let head_dim = md_usize(&c, "llama.rope.dimension_count").unwrap_or(n_embd / n_head);
         let rms_eps = md_f32(&c, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f64;
         let rope_theta = md_f32(&c, "llama.rope.freq_base").unwrap_or(10_000.0);
         let context_length = md_usize(&c, "llama.context_length").unwrap_or(2048);
-        if n_head % n_kv_head != 0 || head_dim * n_head != n_embd {
+        if n_head % n_kv_head != 0 || head_dim * n_head != n_embd || head_dim % 2 != 0 {
             return Err(ModelError::new(format!(
                 "unsupported head layout: {n_head} heads, {n_kv_head} kv heads, head width {head_dim}, embedding {n_embd}"
+            )));
+        }
+        if !rms_eps.is_finite() || rms_eps < 0.0 || !rope_theta.is_finite() || rope_theta <= 0.0 {
+            return Err(ModelError::new(format!(
+                "invalid GGUF metadata: rms epsilon {rms_eps}, rope base {rope_theta}"
             )));
         }
 
@@ -160,59 +245,126 @@ impl LlamaWeights {
             c.tensor(&mut r, name, &device)
                 .map_err(|e| ModelError::new(format!("tensor `{name}`: {e}")))
         };
-        let requantize = |t: QTensor| -> Result<QTensor> {
+        let matrix = |name: &str, t: QTensor| -> Result<QMatrix> {
             let slow = matches!(
                 t.dtype(),
                 GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1
             );
-            if requant == Requant::Q8_0 && slow {
-                let f = t.dequantize(&Device::Cpu)?;
-                Ok(QTensor::quantize(&f, GgmlDType::Q8_0)?)
+            let m = if requant == Requant::Q8_0 && slow {
+                let dims = t.shape().dims2()?;
+                let f = t
+                    .dequantize(&Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                QMatrix::quantize_q8_0(dims.0, dims.1, &f)
             } else {
-                Ok(t)
-            }
+                QMatrix::from_qtensor(&t)
+            };
+            m.map_err(|e| ModelError::new(format!("tensor `{name}`: {e}")))
         };
-        let qm = |t: QTensor| -> Result<QMatMul> { Ok(QMatMul::from_qtensor(requantize(t)?)?) };
-        let vec = |t: QTensor| -> Result<Tensor> { Ok(t.dequantize(&Device::Cpu)?) };
+        let vector = |name: &str, t: QTensor, len: usize| -> Result<Vec<f32>> {
+            let v = t
+                .dequantize(&Device::Cpu)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            if v.len() != len {
+                return Err(ModelError::new(format!(
+                    "tensor `{name}`: {} values, expected {len}",
+                    v.len()
+                )));
+            }
+            if v.iter().any(|x| !x.is_finite()) {
+                return Err(ModelError::new(format!(
+                    "tensor `{name}` holds non-finite values"
+                )));
+            }
+            Ok(v)
+        };
 
         let embd_q = get("token_embd.weight")?;
-        let embed = embd_q.dequantize(&device)?;
-        let vocab_size = embed.dim(0)?;
-        let norm = vec(get("output_norm.weight")?)?;
-        let output_q = match get("output.weight") {
-            Ok(t) => t,
-            Err(_) => embd_q, // tied to the embedding
+        let embed = matrix("token_embd.weight", embd_q)?;
+        let vocab_size = embed.rows();
+        if embed.cols() != n_embd {
+            return Err(ModelError::new(format!(
+                "tensor `token_embd.weight`: width {}, embedding length {n_embd}",
+                embed.cols()
+            )));
+        }
+        let norm = vector("output_norm.weight", get("output_norm.weight")?, n_embd)?;
+        let output = match get("output.weight") {
+            Ok(t) => Some(matrix("output.weight", t)?),
+            Err(_) => None, // tied to the embedding
         };
-        let output_q = requantize(output_q)?;
-        let output_dtype = format!("{:?}", output_q.dtype());
-        let output = QMatMul::from_qtensor(output_q)?;
-        let mut layers = Vec::with_capacity(n_layer);
+        let output_dtype = format!("{:?}", output.as_ref().unwrap_or(&embed).format());
+        let mut layers = Vec::with_capacity(n_layer.min(1024));
+        let mut n_ff = 0;
         for i in 0..n_layer {
             let p = format!("blk.{i}");
-            layers.push(Layer {
-                attn_norm: vec(get(&format!("{p}.attn_norm.weight"))?)?,
-                wq: qm(get(&format!("{p}.attn_q.weight"))?)?,
-                wk: qm(get(&format!("{p}.attn_k.weight"))?)?,
-                wv: qm(get(&format!("{p}.attn_v.weight"))?)?,
-                wo: qm(get(&format!("{p}.attn_output.weight"))?)?,
-                ffn_norm: vec(get(&format!("{p}.ffn_norm.weight"))?)?,
-                w_gate: qm(get(&format!("{p}.ffn_gate.weight"))?)?,
-                w_up: qm(get(&format!("{p}.ffn_up.weight"))?)?,
-                w_down: qm(get(&format!("{p}.ffn_down.weight"))?)?,
-            });
+            let t = |s: &str| format!("{p}.{s}.weight");
+            let layer = Layer {
+                attn_norm: vector(&t("attn_norm"), get(&t("attn_norm"))?, n_embd)?,
+                wq: matrix(&t("attn_q"), get(&t("attn_q"))?)?,
+                wk: matrix(&t("attn_k"), get(&t("attn_k"))?)?,
+                wv: matrix(&t("attn_v"), get(&t("attn_v"))?)?,
+                wo: matrix(&t("attn_output"), get(&t("attn_output"))?)?,
+                ffn_norm: vector(&t("ffn_norm"), get(&t("ffn_norm"))?, n_embd)?,
+                w_gate: matrix(&t("ffn_gate"), get(&t("ffn_gate"))?)?,
+                w_up: matrix(&t("ffn_up"), get(&t("ffn_up"))?)?,
+                w_down: matrix(&t("ffn_down"), get(&t("ffn_down"))?)?,
+            };
+            n_ff = layer.w_gate.rows();
+            let kvd = n_kv_head * head_dim;
+            let shapes = [
+                (&layer.wq, n_embd, n_embd, "attn_q"),
+                (&layer.wk, kvd, n_embd, "attn_k"),
+                (&layer.wv, kvd, n_embd, "attn_v"),
+                (&layer.wo, n_embd, n_embd, "attn_output"),
+                (&layer.w_gate, n_ff, n_embd, "ffn_gate"),
+                (&layer.w_up, n_ff, n_embd, "ffn_up"),
+                (&layer.w_down, n_embd, n_ff, "ffn_down"),
+            ];
+            for (m, rows, cols, name) in shapes {
+                if m.rows() != rows || m.cols() != cols {
+                    return Err(ModelError::new(format!(
+                        "tensor `{p}.{name}.weight`: {}x{}, expected {rows}x{cols}",
+                        m.rows(),
+                        m.cols()
+                    )));
+                }
+            }
+            layers.push(layer);
         }
+        if let Some(o) = &output {
+            if o.cols() != n_embd {
+                return Err(ModelError::new(format!(
+                    "tensor `output.weight`: width {}, embedding length {n_embd}",
+                    o.cols()
+                )));
+            }
+        }
+        let vocab_size = output.as_ref().map_or(vocab_size, |o| o.rows());
         // RoPE tables for every position of the context.
         let half = head_dim / 2;
         let inv: Vec<f32> = (0..half)
             .map(|i| 1.0 / rope_theta.powf(2.0 * i as f32 / head_dim as f32))
             .collect();
-        let inv = Tensor::from_vec(inv, (1, half), &device)?;
-        let pos = Tensor::arange(0u32, context_length as u32, &device)?
-            .to_dtype(DType::F32)?
-            .reshape((context_length, 1))?;
-        let freqs = pos.matmul(&inv)?;
-        let cos = freqs.cos()?;
-        let sin = freqs.sin()?;
+        let mut rope_cos = Vec::with_capacity(context_length * half);
+        let mut rope_sin = Vec::with_capacity(context_length * half);
+        for p in 0..context_length {
+            for &f in &inv {
+                let a = p as f32 * f;
+                rope_cos.push(a.cos());
+                rope_sin.push(a.sin());
+            }
+        }
+        let pool = KvPool::new(
+            KvGeometry {
+                n_layer,
+                n_kv_head,
+                head_dim,
+            },
+            None,
+        );
         Ok(LlamaWeights {
             config: LlamaConfig {
                 n_layer,
@@ -220,6 +372,7 @@ impl LlamaWeights {
                 n_head,
                 n_kv_head,
                 head_dim,
+                n_ff,
                 rms_eps,
                 rope_theta,
                 context_length,
@@ -229,155 +382,426 @@ impl LlamaWeights {
             layers,
             norm,
             output,
-            cos,
-            sin,
-            device,
+            rope_cos,
+            rope_sin,
+            pool,
             output_dtype,
             requant,
         })
     }
 
-    fn rms_norm(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-        Ok(candle_nn::ops::rms_norm(x, w, self.config.rms_eps as f32)?)
+    /// The shape of this model's KV cache.
+    pub fn kv_geometry(&self) -> KvGeometry {
+        self.pool.geometry()
     }
 
-    /// Runs `ids` at positions `pos..pos + ids.len()` against `cache`, appending to it, and
-    /// returns the logits after the last id.
-    fn forward(
+    /// The unlimited pool that [`LlamaSource::new`] takes its caches from.
+    pub fn default_pool(&self) -> &KvPool {
+        &self.pool
+    }
+
+    /// Runs one forward pass over `seqs`: each sequence's `tokens` at positions
+    /// `kv.len()..kv.len() + tokens.len()`, appended to its cache. `logits` receives, sequence
+    /// after sequence, the logits rows each asked for (`vocab_size` values each).
+    ///
+    /// Every input is checked before anything is computed (at least one token per sequence,
+    /// ids inside the vocabulary, the context length); on an error no sequence's length
+    /// changes.
+    pub fn forward_batch(
         &self,
-        ids: &[u32],
-        pos: usize,
-        cache: &mut [Option<(Tensor, Tensor)>],
-    ) -> Result<Vec<f32>> {
+        seqs: &mut [BatchSeq<'_>],
+        s: &mut Scratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
         let cfg = &self.config;
-        let t = ids.len();
-        if pos + t > cfg.context_length {
-            return Err(ModelError::new(format!(
-                "context full: {} positions of {}",
-                pos + t,
-                cfg.context_length
-            )));
+        let vocab = self.embed.rows() as u32;
+        for (i, q) in seqs.iter().enumerate() {
+            if q.tokens.is_empty() {
+                return Err(ModelError::new(format!(
+                    "sequence {i} of the batch has no tokens"
+                )));
+            }
+            if let Some(&t) = q.tokens.iter().find(|&&t| t >= vocab) {
+                return Err(ModelError::new(format!(
+                    "token id {t} is outside the vocabulary ({vocab} tokens)"
+                )));
+            }
+            let end = q.kv.len() + q.tokens.len();
+            if end > cfg.context_length {
+                return Err(ModelError::new(format!(
+                    "context full: {end} positions of {}",
+                    cfg.context_length
+                )));
+            }
         }
-        let ids_t = Tensor::new(ids, &self.device)?;
-        let mut x = self.embed.index_select(&ids_t, 0)?.unsqueeze(0)?; // [1, t, d]
-        let cos = self.cos.narrow(0, pos, t)?;
-        let sin = self.sin.narrow(0, pos, t)?;
-        let mask = if t > 1 {
-            let total = pos + t;
-            let m: Vec<f32> = (0..t)
-                .flat_map(|i| {
-                    (0..total).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 })
-                })
-                .collect();
-            Some(Tensor::from_vec(m, (t, total), &self.device)?)
-        } else {
-            None
-        };
-        let (nh, nkv, hd) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim);
-        let scale = 1.0 / (hd as f64).sqrt();
-        for (layer, slot) in self.layers.iter().zip(cache.iter_mut()) {
-            let h = self.rms_norm(&x, &layer.attn_norm)?;
-            let q = layer
-                .wq
-                .forward(&h)?
-                .reshape((1, t, nh, hd))?
-                .transpose(1, 2)?
-                .contiguous()?;
-            let k = layer
-                .wk
-                .forward(&h)?
-                .reshape((1, t, nkv, hd))?
-                .transpose(1, 2)?
-                .contiguous()?;
-            let v = layer
-                .wv
-                .forward(&h)?
-                .reshape((1, t, nkv, hd))?
-                .transpose(1, 2)?;
-            let q = f16_round(&candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?)?;
-            let k = f16_round(&candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?)?;
-            let v = f16_round(&v)?;
-            let (k, v) = match slot.take() {
-                None => (k.contiguous()?, v.contiguous()?),
-                Some((kc, vc)) => (Tensor::cat(&[&kc, &k], 2)?, Tensor::cat(&[&vc, &v], 2)?),
-            };
-            *slot = Some((k.clone(), v.clone()));
-            let total = k.dim(2)?;
-            let rep = nh / nkv;
-            let (k, v) = if rep == 1 {
-                (k, v)
-            } else {
-                (
-                    k.unsqueeze(2)?
-                        .expand((1, nkv, rep, total, hd))?
-                        .reshape((1, nh, total, hd))?,
-                    v.unsqueeze(2)?
-                        .expand((1, nkv, rep, total, hd))?
-                        .reshape((1, nh, total, hd))?,
-                )
-            };
-            let att = (q.matmul(&k.t()?)? * scale)?;
-            let att = match &mask {
-                Some(m) => att.broadcast_add(m)?,
-                None => att,
-            };
-            let att = f16_round(&candle_nn::ops::softmax_last_dim(&att)?)?;
-            let y = att.matmul(&v.contiguous()?)?; // [1, nh, t, hd]
-            let y = y.transpose(1, 2)?.reshape((1, t, nh * hd))?;
-            let y = layer.wo.forward(&y)?;
-            x = (x + y)?;
-            let h = self.rms_norm(&x, &layer.ffn_norm)?;
-            let g = layer.w_gate.forward(&h)?.silu()?;
-            let u = layer.w_up.forward(&h)?;
-            let y = layer.w_down.forward(&(g * u)?)?;
-            x = (x + y)?;
+        for i in 0..seqs.len() {
+            let n = seqs[i].tokens.len();
+            if let Err(e) = seqs[i].kv.prepare_write(n) {
+                for q in seqs[..=i].iter_mut() {
+                    let len = q.kv.len();
+                    let _ = q.kv.truncate(len); // drop the blocks allocated for this pass
+                }
+                return Err(e);
+            }
         }
-        let last = x.narrow(1, t - 1, 1)?;
-        let last = self.rms_norm(&last, &self.norm)?;
-        let logits = self.output.forward(&last)?;
-        Ok(logits
-            .flatten_all()?
-            .to_dtype(DType::F32)?
-            .to_vec1::<f32>()?)
+        rayon::scope(|_| self.forward_inner(seqs, s, logits))
+    }
+
+    fn forward_inner(
+        &self,
+        seqs: &mut [BatchSeq<'_>],
+        s: &mut Scratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        let cfg = &self.config;
+        let (d, hd, nh, nkv) = (cfg.n_embd, cfg.head_dim, cfg.n_head, cfg.n_kv_head);
+        let kvd = nkv * hd;
+        s.rows.clear();
+        s.logit_rows.clear();
+        for (si, q) in seqs.iter().enumerate() {
+            let start = s.rows.len();
+            let pos = q.kv.len();
+            s.rows.extend((0..q.tokens.len()).map(|i| (si, pos + i)));
+            match q.logits {
+                LogitRows::None => {}
+                LogitRows::Last => s.logit_rows.push(s.rows.len() - 1),
+                LogitRows::All => s.logit_rows.extend(start..s.rows.len()),
+            }
+        }
+        let n = s.rows.len();
+        resize(&mut s.x, n * d);
+        let mut r = 0;
+        for q in seqs.iter() {
+            for &t in q.tokens {
+                self.embed
+                    .dequantize_row(t as usize, &mut s.x[r * d..(r + 1) * d]);
+                r += 1;
+            }
+        }
+        resize(&mut s.h, n * d);
+        resize(&mut s.q, n * d);
+        resize(&mut s.k, n * kvd);
+        resize(&mut s.v, n * kvd);
+        resize(&mut s.att, n * d);
+        resize(&mut s.tmp, n * d);
+        resize(&mut s.gate, n * cfg.n_ff);
+        resize(&mut s.up, n * cfg.n_ff);
+        let eps = cfg.rms_eps as f32;
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (li, layer) in self.layers.iter().enumerate() {
+            rms_norm_rows(&s.x, &layer.attn_norm, eps, &mut s.h, d);
+            s.acts.quantize(&s.h, n, d);
+            kernels::matmul(&layer.wq, &s.acts, &mut s.q);
+            kernels::matmul(&layer.wk, &s.acts, &mut s.k);
+            kernels::matmul(&layer.wv, &s.acts, &mut s.v);
+            for (row, &(_, pos)) in s.rows.iter().enumerate() {
+                let (c, sn) = self.rope_at(pos);
+                for head in s.q[row * d..(row + 1) * d].chunks_exact_mut(hd) {
+                    rope(head, c, sn);
+                    f16_round(head);
+                }
+                for head in s.k[row * kvd..(row + 1) * kvd].chunks_exact_mut(hd) {
+                    rope(head, c, sn);
+                    f16_round(head);
+                }
+                f16_round(&mut s.v[row * kvd..(row + 1) * kvd]);
+            }
+            for (row, &(si, pos)) in s.rows.iter().enumerate() {
+                seqs[si].kv.write(
+                    li,
+                    pos,
+                    &s.k[row * kvd..(row + 1) * kvd],
+                    &s.v[row * kvd..(row + 1) * kvd],
+                )?;
+            }
+            {
+                let kvs: Vec<&SeqKv> = seqs.iter().map(|q| &*q.kv).collect();
+                let rows = &s.rows;
+                let qs = &s.q;
+                let rep = nh / nkv;
+                s.att
+                    .par_chunks_mut(rep * hd)
+                    .enumerate()
+                    .for_each(|(task, out)| {
+                        let (row, g) = (task / nkv, task % nkv);
+                        let (si, pos) = rows[row];
+                        let q = &qs[row * d + g * rep * hd..row * d + (g + 1) * rep * hd];
+                        attend(kvs[si], li, g, pos, q, hd, scale, out);
+                    });
+            }
+            s.acts.quantize(&s.att, n, d);
+            kernels::matmul(&layer.wo, &s.acts, &mut s.tmp);
+            add_in_place(&mut s.x, &s.tmp);
+            rms_norm_rows(&s.x, &layer.ffn_norm, eps, &mut s.h, d);
+            s.acts.quantize(&s.h, n, d);
+            kernels::matmul(&layer.w_gate, &s.acts, &mut s.gate);
+            kernels::matmul(&layer.w_up, &s.acts, &mut s.up);
+            for (g, u) in s.gate.iter_mut().zip(&s.up) {
+                *g = silu(*g) * *u;
+            }
+            s.acts.quantize(&s.gate, n, cfg.n_ff);
+            kernels::matmul(&layer.w_down, &s.acts, &mut s.tmp);
+            add_in_place(&mut s.x, &s.tmp);
+        }
+        for q in seqs.iter_mut() {
+            let len = q.kv.len() + q.tokens.len();
+            q.kv.set_len(len);
+        }
+        let nl = s.logit_rows.len();
+        if nl == 0 {
+            logits.clear();
+            return Ok(());
+        }
+        // the final norm and the output matrix, only for the rows that need logits
+        resize(&mut s.tmp, nl * d);
+        for (i, &row) in s.logit_rows.iter().enumerate() {
+            rms_norm_rows(
+                &s.x[row * d..(row + 1) * d],
+                &self.norm,
+                eps,
+                &mut s.tmp[i * d..(i + 1) * d],
+                d,
+            );
+        }
+        s.acts.quantize(&s.tmp, nl, d);
+        let out = self.output.as_ref().unwrap_or(&self.embed);
+        logits.clear();
+        logits.resize(nl * out.rows(), 0.0);
+        kernels::matmul(out, &s.acts, logits);
+        Ok(())
+    }
+
+    fn rope_at(&self, pos: usize) -> (&[f32], &[f32]) {
+        let half = self.config.head_dim / 2;
+        (
+            &self.rope_cos[pos * half..(pos + 1) * half],
+            &self.rope_sin[pos * half..(pos + 1) * half],
+        )
+    }
+}
+
+thread_local! {
+    /// Attention scores of one query row, and one block of keys or values in `f32`.
+    static ATTN_SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Attention of the query heads `q` (`rep` heads of `head_dim`, sharing key/value head `g`) at
+/// position `pos` over the sequence's keys `0..=pos` of `layer`; writes the `rep` outputs.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    kv: &SeqKv,
+    layer: usize,
+    g: usize,
+    pos: usize,
+    q: &[f32],
+    hd: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    ATTN_SCRATCH.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let (scores, block) = &mut *cell;
+        let rep = q.len() / hd;
+        let len = pos + 1;
+        scores.clear();
+        scores.resize(rep * len, 0.0);
+        block.resize(BLOCK_POSITIONS * hd, 0.0);
+        let blocks = len.div_ceil(BLOCK_POSITIONS);
+        for b in 0..blocks {
+            let here = (len - b * BLOCK_POSITIONS).min(BLOCK_POSITIONS);
+            f16_to_f32(
+                &kv.slab(b, layer, 0, g)[..here * hd],
+                &mut block[..here * hd],
+            );
+            for p in 0..here {
+                let k = &block[p * hd..(p + 1) * hd];
+                for (h, qh) in q.chunks_exact(hd).enumerate() {
+                    scores[h * len + b * BLOCK_POSITIONS + p] = dot(qh, k) * scale;
+                }
+            }
+        }
+        for h in 0..rep {
+            let sc = &mut scores[h * len..(h + 1) * len];
+            let m = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            for x in sc.iter_mut() {
+                *x = nextok_core::math::exp_f32(*x - m);
+            }
+            let sum = sum_lanes(sc);
+            for x in sc.iter_mut() {
+                *x = f16::from_f32(*x / sum).to_f32();
+            }
+        }
+        out.fill(0.0);
+        for b in 0..blocks {
+            let here = (len - b * BLOCK_POSITIONS).min(BLOCK_POSITIONS);
+            f16_to_f32(
+                &kv.slab(b, layer, 1, g)[..here * hd],
+                &mut block[..here * hd],
+            );
+            for p in 0..here {
+                let v = &block[p * hd..(p + 1) * hd];
+                for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+                    let w = scores[h * len + b * BLOCK_POSITIONS + p];
+                    for (o, &x) in oh.iter_mut().zip(v) {
+                        *o = w.mul_add(x, *o);
+                    }
+                }
+            }
+        }
+    })
+}
+
+fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    src.convert_to_f32_slice(dst);
+}
+
+/// `Σ a[i]·b[i]` with element `i` in lane `i % 8` (fused multiply-adds), lanes summed in a
+/// fixed tree.
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..8 {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
+        }
+    }
+    for (l, (x, y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
+        acc[l] = x.mul_add(*y, acc[l]);
+    }
+    hsum8(acc)
+}
+
+/// `Σ a[i]` with element `i` in lane `i % 8`, lanes summed in a fixed tree.
+#[inline]
+fn sum_lanes(a: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut c = a.chunks_exact(8);
+    for x in &mut c {
+        for l in 0..8 {
+            acc[l] += x[l];
+        }
+    }
+    for (l, x) in c.remainder().iter().enumerate() {
+        acc[l] += x;
+    }
+    hsum8(acc)
+}
+
+#[inline]
+fn hsum8(a: [f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+/// RMSNorm of each `d`-wide row of `x` into `out`, scaled by `w`.
+fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss = dot(xr, xr);
+        let m = (ss / d as f32 + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = (v / m) * g;
+        }
+    }
+}
+
+/// Rotary embedding of one head on adjacent pairs.
+#[inline]
+fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    for ((p, &c), &s) in x.chunks_exact_mut(2).zip(cos).zip(sin) {
+        let (a, b) = (p[0], p[1]);
+        p[0] = a * c - b * s;
+        p[1] = a * s + b * c;
     }
 }
 
 /// Rounds to half precision and back (llama.cpp keeps the KV cache in `f16` and multiplies the
 /// attention in `f16`).
-fn f16_round(x: &Tensor) -> Result<Tensor> {
-    Ok(x.to_dtype(DType::F16)?.to_dtype(DType::F32)?)
+#[inline]
+fn f16_round(x: &mut [f32]) {
+    for v in x {
+        *v = f16::from_f32(*v).to_f32();
+    }
+}
+
+#[inline]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + nextok_core::math::exp_f32(-x))
+}
+
+fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += *b;
+    }
 }
 
 /// One sequence of a llama model: shared weights plus this branch's KV cache.
-#[derive(Clone)]
 pub struct LlamaSource {
     weights: Arc<LlamaWeights>,
-    cache: Vec<Option<(Tensor, Tensor)>>,
-    len: usize,
+    kv: SeqKv,
+    scratch: Scratch,
+    logits: Vec<f32>,
+}
+
+impl Clone for LlamaSource {
+    fn clone(&self) -> Self {
+        LlamaSource {
+            weights: self.weights.clone(),
+            kv: self.kv.clone(),
+            scratch: Scratch::default(),
+            logits: Vec::new(),
+        }
+    }
 }
 
 impl std::fmt::Debug for LlamaSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LlamaSource")
-            .field("len", &self.len)
+            .field("len", &self.kv.len())
             .finish()
     }
 }
 
 impl LlamaSource {
-    /// An empty sequence over `weights`.
+    /// An empty sequence over `weights` (its cache from the weights' default pool).
     pub fn new(weights: Arc<LlamaWeights>) -> LlamaSource {
-        let n = weights.config.n_layer;
+        let kv = weights.default_pool().sequence();
         LlamaSource {
             weights,
-            cache: vec![None; n],
-            len: 0,
+            kv,
+            scratch: Scratch::default(),
+            logits: Vec::new(),
         }
     }
 
     /// The shared weights.
     pub fn weights(&self) -> &Arc<LlamaWeights> {
         &self.weights
+    }
+
+    /// This sequence's cache.
+    pub fn kv(&self) -> &SeqKv {
+        &self.kv
+    }
+
+    /// Feeds `ids` and returns the logits after every one of them (`ids.len()` rows).
+    pub fn prefill_all(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.run(ids, LogitRows::All)
+    }
+
+    fn run(&mut self, ids: &[u32], rows: LogitRows) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(ModelError::new("prefill needs at least one id"));
+        }
+        let mut batch = [BatchSeq {
+            kv: &mut self.kv,
+            tokens: ids,
+            logits: rows,
+        }];
+        self.weights
+            .forward_batch(&mut batch, &mut self.scratch, &mut self.logits)?;
+        Ok(self.logits.clone())
     }
 }
 
@@ -387,22 +811,11 @@ impl LogitsSource for LlamaSource {
     }
 
     fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        if ids.is_empty() {
-            return Err(ModelError::new("prefill needs at least one id"));
-        }
-        // candle parallelises the forward pass with rayon. A parallel call made from outside
-        // rayon's pool hands its work to the pool and blocks on a lock until it is done, for
-        // every such call; run from a pool thread, the calls join in directly (about 2x tokens/s
-        // for SmolLM2-135M on 2 cores, `nextok bench decode`). From a pool thread this runs
-        // inline.
-        let (weights, pos, cache) = (&self.weights, self.len, &mut self.cache);
-        let out = rayon::scope(|_| weights.forward(ids, pos, cache))?;
-        self.len += ids.len();
-        Ok(out)
+        self.run(ids, LogitRows::Last)
     }
 
     fn decode_one(&mut self, token: u32) -> Result<Vec<f32>> {
-        self.prefill(&[token])
+        self.run(&[token], LogitRows::Last)
     }
 
     fn fork(&self) -> Result<Self> {
@@ -410,30 +823,10 @@ impl LogitsSource for LlamaSource {
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {
-        if len > self.len {
-            return Err(ModelError::new(format!(
-                "cannot truncate to {len}: only {} positions",
-                self.len
-            )));
-        }
-        if len == self.len {
-            return Ok(());
-        }
-        for slot in &mut self.cache {
-            *slot = if len == 0 {
-                None
-            } else {
-                match slot.take() {
-                    Some((k, v)) => Some((k.narrow(2, 0, len)?, v.narrow(2, 0, len)?)),
-                    None => None,
-                }
-            };
-        }
-        self.len = len;
-        Ok(())
+        self.kv.truncate(len)
     }
 
     fn len(&self) -> usize {
-        self.len
+        self.kv.len()
     }
 }

@@ -1,0 +1,417 @@
+//! The engine: a model, a scheduler thread, and the handles requests are answered through.
+//!
+//! [`Engine::submit`] prepares a request on the caller's thread (tokenising, compiling the
+//! pipeline and the constraint, checking that it can ever fit) and queues it; the scheduler
+//! thread ([`crate::scheduler`]) admits it when there is room and advances it together with
+//! every other running sequence. The [`RequestHandle`] receives its [`Event`]s; dropping the
+//! handle cancels the request and frees its cache.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use nextok_core::FinishReason;
+use nextok_model::{KvGeometry, KvPool, Model};
+use tokio::sync::mpsc;
+
+use crate::error::{EngineError, ErrorKind, Result};
+use crate::prepare::{ModelShared, Prepared};
+use crate::request::{Event, GenerateRequest, RequestInfo, TokenLogprobs, Usage};
+
+/// How the engine schedules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Sequences running at once (each of a request's `n` counts).
+    pub max_num_seqs: usize,
+    /// Tokens one forward pass takes at most: one per decoding sequence, the rest for chunks
+    /// of prompts being prefilled (so a long prompt does not stall running streams).
+    pub max_batch_tokens: usize,
+    /// KV cache memory the running sequences may reserve, in bytes. A request reserves room
+    /// for its prompt and `max_tokens` of every sequence at admission.
+    pub kv_budget_bytes: usize,
+    /// Requests that may wait for admission; past that, [`ErrorKind::QueueFull`].
+    pub max_waiting: usize,
+    /// Prompts whose cache is kept for reuse by later requests with the same prefix (`0`
+    /// disables the prefix cache).
+    pub prefix_cache_entries: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_num_seqs: 64,
+            max_batch_tokens: 512,
+            kv_budget_bytes: 4 << 30,
+            max_waiting: 1024,
+            prefix_cache_entries: 32,
+        }
+    }
+}
+
+/// Counters for monitoring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EngineStats {
+    /// Sequences running.
+    pub running_seqs: usize,
+    /// Requests waiting for admission.
+    pub waiting_requests: usize,
+    /// Bytes of KV cache blocks alive (running sequences and the prefix cache).
+    pub kv_bytes_in_use: usize,
+    /// Bytes of KV cache reserved by running requests.
+    pub kv_bytes_reserved: usize,
+    /// Prompt tokens of admitted requests, since start.
+    pub prompt_tokens: u64,
+    /// Prompt tokens served from the prefix cache, since start.
+    pub cached_prompt_tokens: u64,
+    /// Generated tokens, since start.
+    pub completion_tokens: u64,
+    /// Forward passes run, since start.
+    pub iterations: u64,
+}
+
+/// A request's fixed part, shared by its sequences.
+pub(crate) struct ReqCtx {
+    pub(crate) prepared: Prepared,
+    pub(crate) tx: mpsc::UnboundedSender<Event>,
+    pub(crate) cancel: Arc<AtomicBool>,
+    pub(crate) submitted: Instant,
+    pub(crate) reservation: usize,
+}
+
+pub(crate) struct Queue {
+    pub(crate) waiting: VecDeque<Arc<ReqCtx>>,
+    pub(crate) shutdown: bool,
+}
+
+pub(crate) struct Inner {
+    pub(crate) shared: ModelShared,
+    pub(crate) config: EngineConfig,
+    pub(crate) budget_blocks: usize,
+    pub(crate) pool: KvPool,
+    pub(crate) queue: Mutex<Queue>,
+    pub(crate) wake: Condvar,
+    next_id: AtomicU64,
+    pub(crate) running_seqs: AtomicUsize,
+    pub(crate) reserved_blocks: AtomicUsize,
+    pub(crate) prompt_tokens: AtomicU64,
+    pub(crate) cached_tokens: AtomicU64,
+    pub(crate) completion_tokens: AtomicU64,
+    pub(crate) iterations: AtomicU64,
+}
+
+impl Inner {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running engine over one model. Dropping it stops admitting, ends every request with
+/// [`ErrorKind::Shutdown`] and joins the scheduler thread.
+pub struct Engine {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.inner.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Starts an engine (and its scheduler thread) over `model`.
+    pub fn new(model: Arc<Model>, config: EngineConfig) -> Result<Engine> {
+        if config.max_num_seqs == 0 {
+            return Err(EngineError::invalid("max_num_seqs", "must be at least 1"));
+        }
+        if config.max_batch_tokens < config.max_num_seqs {
+            return Err(EngineError::invalid(
+                "max_batch_tokens",
+                format!(
+                    "{} is below max_num_seqs ({}): every running sequence needs a row",
+                    config.max_batch_tokens, config.max_num_seqs
+                ),
+            ));
+        }
+        let c = &model.weights.config;
+        let geometry = KvGeometry {
+            n_layer: c.n_layer,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+        };
+        let budget_blocks = config.kv_budget_bytes / geometry.block_bytes().max(1);
+        if budget_blocks == 0 {
+            return Err(EngineError::invalid(
+                "kv_budget_bytes",
+                format!("below one cache block ({} bytes)", geometry.block_bytes()),
+            ));
+        }
+        let inner = Arc::new(Inner {
+            shared: ModelShared::new(model),
+            budget_blocks,
+            pool: KvPool::new(geometry, None),
+            config,
+            queue: Mutex::new(Queue {
+                waiting: VecDeque::new(),
+                shutdown: false,
+            }),
+            wake: Condvar::new(),
+            next_id: AtomicU64::new(1),
+            running_seqs: AtomicUsize::new(0),
+            reserved_blocks: AtomicUsize::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
+            completion_tokens: AtomicU64::new(0),
+            iterations: AtomicU64::new(0),
+        });
+        let run = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("nextok-engine".into())
+            .spawn(move || crate::scheduler::run(run))
+            .map_err(|e| EngineError::new(ErrorKind::Model, format!("cannot start: {e}")))?;
+        Ok(Engine {
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.inner.shared.model
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> EngineStats {
+        let i = &self.inner;
+        let block = i.pool.geometry().block_bytes();
+        EngineStats {
+            running_seqs: i.running_seqs.load(Ordering::Relaxed),
+            waiting_requests: i.lock().waiting.len(),
+            kv_bytes_in_use: i.pool.bytes_in_use(),
+            kv_bytes_reserved: i.reserved_blocks.load(Ordering::Relaxed) * block,
+            prompt_tokens: i.prompt_tokens.load(Ordering::Relaxed),
+            cached_prompt_tokens: i.cached_tokens.load(Ordering::Relaxed),
+            completion_tokens: i.completion_tokens.load(Ordering::Relaxed),
+            iterations: i.iterations.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Prepares `req` on this thread and queues it. Errors: an invalid field
+    /// ([`ErrorKind::InvalidRequest`], [`ErrorKind::Constraint`]), a request that can never fit
+    /// ([`ErrorKind::TooLarge`]), a full queue ([`ErrorKind::QueueFull`]).
+    pub fn submit(&self, req: GenerateRequest) -> Result<RequestHandle> {
+        let i = &self.inner;
+        let id = i.next_id.fetch_add(1, Ordering::Relaxed);
+        let prepared = i.shared.prepare(&req, id)?;
+        let info = &prepared.info;
+        let n = info.seeds.len();
+        if n > i.config.max_num_seqs {
+            return Err(EngineError::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "{n} sequences; the engine runs at most {}",
+                    i.config.max_num_seqs
+                ),
+            )
+            .with_field("n"));
+        }
+        let prompt = info.prompt_ids.len();
+        let out = info.max_tokens as usize;
+        let reservation =
+            KvGeometry::blocks_for(prompt + out) + (n - 1) * (KvGeometry::blocks_for(out) + 1);
+        if reservation > i.budget_blocks {
+            let block = i.pool.geometry().block_bytes();
+            return Err(EngineError::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "{n} sequence(s) of a {prompt}-token prompt and {out} tokens need {} bytes of KV cache; the budget is {}",
+                    reservation * block,
+                    i.budget_blocks * block
+                ),
+            )
+            .with_field("max_tokens"));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let info = prepared.info.clone();
+        let ctx = Arc::new(ReqCtx {
+            prepared,
+            tx,
+            cancel: cancel.clone(),
+            submitted: Instant::now(),
+            reservation,
+        });
+        {
+            let mut q = i.lock();
+            if q.shutdown {
+                return Err(EngineError::new(
+                    ErrorKind::Shutdown,
+                    "the engine is shutting down",
+                ));
+            }
+            if q.waiting.len() >= i.config.max_waiting {
+                return Err(EngineError::new(
+                    ErrorKind::QueueFull,
+                    format!("{} requests are waiting; retry later", q.waiting.len()),
+                ));
+            }
+            q.waiting.push_back(ctx);
+        }
+        i.wake.notify_all();
+        Ok(RequestHandle { info, rx, cancel })
+    }
+
+    /// Submits `req` and collects everything it produces (blocking; not from an async task).
+    pub fn generate(&self, req: GenerateRequest) -> Result<Completion> {
+        let mut h = self.submit(req)?;
+        h.collect_all()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.inner.lock().shutdown = true;
+        self.inner.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A submitted request: its [`RequestInfo`] and the stream of its [`Event`]s. Dropping it
+/// cancels the request (its sequences stop at the next iteration and free their cache).
+#[derive(Debug)]
+pub struct RequestHandle {
+    /// What the engine made of the request.
+    pub info: RequestInfo,
+    rx: mpsc::UnboundedReceiver<Event>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl RequestHandle {
+    /// The next event, waiting for it (blocking: not from an async task). `None` after the
+    /// last.
+    pub fn recv(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+
+    /// The next event (async). `None` after the last.
+    pub async fn next_event(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// Cancels the request now.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// Waits for every event and gathers them (blocking).
+    pub fn collect_all(&mut self) -> Result<Completion> {
+        let n = self.info.seeds.len();
+        let mut c = Completion {
+            info: self.info.clone(),
+            sequences: (0..n).map(|_| SequenceOutput::default()).collect(),
+            usage: Usage::default(),
+            timing: Default::default(),
+        };
+        while let Some(e) = self.recv() {
+            match e {
+                Event::Token {
+                    seq,
+                    id,
+                    text,
+                    logprobs,
+                } => {
+                    if let Some(s) = c.sequences.get_mut(seq) {
+                        s.tokens.push(id);
+                        s.text.push_str(&text);
+                        if let Some(l) = logprobs {
+                            s.logprobs.push(l);
+                        }
+                    }
+                }
+                Event::Record { seq, record } => {
+                    if let Some(s) = c.sequences.get_mut(seq) {
+                        s.records.push(*record);
+                    }
+                }
+                Event::Ledger { seq, explanation } => {
+                    if let Some(s) = c.sequences.get_mut(seq) {
+                        s.ledger = Some(*explanation);
+                    }
+                }
+                Event::Finish {
+                    seq, reason, text, ..
+                } => {
+                    if let Some(s) = c.sequences.get_mut(seq) {
+                        s.text.push_str(&text);
+                        s.finish = reason;
+                    }
+                }
+                Event::Done { usage, timing } => {
+                    c.usage = usage;
+                    c.timing = timing;
+                    return Ok(c);
+                }
+                Event::Error(e) => return Err(e),
+            }
+        }
+        Err(EngineError::new(
+            ErrorKind::Shutdown,
+            "the engine stopped before the request finished",
+        ))
+    }
+}
+
+impl Iterator for RequestHandle {
+    type Item = Event;
+    fn next(&mut self) -> Option<Event> {
+        self.recv()
+    }
+}
+
+impl Drop for RequestHandle {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Everything one sequence produced.
+#[derive(Debug, Clone, Default)]
+pub struct SequenceOutput {
+    /// Selected token ids.
+    pub tokens: Vec<u32>,
+    /// The visible text.
+    pub text: String,
+    /// Why it ended (`None`: the context is full).
+    pub finish: Option<FinishReason>,
+    /// Step records, when asked for.
+    pub records: Vec<nextok_core::StepRecord>,
+    /// Per-token logprobs, when asked for.
+    pub logprobs: Vec<TokenLogprobs>,
+    /// The ledger of the step asked for.
+    pub ledger: Option<nextok_core::Explanation>,
+}
+
+/// A finished request.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// What the engine made of the request.
+    pub info: RequestInfo,
+    /// One output per sequence.
+    pub sequences: Vec<SequenceOutput>,
+    /// Token counts.
+    pub usage: Usage,
+    /// Timing.
+    pub timing: crate::request::Timing,
+}

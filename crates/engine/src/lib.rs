@@ -1,0 +1,48 @@
+//! # nextok-engine
+//!
+//! One engine under every nextok front end (the CLI's `generate` and `replay`, the server, the
+//! benchmarks): a model, a scheduler that advances many sequences together (continuous
+//! batching), and the requests' events.
+//!
+//! * [`Engine`] — `submit` a [`GenerateRequest`] and read its [`Event`]s from the
+//!   [`RequestHandle`], or `generate` for the whole [`Completion`];
+//! * [`request`] — prompts (text, chat messages, ids), sampling parameters, the pipeline, the
+//!   constraint declared once, `n`, logprobs, step records, the ledger;
+//! * [`scheduler`](crate::scheduler) — admission under `max_num_seqs` and a KV budget, one
+//!   forward pass per iteration over every decoding sequence plus prompt chunks, the prefix
+//!   cache, forks for `n > 1`;
+//! * [`trace`] — the trace format (a header line, then one step record per line) and replay;
+//! * [`solo`] — the one-sequence loop (`nextok bench decode`, the baseline of
+//!   `nextok bench engine`) and beam search.
+//!
+//! A request's tokens and step records do not depend on what runs beside it: the model's rows
+//! are batch-invariant and each sequence draws from its own counter-based random stream.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt, ConstraintSpec};
+//! let model = Arc::new(nextok_model::Model::load(&nextok_model::fetch::default_model()?, Default::default())?);
+//! let engine = Engine::new(model, EngineConfig::default())?;
+//! let schema = serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]});
+//! let mut req = GenerateRequest::new(Prompt::Text("A person as JSON: ".into()));
+//! req.constraint = Some(ConstraintSpec::JsonSchema { schema, options: Default::default() });
+//! println!("{}", engine.generate(req)?.sequences[0].text);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod engine;
+mod error;
+mod prepare;
+pub mod request;
+pub(crate) mod scheduler;
+
+pub use engine::{Completion, Engine, EngineConfig, EngineStats, RequestHandle, SequenceOutput};
+pub use error::{EngineError, ErrorKind, Result};
+pub use nextok_constraint::ConstraintSpec;
+pub use prepare::fresh_seed;
+pub use request::{
+    Event, GenerateRequest, LogprobOptions, PipelineChoice, Prompt, RequestInfo, Timing,
+    TokenLogprobs, Usage,
+};

@@ -1,0 +1,288 @@
+//! From a [`GenerateRequest`] to what the scheduler runs: the prompt's ids, the compiled
+//! [`Sampler`], the compiled constraint, the seeds. All of it happens on the submitting thread,
+//! never on the engine's: a constraint that is slow to compile delays only its own request.
+//!
+//! Per-model data is built once and shared: the token bytes (for stop strings and text), the
+//! constraint engine's vocabulary and token trie, and compiled constraints, cached by the hash
+//! of their spec.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use nextok_constraint::{CompiledConstraint, ConstraintEngine, ConstraintSpec, ConstraintVocab};
+use nextok_core::pipeline::presets;
+use nextok_core::processors::ProcessorConfig;
+use nextok_core::{Sampler, StopConfig, TokenBytes};
+use nextok_model::Model;
+use sha2::{Digest, Sha256};
+
+use crate::error::{EngineError, ErrorKind, Result};
+use crate::request::{GenerateRequest, LogprobOptions, PipelineChoice, Prompt, RequestInfo};
+
+/// Compiled constraints kept at most (the oldest half is dropped past this).
+const CONSTRAINT_CACHE: usize = 64;
+
+/// What the engine keeps per model.
+pub(crate) struct ModelShared {
+    pub(crate) model: Arc<nextok_model::Model>,
+    pub(crate) token_bytes: Arc<TokenBytes>,
+    constraint_engine: OnceLock<std::result::Result<ConstraintEngine, String>>,
+    constraints: Mutex<HashMap<String, (u64, Arc<CompiledConstraint>)>>,
+    clock: std::sync::atomic::AtomicU64,
+}
+
+/// A request ready to run.
+pub(crate) struct Prepared {
+    pub(crate) info: RequestInfo,
+    pub(crate) sampler: Arc<Sampler>,
+    pub(crate) constraint: Option<Arc<CompiledConstraint>>,
+    pub(crate) logprobs: Option<LogprobOptions>,
+    pub(crate) records: Option<usize>,
+    pub(crate) ledger_step: Option<u64>,
+}
+
+impl ModelShared {
+    pub(crate) fn new(model: Arc<Model>) -> ModelShared {
+        let token_bytes = Arc::new(model.vocab.bytes.clone());
+        ModelShared {
+            model,
+            token_bytes,
+            constraint_engine: OnceLock::new(),
+            constraints: Mutex::new(HashMap::new()),
+            clock: Default::default(),
+        }
+    }
+
+    fn constraint_engine(&self) -> Result<&ConstraintEngine> {
+        let e = self.constraint_engine.get_or_init(|| {
+            let m = &self.model;
+            let vocab =
+                ConstraintVocab::new(&m.vocab.bytes, &m.vocab.info).map_err(|e| e.to_string())?;
+            ConstraintEngine::new(Arc::new(vocab)).map_err(|e| e.to_string())
+        });
+        e.as_ref().map_err(|m| {
+            EngineError::new(ErrorKind::Constraint, m.clone()).with_field("constraint")
+        })
+    }
+
+    /// Compiles `spec` once per distinct spec.
+    pub(crate) fn compile(&self, spec: &ConstraintSpec) -> Result<Arc<CompiledConstraint>> {
+        let key = serde_json::to_string(spec)
+            .map(|s| {
+                let d = Sha256::digest(s.as_bytes());
+                d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            })
+            .map_err(|e| EngineError::invalid("constraint", e.to_string()))?;
+        let now = self
+            .clock
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some((t, c)) = self.lock_cache().get_mut(&key) {
+            *t = now;
+            return Ok(c.clone());
+        }
+        let engine = self.constraint_engine()?;
+        let compiled = engine.compile(spec).map_err(|e| {
+            let mut err = EngineError::new(ErrorKind::Constraint, e.to_string());
+            err = err.with_field("constraint");
+            err
+        })?;
+        let mut cache = self.lock_cache();
+        if cache.len() >= CONSTRAINT_CACHE {
+            let mut ages: Vec<u64> = cache.values().map(|v| v.0).collect();
+            ages.sort_unstable();
+            let cut = ages[ages.len() / 2];
+            cache.retain(|_, v| v.0 > cut);
+        }
+        cache.insert(key, (now, compiled.clone()));
+        Ok(compiled)
+    }
+
+    fn lock_cache(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Arc<CompiledConstraint>)>> {
+        // a panic while holding the lock cannot leave the map inconsistent: use it anyway
+        self.constraints.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The prompt's ids.
+    pub(crate) fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let m = &self.model;
+        let ids = match prompt {
+            Prompt::Ids(ids) => {
+                let v = m.vocab.info.vocab_size;
+                if let Some((i, &t)) = ids.iter().enumerate().find(|(_, &t)| t as usize >= v) {
+                    return Err(EngineError::invalid(
+                        format!("prompt[{i}]"),
+                        format!("token id {t} is outside the vocabulary ({v} tokens)"),
+                    ));
+                }
+                ids.clone()
+            }
+            Prompt::Text(t) => m
+                .encode_prompt(t)
+                .map_err(|e| EngineError::invalid("prompt", e.message().to_string()))?,
+            Prompt::Chat(msgs) => {
+                if msgs.is_empty() {
+                    return Err(EngineError::invalid("messages", "no messages"));
+                }
+                let text = m
+                    .render_chat(msgs, true)
+                    .map_err(|e| EngineError::invalid("messages", e.message().to_string()))?;
+                m.encode_prompt(&text)
+                    .map_err(|e| EngineError::invalid("messages", e.message().to_string()))?
+            }
+        };
+        if ids.is_empty() {
+            return Err(EngineError::invalid(
+                "prompt",
+                "the prompt encodes to no tokens",
+            ));
+        }
+        Ok(ids)
+    }
+
+    /// Everything but admission: ids, pipeline, sampler, constraint, seeds, limits.
+    pub(crate) fn prepare(&self, req: &GenerateRequest, id: u64) -> Result<Prepared> {
+        if req.n == 0 {
+            return Err(EngineError::invalid("n", "must be at least 1"));
+        }
+        let ctx = self.model.weights.config.context_length;
+        let prompt_ids = self.prompt_ids(&req.prompt)?;
+        if prompt_ids.len() >= ctx {
+            return Err(EngineError::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "the prompt has {} tokens; the context holds {ctx} (prompt and output)",
+                    prompt_ids.len()
+                ),
+            )
+            .with_field("prompt"));
+        }
+        let room = (ctx - prompt_ids.len()) as u64;
+        let mut params = req.params.clone();
+        let max_tokens = match params.max_tokens {
+            None => room,
+            Some(0) => return Err(EngineError::invalid("max_tokens", "must be at least 1")),
+            Some(m) if m > room => return Err(EngineError::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "{m} tokens after a prompt of {} exceed the context of {ctx}; at most {room}",
+                    prompt_ids.len()
+                ),
+            )
+            .with_field("max_tokens")),
+            Some(m) => m,
+        };
+        params.max_tokens = Some(max_tokens);
+        // the constraint, declared once
+        let spec = match (&req.constraint, &params.constraint) {
+            (Some(s), None) => Some(s.clone()),
+            (None, Some(v)) => Some(
+                serde_json::from_value::<ConstraintSpec>(v.clone())
+                    .map_err(|e| EngineError::invalid("constraint", e.to_string()))?,
+            ),
+            (None, None) => None,
+            (Some(s), Some(v)) => {
+                let same = serde_json::to_value(s).ok().as_ref() == Some(v);
+                if !same {
+                    return Err(EngineError::invalid(
+                        "constraint",
+                        "given twice (the request's constraint and params.constraint) and they differ",
+                    ));
+                }
+                Some(s.clone())
+            }
+        };
+        params.constraint = match &spec {
+            Some(s) => Some(
+                serde_json::to_value(s)
+                    .map_err(|e| EngineError::invalid("constraint", e.to_string()))?,
+            ),
+            None => None,
+        };
+        let seed = params.seed.unwrap_or_else(fresh_seed);
+        params.seed = Some(seed);
+        let (pipeline, stop) = match &req.pipeline {
+            PipelineChoice::Preset(p) => presets::build(*p, &params).map_err(EngineError::core)?,
+            PipelineChoice::Config(cfg) => (
+                cfg.clone(),
+                StopConfig {
+                    stop_token_ids: params.stop_token_ids.clone(),
+                    max_tokens: params.max_tokens,
+                    ignore_eos: params.ignore_eos,
+                    stop: params.stop.clone(),
+                    include_stop_str_in_output: params.include_stop_str_in_output,
+                    skip_special_tokens: params.skip_special_tokens.unwrap_or(true),
+                    grammar_policy: params.grammar_policy.unwrap_or_default(),
+                },
+            ),
+            PipelineChoice::Exact { pipeline, stop } => (pipeline.clone(), stop.clone()),
+        };
+        let has_mask = pipeline
+            .processors
+            .iter()
+            .any(|p| matches!(p, ProcessorConfig::GrammarMask(_)));
+        if spec.is_some() && !has_mask {
+            return Err(EngineError::invalid(
+                "pipeline",
+                "the request has a constraint but the pipeline has no grammar_mask processor",
+            ));
+        }
+        if spec.is_none() && has_mask {
+            return Err(EngineError::invalid(
+                "pipeline",
+                "the pipeline has a grammar_mask processor but the request no constraint",
+            ));
+        }
+        let sampler = Sampler::new_with_tokens(
+            pipeline.clone(),
+            self.model.vocab.info.clone(),
+            stop.clone(),
+            Some(self.token_bytes.clone()),
+        )
+        .map_err(EngineError::core)?;
+        let constraint = match &spec {
+            Some(s) => Some(self.compile(s)?),
+            None => None,
+        };
+        // a state for the prompt checks the prompt against the pipeline (ids, history limits)
+        sampler
+            .new_state(&prompt_ids, seed)
+            .map_err(EngineError::core)?;
+        if let Some(l) = &req.logprobs {
+            if l.top > 20 {
+                return Err(EngineError::invalid("top_logprobs", "at most 20"));
+            }
+        }
+        let seeds = (0..req.n as u64).map(|i| seed.wrapping_add(i)).collect();
+        Ok(Prepared {
+            info: RequestInfo {
+                id,
+                prompt_ids,
+                params,
+                pipeline_hash: sampler.pipeline_hash().to_string(),
+                pipeline,
+                stop,
+                seeds,
+                max_tokens,
+            },
+            sampler: Arc::new(sampler),
+            constraint,
+            logprobs: req.logprobs,
+            records: req.records,
+            ledger_step: req.ledger_step,
+        })
+    }
+}
+
+/// A seed nobody chose: the process's random hasher keys mixed with the clock.
+pub fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    h.write_u128(t);
+    h.finish()
+}

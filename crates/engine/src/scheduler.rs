@@ -1,0 +1,630 @@
+//! The scheduler thread: continuous batching.
+//!
+//! Each iteration:
+//! 1. drops cancelled requests (their cache blocks are freed) and admits waiting ones, oldest
+//!    first, while the running sequences (`max_num_seqs`) and the reserved KV cache
+//!    (`kv_budget_bytes`) have room. An admitted request's prompt starts from the longest prefix
+//!    the prefix cache holds (its blocks are shared, not copied);
+//! 2. plans **one** forward pass: one token for every decoding sequence, then chunks of the
+//!    prompts being prefilled, up to `max_batch_tokens` rows;
+//! 3. runs it, while the constraint masks of the decoding sequences are computed on the other
+//!    threads of the pool (a mask depends only on the sequence's state);
+//! 4. samples every row that has logits, rows in parallel, each with its own sampler, state,
+//!    workspace and random stream; a request's `n` sequences fork the prompt's cache when its
+//!    prefill completes;
+//! 5. sends each request its events, finishes sequences, and releases what they reserved.
+//!
+//! Because the model's rows are batch-invariant and every sequence owns its random stream, a
+//! request's tokens and step records are the same whatever else runs with it.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use nextok_core::{DecoderState, Draw, FinishReason, Layer, Sampler, Workspace};
+use nextok_model::{BatchSeq, LogitRows, Scratch, SeqKv};
+use rayon::prelude::*;
+
+use crate::engine::{Inner, ReqCtx};
+use crate::error::{EngineError, ErrorKind};
+use crate::request::{Event, Timing, TokenLogprobs, Usage};
+
+enum Phase {
+    /// Prompt positions `0..done` are cached.
+    Prefill { done: usize },
+    /// Waits for the first sequence of its request to finish the prompt, then forks it.
+    AwaitFork,
+    /// `next` is the token to feed.
+    Decode,
+}
+
+struct Seq {
+    req: Arc<ReqCtx>,
+    index: usize,
+    state: DecoderState,
+    ws: Workspace,
+    stream: nextok_core::text::TextStream,
+    kv: SeqKv,
+    phase: Phase,
+    next: [u32; 1],
+    generated: usize,
+    out: Option<std::result::Result<StepOut, EngineError>>,
+}
+
+struct StepOut {
+    token: u32,
+    text: String,
+    finish: Option<Option<FinishReason>>,
+    logprobs: Option<TokenLogprobs>,
+    record: Option<Box<nextok_core::StepRecord>>,
+    ledger: Option<Box<nextok_core::Explanation>>,
+}
+
+/// Per-request progress kept by the scheduler.
+struct Progress {
+    remaining: usize,
+    usage: Usage,
+    admitted: Instant,
+    first_token: Option<Instant>,
+}
+
+struct PrefixEntry {
+    ids: Arc<Vec<u32>>,
+    kv: SeqKv,
+    used: u64,
+}
+
+struct Scheduler {
+    inner: Arc<Inner>,
+    running: Vec<Seq>,
+    progress: HashMap<u64, Progress>,
+    prefix: Vec<PrefixEntry>,
+    clock: u64,
+    scratch: Scratch,
+    logits: Vec<f32>,
+}
+
+pub(crate) fn run(inner: Arc<Inner>) {
+    let mut s = Scheduler {
+        inner,
+        running: Vec::new(),
+        progress: HashMap::new(),
+        prefix: Vec::new(),
+        clock: 0,
+        scratch: Scratch::default(),
+        logits: Vec::new(),
+    };
+    loop {
+        if !s.admit() {
+            s.shutdown();
+            return;
+        }
+        s.drop_cancelled();
+        if s.running.is_empty() {
+            continue;
+        }
+        rayon::scope(|_| s.iteration());
+        s.inner.iterations.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Scheduler {
+    /// Admits waiting requests; waits while there is nothing to do. `false` on shutdown.
+    fn admit(&mut self) -> bool {
+        let inner = self.inner.clone();
+        let mut q = inner.lock();
+        loop {
+            if q.shutdown {
+                for r in q.waiting.drain(..) {
+                    let _ = r.tx.send(Event::Error(EngineError::new(
+                        ErrorKind::Shutdown,
+                        "the engine is shutting down",
+                    )));
+                }
+                return false;
+            }
+            while let Some(r) = q.waiting.front() {
+                if r.cancel.load(Ordering::Relaxed) || r.tx.is_closed() {
+                    q.waiting.pop_front();
+                    continue;
+                }
+                let n = r.prepared.info.seeds.len();
+                if self.running.len() + n > inner.config.max_num_seqs {
+                    break;
+                }
+                let reserved = inner.reserved_blocks.load(Ordering::Relaxed);
+                if reserved + r.reservation > inner.budget_blocks {
+                    break;
+                }
+                let Some(r) = q.waiting.pop_front() else {
+                    break;
+                };
+                self.start(r);
+            }
+            if !self.running.is_empty() {
+                return true;
+            }
+            q = inner.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn start(&mut self, r: Arc<ReqCtx>) {
+        let inner = self.inner.clone();
+        inner
+            .reserved_blocks
+            .fetch_add(r.reservation, Ordering::Relaxed);
+        let info = &r.prepared.info;
+        let prompt = &info.prompt_ids;
+        let (kv, cached) = match self.lookup(prompt) {
+            Some((kv, n)) => (kv, n),
+            None => (inner.pool.sequence(), 0),
+        };
+        inner
+            .prompt_tokens
+            .fetch_add(prompt.len() as u64, Ordering::Relaxed);
+        inner
+            .cached_tokens
+            .fetch_add(cached as u64, Ordering::Relaxed);
+        self.progress.insert(
+            info.id,
+            Progress {
+                remaining: info.seeds.len(),
+                usage: Usage {
+                    prompt_tokens: prompt.len(),
+                    cached_tokens: cached,
+                    completion_tokens: 0,
+                },
+                admitted: Instant::now(),
+                first_token: None,
+            },
+        );
+        let sampler = &r.prepared.sampler;
+        let mut kv = Some(kv);
+        for (i, &seed) in info.seeds.iter().enumerate() {
+            let mut state = match sampler.new_state(prompt, seed) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.fail(&r, EngineError::core(e));
+                    return;
+                }
+            };
+            if let Some(c) = &r.prepared.constraint {
+                state.set_grammar(Box::new(c.start()));
+            }
+            sampler.reserve(&mut state, info.max_tokens as usize);
+            self.running.push(Seq {
+                req: r.clone(),
+                index: i,
+                state,
+                ws: sampler.new_workspace(),
+                stream: sampler.text_stream(),
+                kv: kv.take().unwrap_or_else(|| inner.pool.sequence()),
+                phase: if i == 0 {
+                    Phase::Prefill { done: cached }
+                } else {
+                    Phase::AwaitFork
+                },
+                next: [0],
+                generated: 0,
+                out: None,
+            });
+        }
+        inner
+            .running_seqs
+            .store(self.running.len(), Ordering::Relaxed);
+    }
+
+    /// The longest cached prefix of `prompt` (at most all but its last token, whose logits
+    /// the request needs).
+    fn lookup(&mut self, prompt: &[u32]) -> Option<(SeqKv, usize)> {
+        let mut best: Option<(usize, usize)> = None;
+        for (i, e) in self.prefix.iter().enumerate() {
+            let common = e
+                .ids
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(prompt.len() - 1)
+                .min(e.kv.len());
+            if common > 0 && best.is_none_or(|(_, c)| common > c) {
+                best = Some((i, common));
+            }
+        }
+        let (i, n) = best?;
+        self.clock += 1;
+        self.prefix[i].used = self.clock;
+        let mut kv = self.prefix[i].kv.clone();
+        kv.truncate(n).ok()?;
+        Some((kv, n))
+    }
+
+    fn remember(&mut self, ids: Arc<Vec<u32>>, kv: SeqKv) {
+        let max = self.inner.config.prefix_cache_entries;
+        if max == 0 {
+            return;
+        }
+        self.clock += 1;
+        self.prefix.retain(|e| e.ids != ids);
+        if self.prefix.len() >= max {
+            if let Some((i, _)) = self.prefix.iter().enumerate().min_by_key(|(_, e)| e.used) {
+                self.prefix.swap_remove(i);
+            }
+        }
+        self.prefix.push(PrefixEntry {
+            ids,
+            kv,
+            used: self.clock,
+        });
+    }
+
+    /// Drops prefix-cache entries, oldest first, while the cache blocks alive exceed the
+    /// budget.
+    fn trim_prefix_cache(&mut self) {
+        while self.inner.pool.blocks_in_use() > self.inner.budget_blocks && !self.prefix.is_empty()
+        {
+            if let Some((i, _)) = self.prefix.iter().enumerate().min_by_key(|(_, e)| e.used) {
+                self.prefix.swap_remove(i);
+            }
+        }
+    }
+
+    fn drop_cancelled(&mut self) {
+        let mut gone: Vec<Arc<ReqCtx>> = Vec::new();
+        self.running.retain(|s| {
+            let c = s.req.cancel.load(Ordering::Relaxed) || s.req.tx.is_closed();
+            if c && !gone.iter().any(|g| Arc::ptr_eq(g, &s.req)) {
+                gone.push(s.req.clone());
+            }
+            !c
+        });
+        for r in gone {
+            self.release(&r);
+        }
+    }
+
+    fn release(&mut self, r: &ReqCtx) {
+        if self.progress.remove(&r.prepared.info.id).is_some() {
+            self.inner
+                .reserved_blocks
+                .fetch_sub(r.reservation, Ordering::Relaxed);
+        }
+        self.inner
+            .running_seqs
+            .store(self.running.len(), Ordering::Relaxed);
+    }
+
+    /// Ends request `r` with `e` and removes its sequences.
+    fn fail(&mut self, r: &Arc<ReqCtx>, e: EngineError) {
+        let _ = r.tx.send(Event::Error(e));
+        self.running.retain(|s| !Arc::ptr_eq(&s.req, r));
+        self.release(r);
+    }
+
+    fn iteration(&mut self) {
+        let budget = self.inner.config.max_batch_tokens;
+        // 1. plan: decode rows first, then prompt chunks
+        let mut plan: Vec<usize> = vec![0; self.running.len()];
+        let mut used = 0;
+        for (i, s) in self.running.iter().enumerate() {
+            if matches!(s.phase, Phase::Decode) {
+                plan[i] = 1;
+                used += 1;
+            }
+        }
+        for (i, s) in self.running.iter().enumerate() {
+            if let Phase::Prefill { done } = s.phase {
+                let left = s.req.prepared.info.prompt_ids.len() - done;
+                let take = left.min(budget.saturating_sub(used));
+                plan[i] = take;
+                used += take;
+            }
+        }
+        // 2. one forward pass, the masks of decoding rows computed alongside
+        let mut batch: Vec<BatchSeq<'_>> = Vec::new();
+        let mut preps: Vec<(&Sampler, &DecoderState)> = Vec::new();
+        let mut owner: Vec<usize> = Vec::new();
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if plan[i] == 0 {
+                continue;
+            }
+            let Seq {
+                req,
+                kv,
+                phase,
+                next,
+                state,
+                ..
+            } = s;
+            let (tokens, logits): (&[u32], LogitRows) = match phase {
+                Phase::Decode => {
+                    if state.grammar().is_some_and(|g| g.is_active()) {
+                        preps.push((&req.prepared.sampler, &*state));
+                    }
+                    (&next[..], LogitRows::Last)
+                }
+                Phase::Prefill { done } => {
+                    let ids = &req.prepared.info.prompt_ids;
+                    let end = *done + plan[i];
+                    let rows = if end == ids.len() {
+                        LogitRows::Last
+                    } else {
+                        LogitRows::None
+                    };
+                    (&ids[*done..end], rows)
+                }
+                Phase::AwaitFork => continue,
+            };
+            owner.push(i);
+            batch.push(BatchSeq { kv, tokens, logits });
+        }
+        let weights = self.inner.shared.model.weights.clone();
+        let (scratch, logits) = (&mut self.scratch, &mut self.logits);
+        let (fwd, prep) = rayon::join(
+            || weights.forward_batch(&mut batch, scratch, logits),
+            || {
+                preps
+                    .par_iter()
+                    .map(|(sampler, state)| sampler.prepare(state))
+                    .find_any(|r| r.is_err())
+            },
+        );
+        let wanted: Vec<bool> = batch.iter().map(|b| b.logits != LogitRows::None).collect();
+        drop(batch);
+        drop(preps);
+        if let Err(e) = fwd {
+            // nothing was computed: fail the requests of this batch, keep the others
+            let reqs: Vec<Arc<ReqCtx>> =
+                owner.iter().map(|&i| self.running[i].req.clone()).collect();
+            for r in reqs {
+                if self.progress.contains_key(&r.prepared.info.id) {
+                    self.fail(&r, EngineError::model(e.clone()));
+                }
+            }
+            return;
+        }
+        // a failed mask shows again in its step, where it ends that request alone
+        let _ = prep;
+        // 3. which rows have logits; prompts that completed; forks
+        let vocab = self.inner.shared.model.weights.config.vocab_size;
+        let mut row_of: Vec<Option<usize>> = vec![None; self.running.len()];
+        let mut r = 0;
+        let mut completed: Vec<usize> = Vec::new();
+        for (k, &i) in owner.iter().enumerate() {
+            let s = &mut self.running[i];
+            if let Phase::Prefill { done } = &mut s.phase {
+                *done += plan[i];
+                if *done == s.req.prepared.info.prompt_ids.len() {
+                    s.phase = Phase::Decode;
+                    completed.push(i);
+                }
+            }
+            if wanted[k] {
+                row_of[i] = Some(r);
+                r += 1;
+            }
+        }
+        for &i in &completed {
+            let kv = self.running[i].kv.clone();
+            let req = self.running[i].req.clone();
+            let row = row_of[i];
+            for (j, s) in self.running.iter_mut().enumerate() {
+                if Arc::ptr_eq(&s.req, &req) && matches!(s.phase, Phase::AwaitFork) {
+                    s.kv = kv.clone();
+                    s.phase = Phase::Decode;
+                    row_of[j] = row;
+                }
+            }
+            let ids = Arc::new(req.prepared.info.prompt_ids.clone());
+            self.remember(ids, kv);
+        }
+        // 4. sample every row, in parallel
+        let logits = &self.logits;
+        let ctx = self.inner.shared.model.weights.config.context_length;
+        self.running
+            .par_iter_mut()
+            .zip(row_of.par_iter())
+            .for_each(|(s, row)| {
+                if let Some(r) = row {
+                    let row = &logits[r * vocab..(r + 1) * vocab];
+                    s.out = Some(s.sample(row, ctx));
+                }
+            });
+        // 5. events, finishes
+        let now = Instant::now();
+        let mut finished: Vec<(u64, usize)> = Vec::new();
+        let mut failed: Vec<(Arc<ReqCtx>, EngineError)> = Vec::new();
+        let mut sampled = 0u64;
+        for s in self.running.iter_mut() {
+            let Some(out) = s.out.take() else {
+                continue;
+            };
+            let id = s.req.prepared.info.id;
+            let out = match out {
+                Ok(o) => o,
+                Err(e) => {
+                    if !failed.iter().any(|(r, _)| Arc::ptr_eq(r, &s.req)) {
+                        failed.push((s.req.clone(), e));
+                    }
+                    continue;
+                }
+            };
+            sampled += 1;
+            let tx = &s.req.tx;
+            if let Some(l) = out.ledger {
+                let _ = tx.send(Event::Ledger {
+                    seq: s.index,
+                    explanation: l,
+                });
+            }
+            if let Some(rec) = out.record {
+                let _ = tx.send(Event::Record {
+                    seq: s.index,
+                    record: rec,
+                });
+            }
+            let _ = tx.send(Event::Token {
+                seq: s.index,
+                id: out.token,
+                text: out.text,
+                logprobs: out.logprobs,
+            });
+            s.generated += 1;
+            if let Some(p) = self.progress.get_mut(&id) {
+                p.usage.completion_tokens += 1;
+                p.first_token.get_or_insert(now);
+            }
+            if let Some(reason) = out.finish {
+                let text = s.stream.finish();
+                let _ = tx.send(Event::Finish {
+                    seq: s.index,
+                    reason,
+                    text,
+                    tokens: s.generated,
+                });
+                finished.push((id, s.index));
+            }
+        }
+        self.inner
+            .completion_tokens
+            .fetch_add(sampled, Ordering::Relaxed);
+        for (req, e) in failed {
+            self.fail(&req, e);
+        }
+        let mut ended: Vec<Arc<ReqCtx>> = Vec::new();
+        self.running.retain(|s| {
+            let key = (s.req.prepared.info.id, s.index);
+            if finished.contains(&key) {
+                ended.push(s.req.clone());
+                false
+            } else {
+                true
+            }
+        });
+        for req in ended {
+            let id = req.prepared.info.id;
+            let done = match self.progress.get_mut(&id) {
+                Some(p) => {
+                    p.remaining -= 1;
+                    p.remaining == 0
+                }
+                None => false,
+            };
+            if !done {
+                continue;
+            }
+            if let Some(p) = self.progress.get(&id) {
+                let sub = req.submitted;
+                let timing = Timing {
+                    queued: p.admitted.saturating_duration_since(sub),
+                    time_to_first_token: p
+                        .first_token
+                        .map(|t| t.saturating_duration_since(sub))
+                        .unwrap_or_default(),
+                    total: now.saturating_duration_since(sub),
+                };
+                let _ = req.tx.send(Event::Done {
+                    usage: p.usage,
+                    timing,
+                });
+            }
+            self.release(&req);
+        }
+        self.inner
+            .running_seqs
+            .store(self.running.len(), Ordering::Relaxed);
+        self.trim_prefix_cache();
+    }
+
+    fn shutdown(&mut self) {
+        let reqs: Vec<Arc<ReqCtx>> = self.running.iter().map(|s| s.req.clone()).collect();
+        for r in reqs {
+            if self.progress.contains_key(&r.prepared.info.id) {
+                self.fail(
+                    &r,
+                    EngineError::new(ErrorKind::Shutdown, "the engine is shutting down"),
+                );
+            }
+        }
+        self.prefix.clear();
+    }
+}
+
+impl Seq {
+    /// One step of this sequence on its logits row.
+    fn sample(&mut self, row: &[f32], ctx: usize) -> std::result::Result<StepOut, EngineError> {
+        let p = &self.req.prepared;
+        let sampler = &p.sampler;
+        let ledger = match p.ledger_step {
+            Some(k) if k == self.state.step() => Some(Box::new(
+                sampler
+                    .explain(row, &self.state, Draw::Stream)
+                    .map_err(EngineError::core)?,
+            )),
+            _ => None,
+        };
+        let want_record = p.records.is_some() || p.logprobs.is_some();
+        let (res, record) = if want_record {
+            let cands = p.records.unwrap_or(0).max(p.logprobs.map_or(0, |l| l.top));
+            let (res, rec) = sampler
+                .step_recorded(row, &mut self.state, &mut self.ws, Draw::Stream, cands)
+                .map_err(EngineError::core)?;
+            (res, Some(rec))
+        } else {
+            (
+                sampler
+                    .step(row, &mut self.state, &mut self.ws)
+                    .map_err(EngineError::core)?,
+                None,
+            )
+        };
+        let logprobs = match (&p.logprobs, &record) {
+            (Some(l), Some(rec)) => {
+                let sel = sampler
+                    .logprob(row, &mut self.ws, rec.selected, l.layer)
+                    .map_err(EngineError::core)?;
+                let val = |c: &nextok_core::record::CandidateRecord| match l.layer {
+                    Layer::Raw => c.raw_logprob,
+                    Layer::Processed => c.processed_logprob,
+                    Layer::Selection => c.selection_logprob,
+                };
+                Some(TokenLogprobs {
+                    layer: l.layer,
+                    selected: sel.value,
+                    top: rec
+                        .candidates
+                        .iter()
+                        .take(l.top)
+                        .map(|c| (c.id, val(c)))
+                        .collect(),
+                })
+            }
+            _ => None,
+        };
+        let text = self.stream.push(
+            sampler.visible_bytes(res.token),
+            self.state.stop_state().hit.as_ref(),
+        );
+        self.next = [res.token];
+        // the token just selected is fed at position `kv.len()`
+        let ctx_full = self.kv.len() >= ctx;
+        let finish = match res.finish {
+            Some(r) => Some(Some(r)),
+            None if ctx_full => Some(None),
+            None => None,
+        };
+        Ok(StepOut {
+            token: res.token,
+            text,
+            finish,
+            logprobs,
+            record: if p.records.is_some() {
+                record.map(Box::new)
+            } else {
+                None
+            },
+            ledger,
+        })
+    }
+}

@@ -1,0 +1,286 @@
+//! Continuous batching on the real model (SmolLM2-135M-Instruct, from the test data): a
+//! request's tokens and step records are the same alone and in any batch, whenever it arrives;
+//! `n` sequences equal single runs; the prefix cache changes nothing but the time; bad input
+//! fails alone.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nextok_core::SamplingParams;
+use nextok_engine::{
+    ConstraintSpec, Engine, EngineConfig, ErrorKind, Event, GenerateRequest, Prompt,
+};
+use nextok_model::{Model, Requant};
+use proptest::prelude::*;
+
+fn model() -> Option<Arc<Model>> {
+    let path = nextok_testdata::optional(nextok_testdata::SMOLLM2)?;
+    static M: std::sync::OnceLock<Arc<Model>> = std::sync::OnceLock::new();
+    Some(
+        M.get_or_init(|| Arc::new(Model::load(&path, Requant::Keep).expect("model loads")))
+            .clone(),
+    )
+}
+
+const PROMPTS: [&str; 6] = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "List three colours:",
+    "def fibonacci(n):",
+    "Q: What is 2 + 2?\nA:",
+    "<|im_start|>user\nGive me a person as JSON.<|im_end|>\n<|im_start|>assistant\n",
+];
+
+fn request(
+    prompt: usize,
+    seed: u64,
+    max_tokens: u64,
+    temp: f32,
+    constrained: bool,
+) -> GenerateRequest {
+    let mut r = GenerateRequest::new(Prompt::Text(PROMPTS[prompt % PROMPTS.len()].to_string()));
+    r.params = SamplingParams {
+        temperature: Some(temp),
+        top_p: Some(0.95),
+        seed: Some(seed),
+        max_tokens: Some(max_tokens),
+        ..Default::default()
+    };
+    if constrained {
+        r.constraint = Some(ConstraintSpec::JsonSchema {
+            schema: serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}),
+            options: Default::default(),
+        });
+    }
+    r.records = Some(4);
+    r
+}
+
+/// Tokens and records (as JSON) of every sequence.
+fn outcome(c: &nextok_engine::Completion) -> Vec<(Vec<u32>, String, String)> {
+    c.sequences
+        .iter()
+        .map(|s| {
+            (
+                s.tokens.clone(),
+                s.text.clone(),
+                serde_json::to_string(&s.records).unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn solo(engine: &Engine, r: &GenerateRequest) -> Vec<(Vec<u32>, String, String)> {
+    outcome(&engine.generate(r.clone()).expect("solo run"))
+}
+
+/// Submits `reqs[i]` once the engine has run `arrive[i]` iterations since the first
+/// submission; returns every request's outcome.
+fn together(
+    engine: &Engine,
+    reqs: &[GenerateRequest],
+    arrive: &[u64],
+) -> Vec<Vec<(Vec<u32>, String, String)>> {
+    let start = engine.stats().iterations;
+    let mut order: Vec<usize> = (0..reqs.len()).collect();
+    order.sort_by_key(|&i| arrive[i]);
+    let mut handles: Vec<Option<nextok_engine::RequestHandle>> =
+        (0..reqs.len()).map(|_| None).collect();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    for i in order {
+        while engine.stats().iterations < start + arrive[i] && engine.stats().running_seqs > 0 {
+            assert!(Instant::now() < deadline, "engine stalled");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        handles[i] = Some(engine.submit(reqs[i].clone()).expect("submit"));
+    }
+    handles
+        .into_iter()
+        .map(|h| outcome(&h.unwrap().collect_all().expect("batched run")))
+        .collect()
+}
+
+#[test]
+fn requests_batched_with_others_equal_their_solo_runs() {
+    let Some(m) = model() else { return };
+    let engine = Engine::new(
+        m,
+        EngineConfig {
+            max_batch_tokens: 96,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let reqs: Vec<GenerateRequest> = (0..5)
+        .map(|i| {
+            request(
+                i,
+                100 + i as u64,
+                12,
+                if i == 2 { 0.0 } else { 0.9 },
+                i == 4,
+            )
+        })
+        .collect();
+    let alone: Vec<_> = reqs.iter().map(|r| solo(&engine, r)).collect();
+    let batched = together(&engine, &reqs, &[0, 0, 2, 3, 5]);
+    for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
+        assert_eq!(a, b, "request {i} differs in a batch");
+    }
+    // the constrained answer is JSON that starts as the schema says
+    assert!(
+        alone[4][0].1.trim_start().starts_with('{'),
+        "{:?}",
+        alone[4][0].1
+    );
+}
+
+#[test]
+fn n_sequences_fork_the_prompt_and_equal_single_runs() {
+    let Some(m) = model() else { return };
+    let engine = Engine::new(m, EngineConfig::default()).unwrap();
+    let mut r = request(1, 7, 10, 1.0, false);
+    r.n = 3;
+    let all = outcome(&engine.generate(r.clone()).unwrap());
+    assert_eq!(all.len(), 3);
+    for i in 0..3 {
+        let mut one = r.clone();
+        one.n = 1;
+        one.params.seed = Some(7 + i as u64);
+        assert_eq!(solo(&engine, &one)[0], all[i], "sequence {i}");
+    }
+    assert_ne!(
+        all[0].0, all[1].0,
+        "different seeds should give different tokens here"
+    );
+}
+
+#[test]
+fn the_prefix_cache_reuses_a_prompt_and_changes_no_token() {
+    let Some(m) = model() else { return };
+    let engine = Engine::new(m, EngineConfig::default()).unwrap();
+    let r = request(5, 3, 6, 0.7, false);
+    let first = engine.generate(r.clone()).unwrap();
+    assert_eq!(first.usage.cached_tokens, 0);
+    let second = engine.generate(r.clone()).unwrap();
+    assert_eq!(second.usage.cached_tokens, second.usage.prompt_tokens - 1);
+    assert_eq!(outcome(&first), outcome(&second));
+    let off = Engine::new(
+        model().unwrap(),
+        EngineConfig {
+            prefix_cache_entries: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(outcome(&off.generate(r).unwrap()), outcome(&first));
+}
+
+#[test]
+fn bad_requests_fail_alone_and_the_batch_goes_on() {
+    let Some(m) = model() else { return };
+    let ctx = m.weights.config.context_length;
+    let engine = Engine::new(m, EngineConfig::default()).unwrap();
+    let good = request(0, 1, 24, 0.8, false);
+    let alone = solo(&engine, &good);
+    let h = engine.submit(good.clone()).unwrap();
+    // a prompt past the context
+    let mut long = GenerateRequest::new(Prompt::Ids(vec![1; ctx + 1]));
+    long.params.max_tokens = Some(1);
+    let e = engine.submit(long).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::TooLarge);
+    assert_eq!(e.field(), Some("prompt"));
+    // max_tokens past the context
+    let mut big = request(0, 1, ctx as u64, 0.8, false);
+    big.params.max_tokens = Some(ctx as u64);
+    let e = engine.submit(big).unwrap_err();
+    assert_eq!(e.field(), Some("max_tokens"), "{e}");
+    // a constraint that does not compile
+    let mut bad = request(0, 1, 4, 0.8, false);
+    bad.constraint = Some(ConstraintSpec::Regex {
+        pattern: "(unclosed".into(),
+    });
+    let e = engine.submit(bad).unwrap_err();
+    assert_eq!(e.field(), Some("constraint"), "{e}");
+    // an out-of-range id
+    let e = engine
+        .submit(GenerateRequest::new(Prompt::Ids(vec![1, 999_999])))
+        .unwrap_err();
+    assert_eq!(e.field(), Some("prompt[1]"), "{e}");
+    // a request cancelled mid-prefill: a long prompt, dropped right after submission
+    let mut slow = GenerateRequest::new(Prompt::Ids((0..600).map(|i| 100 + i % 500).collect()));
+    slow.params.max_tokens = Some(4);
+    drop(engine.submit(slow).unwrap());
+    let mut h = h;
+    let got = outcome(&h.collect_all().unwrap());
+    assert_eq!(got, alone);
+    // the cancelled request's cache is freed
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while engine.stats().running_seqs > 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(engine.stats().kv_bytes_reserved, 0);
+}
+
+#[test]
+fn a_full_queue_is_its_own_error() {
+    let Some(m) = model() else { return };
+    let engine = Engine::new(
+        m,
+        EngineConfig {
+            max_num_seqs: 1,
+            max_batch_tokens: 16,
+            max_waiting: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut hs = Vec::new();
+    let mut full = None;
+    for i in 0..6 {
+        match engine.submit(request(i, 1, 32, 0.8, false)) {
+            Ok(h) => hs.push(h),
+            Err(e) => {
+                full = Some(e);
+                break;
+            }
+        }
+    }
+    let e = full.expect("the queue fills");
+    assert_eq!(e.kind(), &ErrorKind::QueueFull);
+    for h in &mut hs {
+        let mut n = 0;
+        for ev in h.by_ref() {
+            if matches!(ev, Event::Done { .. }) {
+                n += 1;
+            }
+        }
+        assert_eq!(n, 1);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Random sets of 1–8 requests with random prompts, arrival steps, parameters and
+    /// constraints: every request's tokens and step records equal its solo run.
+    #[test]
+    fn any_mix_of_requests_equals_solo_runs(
+        specs in prop::collection::vec((0usize..6, 0u64..1000, 1u64..10, 0usize..3, prop::bool::weighted(0.25), 0u64..8), 1..=8),
+        chunk in prop::sample::select(vec![8usize, 32, 512]),
+    ) {
+        let Some(m) = model() else { return Ok(()) };
+        let engine = Engine::new(m, EngineConfig { max_num_seqs: 8, max_batch_tokens: chunk, ..Default::default() }).unwrap();
+        let reqs: Vec<GenerateRequest> = specs
+            .iter()
+            .map(|&(p, seed, max, t, c, _)| request(p, seed, max, [0.0, 0.7, 1.3][t], c))
+            .collect();
+        let arrive: Vec<u64> = specs.iter().map(|s| s.5).collect();
+        let alone: Vec<_> = reqs.iter().map(|r| solo(&engine, r)).collect();
+        let batched = together(&engine, &reqs, &arrive);
+        for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
+            prop_assert_eq!(a, b, "request {} differs in a batch", i);
+        }
+    }
+}
