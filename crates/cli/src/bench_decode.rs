@@ -22,14 +22,15 @@
 use std::time::Duration;
 
 use nextok_constraint::ConstraintSpec;
-use nextok_core::pipeline::presets;
-use nextok_core::{Layer, Preset, SamplingParams};
+use nextok_core::SamplingParams;
 use nextok_model::chat::Message;
 use nextok_model::{LogitsSource, Requant};
 use serde::Serialize;
 
 use crate::bench::BenchArgs;
-use crate::generate::{self, RunOpts, SeqTime};
+use crate::generate;
+use nextok_engine::solo::{run_sequence, SeqTime, SoloOptions};
+use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
 
 const PROMPT: &str = "List eight people as JSON objects with name, age and city.";
 
@@ -132,41 +133,40 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             ),
             ..base_params.clone()
         };
-        let build = |p: &SamplingParams| -> Result<_, String> {
-            let (cfg, stop) = presets::build(Preset::Reference, p).map_err(|e| e.to_string())?;
-            generate::make_sampler(&model, cfg, stop)
+        let model = std::sync::Arc::new(model);
+        let engine =
+            Engine::new(model.clone(), EngineConfig::default()).map_err(|e| e.to_string())?;
+        let prepare = |p: &SamplingParams| {
+            let mut r = GenerateRequest::new(Prompt::Ids(prompt.clone()));
+            r.params = p.clone();
+            engine.prepare(&r).map_err(|e| e.to_string())
         };
-        let plain = build(&base_params)?;
-        let constrained = build(&constrained_params)?;
-        let constraint = generate::compile_constraint(&model, &constrained_params)?;
+        let plain = prepare(&base_params)?;
+        let constrained = prepare(&constrained_params)?;
+        let constraint = constrained.constraint.clone();
         let mut base = model.source();
         let row0 = base.prefill(&prompt).map_err(|e| e.to_string())?;
         let mut results: Vec<Vec<(usize, SeqTime)>> = vec![Vec::new(); MODES.len()];
         for rep in 0..reps {
             for (mi, mode) in MODES.iter().enumerate() {
                 let constrained_mode = mode.starts_with("json_schema");
-                let opts = RunOpts {
-                    logprobs: None,
-                    layer: Layer::Selection,
-                    record: *mode == "trace",
-                    candidates: 8,
-                    stream: false,
+                let opts = SoloOptions {
+                    record: (*mode == "trace").then_some(8),
                     constraint: if constrained_mode {
                         constraint.clone()
                     } else {
                         None
                     },
                     overlap: *mode != "json_schema_inline",
-                    ledger: None,
                 };
                 let sampler = if constrained_mode {
-                    &constrained
+                    &constrained.sampler
                 } else {
-                    &plain
+                    &plain.sampler
                 };
                 let src = base.fork().map_err(|e| e.to_string())?;
                 let t = std::time::Instant::now();
-                let out = generate::run_sequence(
+                let out = run_sequence(
                     &model,
                     sampler,
                     src,
@@ -174,7 +174,8 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
                     row0.clone(),
                     rep as u64,
                     &opts,
-                )?;
+                )
+                .map_err(|e| e.to_string())?;
                 let mut time = out.time;
                 if *mode == "trace" {
                     // what `--trace` adds: each record as a JSON line

@@ -20,19 +20,19 @@
 //! builds with different SIMD features (candle picks its kernels at compile time; the header
 //! records the features, and a replay on another build says so).
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nextok_constraint::{CompiledConstraint, ConstraintEngine, ConstraintSpec, ConstraintVocab};
-use nextok_core::pipeline::presets;
-use nextok_core::{
-    Draw, FinishReason, Layer, PipelineConfig, Preset, Sampler, SamplingParams, StepRecord,
-    StopConfig,
+use nextok_constraint::ConstraintSpec;
+use nextok_core::{FinishReason, Layer, PipelineConfig, Preset, SamplingParams, StopConfig};
+use nextok_engine::solo::BeamEnd;
+use nextok_engine::trace::{self, TraceHeader};
+use nextok_engine::{
+    Engine, EngineConfig, Event, GenerateRequest, LogprobOptions, PipelineChoice, Prompt,
 };
-use nextok_model::beam::{beam_search_with, BeamConfig, BeamFinish, PipelineScorer};
 use nextok_model::chat::Message;
-use nextok_model::{fetch, LogitsSource, Model, Requant};
+use nextok_model::{fetch, Model, Requant};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -91,8 +91,10 @@ fn parse_bias(s: &str) -> Result<(u32, f32), String> {
 
 /// Arguments of `nextok generate`.
 #[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct GenerateArgs {
     /// The prompt (with `--chat`, the user's message).
+    #[arg(allow_hyphen_values = true)]
     pub prompt: String,
     /// Render the model's chat template around the prompt (a user message).
     #[arg(long)]
@@ -151,9 +153,10 @@ pub struct GenerateArgs {
     /// Do not stop at EOS.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Request seed (sequence `i` uses `seed + i`).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Request seed (sequence `i` uses `seed + i`); without it a fresh seed is drawn, printed
+    /// and recorded in the trace.
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Number of sequences.
     #[arg(short = 'n', long = "n", default_value_t = 1)]
     pub n: usize,
@@ -216,38 +219,6 @@ pub struct ReplayArgs {
     pub model: Option<PathBuf>,
 }
 
-/// The first line of a trace.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TraceHeader {
-    /// Trace format version (1).
-    pub nextok_trace: u32,
-    /// Model file name as given.
-    pub model_file: String,
-    /// SHA-256 of the model file.
-    pub model_sha256: String,
-    /// Re-quantisation at load.
-    pub requant: RequantArg,
-    /// Prompt ids.
-    pub prompt_ids: Vec<u32>,
-    /// The request's sampling parameters.
-    pub params: SamplingParams,
-    /// The pipeline (preset name or `file`).
-    pub pipeline_source: String,
-    /// The pipeline as run.
-    pub pipeline: PipelineConfig,
-    /// Its hash.
-    pub pipeline_hash: String,
-    /// Stop conditions.
-    pub stop: StopConfig,
-    /// One seed per sequence.
-    pub seeds: Vec<u64>,
-    /// Candidates kept per record.
-    pub candidates: usize,
-    /// SIMD features of the recording build (its logits depend on them).
-    #[serde(default)]
-    pub simd: String,
-}
-
 pub(crate) fn model_path(arg: Option<&Path>) -> Result<PathBuf, String> {
     match arg {
         Some(p) => Ok(p.to_path_buf()),
@@ -271,46 +242,6 @@ pub(crate) fn load_model(path: &Path, requant: Requant) -> Result<Model, String>
     Ok(m)
 }
 
-fn build_sampler(
-    model: &Model,
-    pipeline: &str,
-    params: &SamplingParams,
-) -> Result<(Sampler, PipelineConfig, StopConfig), String> {
-    let (cfg, stop) = match pipeline.parse::<Preset>() {
-        Ok(preset) => presets::build(preset, params).map_err(|e| e.to_string())?,
-        Err(_) => {
-            let text = std::fs::read_to_string(pipeline).map_err(|e| {
-                format!("--pipeline `{pipeline}`: not a preset and cannot read: {e}")
-            })?;
-            let cfg = PipelineConfig::from_json(&text).map_err(|e| e.to_string())?;
-            let stop = StopConfig {
-                stop_token_ids: params.stop_token_ids.clone(),
-                max_tokens: params.max_tokens,
-                ignore_eos: params.ignore_eos,
-                stop: params.stop.clone(),
-                ..StopConfig::default()
-            };
-            (cfg, stop)
-        }
-    };
-    let sampler = make_sampler(model, cfg.clone(), stop.clone())?;
-    Ok((sampler, cfg, stop))
-}
-
-pub(crate) fn make_sampler(
-    model: &Model,
-    cfg: PipelineConfig,
-    stop: StopConfig,
-) -> Result<Sampler, String> {
-    Sampler::new_with_tokens(
-        cfg,
-        model.vocab.info.clone(),
-        stop,
-        Some(Arc::new(model.vocab.bytes.clone())),
-    )
-    .map_err(|e| e.to_string())
-}
-
 fn finish_text(model: &Model, stop: &StopConfig, r: Option<FinishReason>) -> String {
     let name = |t: u32| model.vocab.name(t).unwrap_or("?").to_string();
     match r {
@@ -328,28 +259,26 @@ fn finish_text(model: &Model, stop: &StopConfig, r: Option<FinishReason>) -> Str
     }
 }
 
-/// Runs `nextok generate`.
-pub fn run(a: GenerateArgs) -> Result<(), String> {
-    if a.n == 0 {
-        return Err("-n must be at least 1".into());
+fn layer_name(l: Layer) -> &'static str {
+    match l {
+        Layer::Raw => "raw",
+        Layer::Processed => "processed",
+        Layer::Selection => "selection",
     }
-    let path = model_path(a.model.as_deref())?;
-    let requant: Requant = a.requant.into();
-    let model = load_model(&path, requant)?;
-    let text = if a.chat {
+}
+
+/// The request the flags describe.
+fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), String> {
+    let prompt = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
             msgs.push(Message::new("system", s.clone()));
         }
         msgs.push(Message::new("user", a.prompt.clone()));
-        model.render_chat(&msgs, true).map_err(|e| e.to_string())?
+        Prompt::Chat(msgs)
     } else {
-        a.prompt.clone()
+        Prompt::Text(a.prompt.clone())
     };
-    let prompt = model.encode_prompt(&text).map_err(|e| e.to_string())?;
-    if prompt.is_empty() {
-        return Err("the prompt encodes to no tokens".into());
-    }
     let params = SamplingParams {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -363,10 +292,9 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         min_tokens: a.min_tokens,
         max_tokens: Some(a.max_tokens),
         stop_token_ids: a.stop_token_ids.clone(),
-        seed: Some(a.seed),
+        seed: a.seed,
         ignore_eos: a.ignore_eos,
         stop: a.stop.clone(),
-        constraint: constraint_spec(&a)?,
         grammar_policy: match a.grammar_policy.as_deref() {
             None => None,
             Some(p) => Some(
@@ -376,43 +304,123 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         },
         ..Default::default()
     };
-    let (sampler, cfg, stop) = build_sampler(&model, &a.pipeline, &params)?;
-    let constraint = compile_constraint(&model, &params)?;
+    let (pipeline, source) = match a.pipeline.parse::<Preset>() {
+        Ok(p) => (PipelineChoice::Preset(p), a.pipeline.clone()),
+        Err(_) => {
+            let text = std::fs::read_to_string(&a.pipeline).map_err(|e| {
+                format!(
+                    "--pipeline `{}`: not a preset and cannot read: {e}",
+                    a.pipeline
+                )
+            })?;
+            let cfg = PipelineConfig::from_json(&text).map_err(|e| e.to_string())?;
+            (PipelineChoice::Config(cfg), "file".to_string())
+        }
+    };
+    let record = a
+        .trace
+        .as_ref()
+        .map(|_| a.trace_candidates.max(a.logprobs.unwrap_or(0)));
+    Ok((
+        GenerateRequest {
+            prompt,
+            params,
+            constraint: constraint_spec(a)?,
+            pipeline,
+            n: a.n,
+            logprobs: a.logprobs.map(|top| LogprobOptions {
+                top,
+                layer: a.logprob_layer.into(),
+            }),
+            records: record,
+            ledger_step: a.ledger,
+        },
+        source,
+    ))
+}
+
+/// What one sequence has produced but not yet printed (sequences print one after another).
+#[derive(Default)]
+struct Pending {
+    out: String,
+    err: Vec<String>,
+    ledger: Option<String>,
+    finish: Option<(Option<FinishReason>, usize)>,
+    records: Vec<nextok_core::StepRecord>,
+    steps: u64,
+}
+
+/// Runs `nextok generate`.
+pub fn run(a: GenerateArgs) -> Result<(), String> {
+    if a.n == 0 {
+        return Err("-n must be at least 1".into());
+    }
+    if a.beam_width.is_some() {
+        let conflicts: Vec<&str> = [
+            (a.trace.is_some(), "--trace"),
+            (a.logprobs.is_some(), "--logprobs"),
+            (a.ledger.is_some(), "--ledger"),
+            (a.n > 1, "-n"),
+        ]
+        .iter()
+        .filter(|c| c.0)
+        .map(|c| c.1)
+        .collect();
+        if !conflicts.is_empty() {
+            return Err(format!(
+                "--beam-width cannot be combined with {} (beam search returns its hypotheses)",
+                conflicts.join(", ")
+            ));
+        }
+    }
+    let path = model_path(a.model.as_deref())?;
+    let requant: Requant = a.requant.into();
+    let model = Arc::new(load_model(&path, requant)?);
+    let (req, source) = request(&a)?;
+    let engine = Engine::new(model.clone(), EngineConfig::default()).map_err(|e| e.to_string())?;
     if let Some(b) = a.beam_width {
-        return run_beam(
-            &model,
-            &sampler,
-            constraint,
-            &prompt,
-            a.seed,
-            b,
-            a.length_penalty,
-            a.max_tokens as usize,
+        let hyps = engine
+            .beam(req, b, a.length_penalty)
+            .map_err(|e| e.to_string())?;
+        let stop = engine
+            .prepare(&request(&a)?.0)
+            .map_err(|e| e.to_string())?
+            .info
+            .stop;
+        for (i, h) in hyps.iter().enumerate() {
+            if i == 0 {
+                println!("{}", h.text);
+            }
+            let finish = match &h.end {
+                BeamEnd::Eos => "eos".to_string(),
+                BeamEnd::Length => "length".to_string(),
+                BeamEnd::Stop(r) => finish_text(&model, &stop, Some(*r)),
+            };
+            eprintln!(
+                "nextok: beam {i}: score {:.4} logprob {:.4} [processed] len {} finish {finish} {:?}",
+                h.score,
+                h.logprob,
+                h.tokens.len(),
+                h.text
+            );
+        }
+        return Ok(());
+    }
+    let mut h = engine.submit(req).map_err(|e| e.to_string())?;
+    let t0 = std::time::Instant::now();
+    let info = h.info.clone();
+    if a.seed.is_none() {
+        eprintln!(
+            "nextok: seed {} (pass --seed {} to repeat this run)",
+            info.seeds[0], info.seeds[0]
         );
     }
-    let seeds: Vec<u64> = (0..a.n as u64).map(|i| a.seed.wrapping_add(i)).collect();
-    let header = TraceHeader {
-        nextok_trace: 1,
-        model_file: path
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        model_sha256: model.sha256.clone(),
-        requant: a.requant,
-        prompt_ids: prompt.clone(),
-        params,
-        pipeline_source: if a.pipeline.parse::<Preset>().is_ok() {
-            a.pipeline.clone()
-        } else {
-            "file".into()
-        },
-        pipeline_hash: sampler.pipeline_hash().to_string(),
-        pipeline: cfg,
-        stop,
-        seeds: seeds.clone(),
-        candidates: a.trace_candidates.max(a.logprobs.unwrap_or(0)),
-        simd: nextok_model::simd_features(),
-    };
+    let header = TraceHeader::new(
+        &info,
+        &model,
+        &source,
+        a.trace_candidates.max(a.logprobs.unwrap_or(0)),
+    );
     let mut trace = match &a.trace {
         Some(p) => {
             let f =
@@ -423,34 +431,122 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
                 "{}",
                 serde_json::to_string(&header).map_err(|e| e.to_string())?
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("--trace `{}`: {e}", p.display()))?;
             Some(w)
         }
         None => None,
     };
-    let opts = RunOpts {
-        logprobs: a.logprobs,
-        layer: a.logprob_layer.into(),
-        record: trace.is_some() || a.logprobs.is_some(),
-        candidates: header.candidates,
-        stream: true,
-        constraint,
-        overlap: true,
-        ledger: a.ledger,
-    };
-    let mut base = model.source();
-    let row0 = base.prefill(&prompt).map_err(|e| e.to_string())?;
-    let t0 = std::time::Instant::now();
+    let n = info.seeds.len();
+    let mut pending: Vec<Pending> = (0..n).map(|_| Pending::default()).collect();
+    let mut current = 0usize;
+    let mut first_token: Option<std::time::Instant> = None;
     let mut total = 0usize;
-    for (i, &seed) in seeds.iter().enumerate() {
-        if a.n > 1 {
-            eprintln!("nextok: sequence {i} (seed {seed})");
+    let mut usage = None;
+    let name = |t: u32| {
+        let b = model.vocab.token(t).unwrap_or(&[]);
+        format!("{:?}", String::from_utf8_lossy(b))
+    };
+    let stdout = std::io::stdout();
+    let print_out = |s: &str| {
+        let mut lock = stdout.lock();
+        let _ = lock.write_all(s.as_bytes());
+        let _ = lock.flush();
+    };
+    if n > 1 {
+        eprintln!("nextok: sequence 0 (seed {})", info.seeds[0]);
+    }
+    while let Some(ev) = h.recv() {
+        match ev {
+            Event::Token {
+                seq,
+                id,
+                text,
+                logprobs,
+            } => {
+                first_token.get_or_insert_with(std::time::Instant::now);
+                total += 1;
+                let p = &mut pending[seq];
+                if let Some(l) = logprobs {
+                    let mut line = format!(
+                        "logprobs step {} [{}] selected {} {} {:.4} |",
+                        p.steps,
+                        layer_name(l.layer),
+                        id,
+                        name(id),
+                        l.selected
+                    );
+                    for (c, v) in &l.top {
+                        line.push_str(&format!(" {} {} {:.4}", c, name(*c), v));
+                    }
+                    if seq == current {
+                        eprintln!("{line}");
+                    } else {
+                        p.err.push(line);
+                    }
+                }
+                p.steps += 1;
+                if seq == current {
+                    print_out(&text);
+                } else {
+                    p.out.push_str(&text);
+                }
+            }
+            Event::Record { seq, record } => pending[seq].records.push(*record),
+            Event::Ledger { seq, explanation } => {
+                pending[seq].ledger = Some(ledger_text(&model, &engine, &info, &explanation)?);
+            }
+            Event::Finish {
+                seq,
+                reason,
+                text,
+                tokens,
+            } => {
+                let p = &mut pending[seq];
+                if seq == current {
+                    print_out(&text);
+                } else {
+                    p.out.push_str(&text);
+                }
+                p.finish = Some((reason, tokens));
+                // print every finished sequence in order, then stream the next one
+                while current < n {
+                    let Some((reason, tokens)) = pending[current].finish else {
+                        break;
+                    };
+                    println!();
+                    match (&pending[current].ledger, a.ledger) {
+                        (Some(l), Some(k)) => eprintln!("nextok: the ledger of step {k}:\n{l}"),
+                        (None, Some(k)) => {
+                            eprintln!("nextok: no ledger: the sequence ended before step {k}")
+                        }
+                        _ => {}
+                    }
+                    eprintln!(
+                        "nextok: finish: {} after {tokens} tokens",
+                        finish_text(&model, &info.stop, reason)
+                    );
+                    current += 1;
+                    if current < n {
+                        eprintln!("nextok: sequence {current} (seed {})", info.seeds[current]);
+                        let p = &mut pending[current];
+                        for l in p.err.drain(..) {
+                            eprintln!("{l}");
+                        }
+                        let out = std::mem::take(&mut p.out);
+                        print_out(&out);
+                    }
+                }
+            }
+            Event::Done { usage: u, .. } => {
+                usage = Some(u);
+                break;
+            }
+            Event::Error(e) => return Err(e.to_string()),
         }
-        let src = base.fork().map_err(|e| e.to_string())?;
-        let out = run_sequence(&model, &sampler, src, &prompt, row0.clone(), seed, &opts)?;
-        total += out.tokens.len();
-        if let Some(w) = trace.as_mut() {
-            for r in &out.records {
+    }
+    if let Some(w) = trace.as_mut() {
+        for p in &pending {
+            for r in &p.records {
                 writeln!(
                     w,
                     "{}",
@@ -459,44 +555,70 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             }
         }
-        println!();
-        if let Some(l) = &out.ledger {
-            eprintln!("nextok: the ledger of step {}:\n{l}", a.ledger.unwrap_or(0));
-        } else if let Some(k) = a.ledger {
-            eprintln!("nextok: no ledger: the sequence ended before step {k}");
-        }
-        eprintln!(
-            "nextok: finish: {} after {} tokens",
-            finish_text(&model, sampler.stop(), out.finish),
-            out.tokens.len()
-        );
-    }
-    if let Some(mut w) = trace {
         w.flush().map_err(|e| e.to_string())?;
     }
-    let secs = t0.elapsed().as_secs_f64();
+    let usage = usage.ok_or("the engine stopped before the request finished")?;
+    let end = std::time::Instant::now();
+    let ttft = first_token.unwrap_or(end).duration_since(t0).as_secs_f64();
+    let decode = end.duration_since(first_token.unwrap_or(end)).as_secs_f64();
+    let fresh = usage.prompt_tokens - usage.cached_tokens;
     eprintln!(
-        "nextok: {total} tokens in {secs:.2} s ({:.1} tokens/s)",
-        total as f64 / secs.max(1e-9)
+        "nextok: prompt {} tokens in {ttft:.2} s to the first token ({:.1} prompt tokens/s); {total} tokens generated, the {} after the first in {decode:.2} s ({:.1} tokens/s)",
+        usage.prompt_tokens,
+        fresh as f64 / ttft.max(1e-9),
+        total.saturating_sub(n),
+        total.saturating_sub(n) as f64 / decode.max(1e-9)
     );
     Ok(())
 }
 
-pub(crate) struct RunOpts {
-    pub(crate) logprobs: Option<usize>,
-    pub(crate) layer: Layer,
-    pub(crate) record: bool,
-    pub(crate) candidates: usize,
-    pub(crate) stream: bool,
-    pub(crate) constraint: Option<Arc<CompiledConstraint>>,
-    /// Compute the constraint's next mask on another thread while the model runs.
-    pub(crate) overlap: bool,
-    /// The step whose ledger to keep.
-    pub(crate) ledger: Option<u64>,
+/// The ledger of one step (the support by final probability, at most 12 rows, then the 6
+/// highest raw logits outside it), as text.
+fn ledger_text(
+    model: &Model,
+    engine: &Engine,
+    info: &nextok_engine::RequestInfo,
+    ex: &nextok_core::Explanation,
+) -> Result<String, String> {
+    let _ = engine;
+    let name = |t: u32| {
+        let b = model.vocab.token(t).unwrap_or(&[]);
+        format!("{:?}", String::from_utf8_lossy(b))
+    };
+    let mut kept: Vec<&nextok_core::TokenRow> = ex.tokens.iter().filter(|r| r.kept).collect();
+    kept.sort_by(|a, b| {
+        b.selection_prob
+            .total_cmp(&a.selection_prob)
+            .then(a.id.cmp(&b.id))
+    });
+    let mut support: Vec<u32> = kept.iter().map(|r| r.id).collect();
+    support.sort_unstable();
+    let mut out: Vec<&nextok_core::TokenRow> = ex.tokens.iter().filter(|r| !r.kept).collect();
+    out.sort_by(|a, b| b.raw_logit.total_cmp(&a.raw_logit).then(a.id.cmp(&b.id)));
+    let rows: Vec<nextok_core::request::NamedRow> = kept
+        .iter()
+        .take(12)
+        .chain(out.iter().take(6))
+        .map(|r| nextok_core::request::NamedRow {
+            token: name(r.id),
+            row: (*r).clone(),
+        })
+        .collect();
+    let o = nextok_core::request::ExplainOutput {
+        selected: ex.record.selected,
+        selected_token: Some(name(ex.record.selected)),
+        support,
+        pipeline_hash: info.pipeline_hash.clone(),
+        pipeline: info.pipeline.clone(),
+        u: ex.record.rng.u,
+        tokens: rows,
+        record: ex.record.clone(),
+    };
+    Ok(crate::explain::ledger(&o, model.vocab.info.vocab_size))
 }
 
-/// The constraint the flags ask for, as the JSON spec stored in the request parameters.
-fn constraint_spec(a: &GenerateArgs) -> Result<Option<Value>, String> {
+/// The constraint the flags ask for.
+fn constraint_spec(a: &GenerateArgs) -> Result<Option<ConstraintSpec>, String> {
     let read = |p: &Path, flag: &str| {
         std::fs::read_to_string(p).map_err(|e| format!("--{flag} `{}`: {e}", p.display()))
     };
@@ -534,9 +656,7 @@ fn constraint_spec(a: &GenerateArgs) -> Result<Option<Value>, String> {
     }
     match specs.len() {
         0 => Ok(None),
-        1 => serde_json::to_value(&specs[0])
-            .map(Some)
-            .map_err(|e| e.to_string()),
+        1 => Ok(specs.pop()),
         _ => Err(
             "give at most one of --json-schema, --json, --regex, --choice, --grammar, --gbnf"
                 .into(),
@@ -544,419 +664,31 @@ fn constraint_spec(a: &GenerateArgs) -> Result<Option<Value>, String> {
     }
 }
 
-/// Compiles the request's constraint over the model's vocabulary.
-pub(crate) fn compile_constraint(
-    model: &Model,
-    params: &SamplingParams,
-) -> Result<Option<Arc<CompiledConstraint>>, String> {
-    let Some(spec) = &params.constraint else {
-        return Ok(None);
-    };
-    let spec: ConstraintSpec =
-        serde_json::from_value(spec.clone()).map_err(|e| format!("invalid constraint: {e}"))?;
-    let vocab =
-        ConstraintVocab::new(&model.vocab.bytes, &model.vocab.info).map_err(|e| e.to_string())?;
-    let engine = ConstraintEngine::new(Arc::new(vocab)).map_err(|e| e.to_string())?;
-    engine.compile(&spec).map(Some).map_err(|e| e.to_string())
-}
-
-pub(crate) struct SeqOut {
-    pub(crate) tokens: Vec<u32>,
-    pub(crate) records: Vec<StepRecord>,
-    pub(crate) finish: Option<FinishReason>,
-    pub(crate) time: SeqTime,
-    /// The ledger of the step `RunOpts::ledger` asked for, as text.
-    pub(crate) ledger: Option<String>,
-}
-
-/// Where a sequence's time went (wall clock of the decode loop, per part).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct SeqTime {
-    /// The whole loop, first step to last.
-    pub(crate) total: std::time::Duration,
-    /// Model calls (`decode_one`), including the wait for an overlapped mask.
-    pub(crate) model: std::time::Duration,
-    /// Sampler steps (processing, the mask when it was not prepared, selection, commit; with a
-    /// trace, building the record).
-    pub(crate) sample: std::time::Duration,
-    /// Masks prepared ahead on the other thread (off the critical path unless longer than
-    /// the model call).
-    pub(crate) prepare: std::time::Duration,
-    /// How long the loop waited for a prepared mask after the model call had finished.
-    pub(crate) wait: std::time::Duration,
-}
-
-pub(crate) fn run_sequence<S: LogitsSource + Send>(
-    model: &Model,
-    sampler: &Sampler,
-    mut src: S,
-    prompt: &[u32],
-    first_row: Vec<f32>,
-    seed: u64,
-    o: &RunOpts,
-) -> Result<SeqOut, String> {
-    let mut state = sampler.new_state(prompt, seed).map_err(|e| e.to_string())?;
-    if let Some(c) = &o.constraint {
-        state.set_grammar(Box::new(c.start()));
-    }
-    let mut ws = sampler.new_workspace();
-    let mut stream = sampler.text_stream();
-    let mut row = first_row;
-    let mut out = SeqOut {
-        tokens: Vec::new(),
-        records: Vec::new(),
-        finish: None,
-        time: SeqTime::default(),
-        ledger: None,
-    };
-    let stdout = std::io::stdout();
-    let ctx = model.weights.config.context_length;
-    let start = std::time::Instant::now();
-    loop {
-        if o.ledger == Some(state.step()) {
-            out.ledger = Some(step_ledger(model, sampler, &row, &state)?);
-        }
-        let t = std::time::Instant::now();
-        let res = if o.record {
-            let (res, rec) = sampler
-                .step_recorded(&row, &mut state, &mut ws, Draw::Stream, o.candidates)
-                .map_err(|e| e.to_string())?;
-            if let Some(n) = o.logprobs {
-                print_logprobs(model, sampler, &row, &mut ws, &rec, n, o.layer)?;
-            }
-            out.records.push(rec);
-            res
-        } else {
-            sampler
-                .step(&row, &mut state, &mut ws)
-                .map_err(|e| e.to_string())?
-        };
-        out.time.sample += t.elapsed();
-        out.tokens.push(res.token);
-        if o.stream {
-            let s = stream.push(
-                sampler.visible_bytes(res.token),
-                state.stop_state().hit.as_ref(),
-            );
-            let mut lock = stdout.lock();
-            let _ = lock.write_all(s.as_bytes());
-            let _ = lock.flush();
-        }
-        if res.finish.is_some() {
-            out.finish = res.finish;
-            break;
-        }
-        if src.len() + 1 >= ctx {
-            break;
-        }
-        let t = std::time::Instant::now();
-        let masking = o.overlap && state.grammar().is_some_and(|g| g.is_active());
-        row = if masking {
-            // the next mask depends only on the state: compute it while the model runs, as a
-            // job another thread of the pool steals (no thread is created per token)
-            let (row, prep) = rayon::join(
-                || {
-                    let row = src.decode_one(res.token);
-                    (row, std::time::Instant::now())
-                },
-                || {
-                    let t = std::time::Instant::now();
-                    sampler.prepare(&state).map(|()| t.elapsed())
-                },
-            );
-            let (row, done) = row;
-            out.time.wait += done.elapsed();
-            out.time.prepare += prep.map_err(|e| e.to_string())?;
-            row.map_err(|e| e.to_string())?
-        } else {
-            src.decode_one(res.token).map_err(|e| e.to_string())?
-        };
-        out.time.model += t.elapsed();
-    }
-    out.time.total = start.elapsed();
-    if o.stream {
-        let s = stream.finish();
-        let mut lock = stdout.lock();
-        let _ = lock.write_all(s.as_bytes());
-        let _ = lock.flush();
-    }
-    Ok(out)
-}
-
-/// The ledger of the step about to run on `row` (the state is not changed; the step that
-/// follows selects the same token). Rows: the support by final probability (at most 12), then
-/// the 6 highest raw logits outside it.
-fn step_ledger(
-    model: &Model,
-    sampler: &Sampler,
-    row: &[f32],
-    state: &nextok_core::DecoderState,
-) -> Result<String, String> {
-    let ex = sampler
-        .explain(row, state, Draw::Stream)
-        .map_err(|e| e.to_string())?;
-    let name = |t: u32| {
-        let b = model.vocab.token(t).unwrap_or(&[]);
-        format!("{:?}", String::from_utf8_lossy(b))
-    };
-    let mut kept: Vec<&nextok_core::TokenRow> = ex.tokens.iter().filter(|r| r.kept).collect();
-    kept.sort_by(|a, b| {
-        b.selection_prob
-            .total_cmp(&a.selection_prob)
-            .then(a.id.cmp(&b.id))
-    });
-    let mut support: Vec<u32> = kept.iter().map(|r| r.id).collect();
-    support.sort_unstable();
-    let mut out: Vec<&nextok_core::TokenRow> = ex.tokens.iter().filter(|r| !r.kept).collect();
-    out.sort_by(|a, b| b.raw_logit.total_cmp(&a.raw_logit).then(a.id.cmp(&b.id)));
-    let rows: Vec<nextok_core::request::NamedRow> = kept
-        .iter()
-        .take(12)
-        .chain(out.iter().take(6))
-        .map(|r| nextok_core::request::NamedRow {
-            token: name(r.id),
-            row: (*r).clone(),
-        })
-        .collect();
-    let o = nextok_core::request::ExplainOutput {
-        selected: ex.record.selected,
-        selected_token: Some(name(ex.record.selected)),
-        support,
-        pipeline_hash: sampler.pipeline_hash().to_string(),
-        pipeline: sampler.config().clone(),
-        u: ex.record.rng.u,
-        tokens: rows,
-        record: ex.record,
-    };
-    Ok(crate::explain::ledger(&o, model.vocab.info.vocab_size))
-}
-
-fn print_logprobs(
-    model: &Model,
-    sampler: &Sampler,
-    row: &[f32],
-    ws: &mut nextok_core::Workspace,
-    rec: &StepRecord,
-    n: usize,
-    layer: Layer,
-) -> Result<(), String> {
-    let name = |t: u32| {
-        let b = model.vocab.token(t).unwrap_or(&[]);
-        format!("{:?}", String::from_utf8_lossy(b))
-    };
-    let val = |c: &nextok_core::record::CandidateRecord| match layer {
-        Layer::Raw => c.raw_logprob,
-        Layer::Processed => c.processed_logprob,
-        Layer::Selection => c.selection_logprob,
-    };
-    let sel = sampler
-        .logprob(row, ws, rec.selected, layer)
-        .map_err(|e| e.to_string())?;
-    let layer_name = match layer {
-        Layer::Raw => "raw",
-        Layer::Processed => "processed",
-        Layer::Selection => "selection",
-    };
-    let mut line = format!(
-        "logprobs step {} [{layer_name}] selected {} {} {:.4} |",
-        rec.step,
-        rec.selected,
-        name(rec.selected),
-        sel.value
-    );
-    for c in rec.candidates.iter().take(n) {
-        line.push_str(&format!(" {} {} {:.4}", c.id, name(c.id), val(c)));
-    }
-    eprintln!("{line}");
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_beam(
-    model: &Model,
-    sampler: &Sampler,
-    constraint: Option<Arc<CompiledConstraint>>,
-    prompt: &[u32],
-    seed: u64,
-    width: usize,
-    alpha: f64,
-    max_tokens: usize,
-) -> Result<(), String> {
-    let cfg = BeamConfig {
-        width,
-        length_penalty: alpha,
-        max_tokens,
-        eos_token_ids: model.vocab.info.eos_token_ids.clone(),
-    };
-    let mut start = sampler.new_state(prompt, seed).map_err(|e| e.to_string())?;
-    if let Some(c) = &constraint {
-        start.set_grammar(Box::new(c.start()));
-    }
-    let scorer = PipelineScorer::new(sampler, start.clone());
-    let hyps =
-        beam_search_with(model.source(), prompt, &cfg, &scorer).map_err(|e| e.to_string())?;
-    for (i, h) in hyps.iter().enumerate() {
-        // the visible text, as a sampled sequence would stream it (stop strings cut it)
-        let mut st = start.clone();
-        let mut stream = sampler.text_stream();
-        let mut text = String::new();
-        for &t in &h.tokens {
-            sampler.commit(&mut st, t).map_err(|e| e.to_string())?;
-            text.push_str(&stream.push(sampler.visible_bytes(t), st.stop_state().hit.as_ref()));
-        }
-        text.push_str(&stream.finish());
-        if i == 0 {
-            println!("{text}");
-        }
-        let finish = match &h.finish {
-            BeamFinish::Eos => "eos".to_string(),
-            BeamFinish::Length => "length".to_string(),
-            BeamFinish::Stop(r) => finish_text(model, sampler.stop(), Some(*r)),
-        };
-        eprintln!(
-            "nextok: beam {i}: score {:.4} logprob {:.4} [processed] len {} finish {finish} {:?}",
-            h.score,
-            h.logprob,
-            h.tokens.len(),
-            text
-        );
-    }
-    Ok(())
-}
-
-/// Names the first difference between two JSON values (`""` when equal).
-fn first_diff(path: &str, a: &Value, b: &Value) -> Option<String> {
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            for (k, v) in x {
-                let p = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
-                };
-                match y.get(k) {
-                    Some(w) => {
-                        if let Some(d) = first_diff(&p, v, w) {
-                            return Some(d);
-                        }
-                    }
-                    None => return Some(p),
-                }
-            }
-            y.keys()
-                .find(|k| !x.contains_key(*k))
-                .map(|k| format!("{path}.{k}"))
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            for (i, (v, w)) in x.iter().zip(y).enumerate() {
-                if let Some(d) = first_diff(&format!("{path}[{i}]"), v, w) {
-                    return Some(d);
-                }
-            }
-            (x.len() != y.len()).then(|| format!("{path} (length {} vs {})", x.len(), y.len()))
-        }
-        _ => (a != b).then(|| path.to_string()),
-    }
-}
-
 /// Runs `nextok replay`.
 pub fn run_replay(a: ReplayArgs) -> Result<(), String> {
-    let f = std::fs::File::open(&a.file).map_err(|e| format!("`{}`: {e}", a.file.display()))?;
-    let mut lines = std::io::BufReader::new(f).lines();
-    let first = lines
-        .next()
-        .ok_or("the trace is empty")?
-        .map_err(|e| e.to_string())?;
-    let header: TraceHeader =
-        serde_json::from_str(&first).map_err(|e| format!("trace header: {e}"))?;
-    let recorded: Vec<Value> = lines
-        .enumerate()
-        .map(|(i, l)| {
-            let l = l.map_err(|e| e.to_string())?;
-            serde_json::from_str(&l).map_err(|e| format!("trace line {}: {e}", i + 2))
-        })
-        .collect::<Result<_, String>>()?;
+    let text =
+        std::fs::read_to_string(&a.file).map_err(|e| format!("`{}`: {e}", a.file.display()))?;
+    let (header, recorded) = trace::parse(&text).map_err(|e| e.to_string())?;
     let path = model_path(a.model.as_deref())?;
-    let model = load_model(&path, header.requant.into())?;
+    let requant = header.requant().map_err(|e| e.to_string())?;
+    let model = Arc::new(load_model(&path, requant)?);
     if model.sha256 != header.model_sha256 {
         return Err(format!(
             "the model's SHA-256 is {}, the trace was recorded with {}",
             model.sha256, header.model_sha256
         ));
     }
-    let sampler = make_sampler(&model, header.pipeline.clone(), header.stop.clone())?;
-    if sampler.pipeline_hash() != header.pipeline_hash {
+    let req = trace::replay_request(&header).map_err(|e| e.to_string())?;
+    let engine = Engine::new(model, EngineConfig::default()).map_err(|e| e.to_string())?;
+    let p = engine.prepare(&req).map_err(|e| e.to_string())?;
+    if p.info.pipeline_hash != header.pipeline_hash {
         return Err(format!(
             "the pipeline hashes to {}, the trace says {}",
-            sampler.pipeline_hash(),
-            header.pipeline_hash
+            p.info.pipeline_hash, header.pipeline_hash
         ));
     }
-    let opts = RunOpts {
-        logprobs: None,
-        layer: Layer::Selection,
-        record: true,
-        candidates: header.candidates,
-        stream: false,
-        constraint: compile_constraint(&model, &header.params)?,
-        overlap: true,
-        ledger: None,
-    };
-    let mut base = model.source();
-    let row0 = base
-        .prefill(&header.prompt_ids)
-        .map_err(|e| e.to_string())?;
-    let mut k = 0usize;
-    for (si, &seed) in header.seeds.iter().enumerate() {
-        let src = base.fork().map_err(|e| e.to_string())?;
-        let out = run_sequence(
-            &model,
-            &sampler,
-            src,
-            &header.prompt_ids,
-            row0.clone(),
-            seed,
-            &opts,
-        )?;
-        for r in &out.records {
-            // through the text form, as the trace holds it (f32 values print as f32)
-            let text = serde_json::to_string(r).map_err(|e| e.to_string())?;
-            let got: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-            let Some(want) = recorded.get(k) else {
-                return Err(format!(
-                    "replay mismatch: sequence {si} step {}: the replay goes on, the trace ends (line {})",
-                    r.step,
-                    k + 2
-                ));
-            };
-            if let Some(field) = first_diff("", want, &got) {
-                let simd = nextok_model::simd_features();
-                let hint = if field == "raw_logits_digest"
-                    && !header.simd.is_empty()
-                    && header.simd != simd
-                {
-                    format!(
-                        " (recorded by a build with SIMD features `{}`, this one has `{simd}`: the model's kernels, and so its logits, differ)",
-                        header.simd
-                    )
-                } else {
-                    String::new()
-                };
-                return Err(format!(
-                    "replay mismatch: sequence {si} step {} (trace line {}): field `{field}` differs{hint}",
-                    r.step,
-                    k + 2
-                ));
-            }
-            k += 1;
-        }
-    }
-    if k != recorded.len() {
-        return Err(format!(
-            "replay mismatch: the trace has {} step records, the replay produced {k}",
-            recorded.len()
-        ));
-    }
+    let run = engine.generate(req).map_err(|e| e.to_string())?;
+    let k = trace::compare(&header, &recorded, &run)?;
     eprintln!(
         "nextok: replay ok: {k} steps in {} sequence(s) match bit for bit",
         header.seeds.len()

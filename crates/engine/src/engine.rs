@@ -271,6 +271,13 @@ impl Engine {
         Ok(RequestHandle { info, rx, cancel })
     }
 
+    /// Prepares `req` without queueing it (the engine's caches are used): for callers that
+    /// drive a sequence themselves, like the one-sequence loop of [`crate::solo`].
+    pub fn prepare(&self, req: &GenerateRequest) -> Result<Prepared> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        self.inner.shared.prepare(req, id)
+    }
+
     /// Submits `req` and collects everything it produces (blocking; not from an async task).
     pub fn generate(&self, req: GenerateRequest) -> Result<Completion> {
         let mut h = self.submit(req)?;

@@ -37,11 +37,13 @@ mod error;
 mod prepare;
 pub mod request;
 pub(crate) mod scheduler;
+pub mod solo;
+pub mod trace;
 
 pub use engine::{Completion, Engine, EngineConfig, EngineStats, RequestHandle, SequenceOutput};
 pub use error::{EngineError, ErrorKind, Result};
 pub use nextok_constraint::ConstraintSpec;
-pub use prepare::fresh_seed;
+pub use prepare::{fresh_seed, Prepared};
 pub use request::{
     Event, GenerateRequest, LogprobOptions, PipelineChoice, Prompt, RequestInfo, Timing,
     TokenLogprobs, Usage,

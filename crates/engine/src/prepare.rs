@@ -31,14 +31,21 @@ pub(crate) struct ModelShared {
     clock: std::sync::atomic::AtomicU64,
 }
 
-/// A request ready to run.
-pub(crate) struct Prepared {
-    pub(crate) info: RequestInfo,
-    pub(crate) sampler: Arc<Sampler>,
-    pub(crate) constraint: Option<Arc<CompiledConstraint>>,
-    pub(crate) logprobs: Option<LogprobOptions>,
-    pub(crate) records: Option<usize>,
-    pub(crate) ledger_step: Option<u64>,
+/// A request ready to run: what [`Engine::prepare`](crate::Engine::prepare) returns.
+#[derive(Debug)]
+pub struct Prepared {
+    /// What the engine made of the request.
+    pub info: RequestInfo,
+    /// The compiled pipeline.
+    pub sampler: Arc<Sampler>,
+    /// The compiled constraint, if the request has one.
+    pub constraint: Option<Arc<CompiledConstraint>>,
+    /// Logprobs asked for.
+    pub logprobs: Option<LogprobOptions>,
+    /// Records asked for.
+    pub records: Option<usize>,
+    /// The ledger step asked for.
+    pub ledger_step: Option<u64>,
 }
 
 impl ModelShared {
@@ -163,14 +170,16 @@ impl ModelShared {
         let max_tokens = match params.max_tokens {
             None => room,
             Some(0) => return Err(EngineError::invalid("max_tokens", "must be at least 1")),
-            Some(m) if m > room => return Err(EngineError::new(
-                ErrorKind::TooLarge,
-                format!(
+            Some(m) if m > room => {
+                return Err(EngineError::new(
+                    ErrorKind::TooLarge,
+                    format!(
                     "{m} tokens after a prompt of {} exceed the context of {ctx}; at most {room}",
                     prompt_ids.len()
                 ),
-            )
-            .with_field("max_tokens")),
+                )
+                .with_field("max_tokens"))
+            }
             Some(m) => m,
         };
         params.max_tokens = Some(max_tokens);

@@ -1,0 +1,217 @@
+//! One sequence at a time, outside the scheduler.
+//!
+//! * [`run_sequence`] — the plain decode loop (one model call per token, the constraint's next
+//!   mask computed while the model runs): `nextok bench decode` measures it part by part, and
+//!   `nextok bench engine` runs requests through it one after another as the baseline of
+//!   continuous batching.
+//! * [`Engine::beam`](crate::Engine::beam) — beam search over the request's pipeline.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nextok_constraint::CompiledConstraint;
+use nextok_core::{Draw, FinishReason, Sampler, StepRecord};
+use nextok_model::beam::{beam_search_with, BeamConfig, BeamFinish, PipelineScorer};
+use nextok_model::{LogitsSource, Model};
+
+use crate::engine::Engine;
+use crate::error::{EngineError, Result};
+use crate::request::GenerateRequest;
+
+/// Options of [`run_sequence`].
+#[derive(Debug, Clone, Default)]
+pub struct SoloOptions {
+    /// Record every step with this many candidates.
+    pub record: Option<usize>,
+    /// The compiled constraint (its start state is attached).
+    pub constraint: Option<Arc<CompiledConstraint>>,
+    /// Compute the constraint's next mask on another thread while the model runs.
+    pub overlap: bool,
+}
+
+/// Where a sequence's time went (wall clock of the decode loop, per part).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SeqTime {
+    /// The whole loop, first step to last.
+    pub total: Duration,
+    /// Model calls (`decode_one`), including the wait for an overlapped mask.
+    pub model: Duration,
+    /// Sampler steps (processing, the mask when it was not prepared, selection, commit; with a
+    /// trace, building the record).
+    pub sample: Duration,
+    /// Masks prepared ahead on the other thread (off the critical path unless longer than
+    /// the model call).
+    pub prepare: Duration,
+    /// How long the loop waited for a prepared mask after the model call had finished.
+    pub wait: Duration,
+}
+
+/// What [`run_sequence`] produced.
+#[derive(Debug, Clone, Default)]
+pub struct SoloOutput {
+    /// Selected tokens.
+    pub tokens: Vec<u32>,
+    /// Step records, when asked for.
+    pub records: Vec<StepRecord>,
+    /// Why it ended (`None`: the context is full).
+    pub finish: Option<FinishReason>,
+    /// Where the time went.
+    pub time: SeqTime,
+}
+
+/// Decodes one sequence from `first_row` (the logits after `prompt`, already fed to `src`)
+/// until it finishes.
+pub fn run_sequence<S: LogitsSource + Send>(
+    model: &Model,
+    sampler: &Sampler,
+    mut src: S,
+    prompt: &[u32],
+    first_row: Vec<f32>,
+    seed: u64,
+    o: &SoloOptions,
+) -> Result<SoloOutput> {
+    let mut state = sampler.new_state(prompt, seed).map_err(EngineError::core)?;
+    if let Some(c) = &o.constraint {
+        state.set_grammar(Box::new(c.start()));
+    }
+    let mut ws = sampler.new_workspace();
+    let mut row = first_row;
+    let mut out = SoloOutput::default();
+    let ctx = model.weights.config.context_length;
+    let start = Instant::now();
+    loop {
+        let t = Instant::now();
+        let res = if let Some(n) = o.record {
+            let (res, rec) = sampler
+                .step_recorded(&row, &mut state, &mut ws, Draw::Stream, n)
+                .map_err(EngineError::core)?;
+            out.records.push(rec);
+            res
+        } else {
+            sampler
+                .step(&row, &mut state, &mut ws)
+                .map_err(EngineError::core)?
+        };
+        out.time.sample += t.elapsed();
+        out.tokens.push(res.token);
+        if res.finish.is_some() {
+            out.finish = res.finish;
+            break;
+        }
+        if src.len() + 1 >= ctx {
+            break;
+        }
+        let t = Instant::now();
+        let masking = o.overlap && state.grammar().is_some_and(|g| g.is_active());
+        row = if masking {
+            // the next mask depends only on the state: compute it while the model runs, as a
+            // job another thread of the pool steals (no thread is created per token)
+            let (row, prep) = rayon::join(
+                || {
+                    let row = src.decode_one(res.token);
+                    (row, Instant::now())
+                },
+                || {
+                    let t = Instant::now();
+                    sampler.prepare(&state).map(|()| t.elapsed())
+                },
+            );
+            let (row, done) = row;
+            out.time.wait += done.elapsed();
+            out.time.prepare += prep.map_err(EngineError::core)?;
+            row.map_err(EngineError::model)?
+        } else {
+            src.decode_one(res.token).map_err(EngineError::model)?
+        };
+        out.time.model += t.elapsed();
+    }
+    out.time.total = start.elapsed();
+    Ok(out)
+}
+
+/// How a beam hypothesis ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BeamEnd {
+    /// An EOS token.
+    Eos,
+    /// The length limit.
+    Length,
+    /// A stop condition of the request (stop token, stop string, grammar acceptance).
+    Stop(FinishReason),
+}
+
+/// One finished beam hypothesis.
+#[derive(Debug, Clone)]
+pub struct BeamOutput {
+    /// Its tokens.
+    pub tokens: Vec<u32>,
+    /// Its visible text (stop strings cut it as a sampled sequence's stream would).
+    pub text: String,
+    /// Length-penalised score.
+    pub score: f64,
+    /// Sum of processed-layer logprobs.
+    pub logprob: f64,
+    /// How it ended.
+    pub end: BeamEnd,
+}
+
+impl Engine {
+    /// Beam search with `width` hypotheses and length penalty `alpha` over `req`'s pipeline,
+    /// on the calling thread (not batched). Each hypothesis has its own decoder state (masks,
+    /// penalties, constraint, stop conditions); best first.
+    pub fn beam(&self, req: GenerateRequest, width: usize, alpha: f64) -> Result<Vec<BeamOutput>> {
+        if width == 0 {
+            return Err(EngineError::invalid("beam_width", "must be at least 1"));
+        }
+        if width > 64 {
+            return Err(EngineError::invalid("beam_width", "at most 64"));
+        }
+        if req.n != 1 {
+            return Err(EngineError::invalid(
+                "n",
+                "beam search returns its own hypotheses; n must be 1",
+            ));
+        }
+        let p = self.prepare(&req)?;
+        let model = self.model();
+        let sampler = &p.sampler;
+        let seed = p.info.seeds[0];
+        let cfg = BeamConfig {
+            width,
+            length_penalty: alpha,
+            max_tokens: p.info.max_tokens as usize,
+            eos_token_ids: model.vocab.info.eos_token_ids.clone(),
+        };
+        let prompt = &p.info.prompt_ids;
+        let mut start = sampler.new_state(prompt, seed).map_err(EngineError::core)?;
+        if let Some(c) = &p.constraint {
+            start.set_grammar(Box::new(c.start()));
+        }
+        let scorer = PipelineScorer::new(sampler, start.clone());
+        let hyps =
+            beam_search_with(model.source(), prompt, &cfg, &scorer).map_err(EngineError::model)?;
+        let mut out = Vec::with_capacity(hyps.len());
+        for h in hyps {
+            let mut st = start.clone();
+            let mut stream = sampler.text_stream();
+            let mut text = String::new();
+            for &t in &h.tokens {
+                sampler.commit(&mut st, t).map_err(EngineError::core)?;
+                text.push_str(&stream.push(sampler.visible_bytes(t), st.stop_state().hit.as_ref()));
+            }
+            text.push_str(&stream.finish());
+            out.push(BeamOutput {
+                tokens: h.tokens,
+                text,
+                score: h.score,
+                logprob: h.logprob,
+                end: match h.finish {
+                    BeamFinish::Eos => BeamEnd::Eos,
+                    BeamFinish::Length => BeamEnd::Length,
+                    BeamFinish::Stop(r) => BeamEnd::Stop(r),
+                },
+            });
+        }
+        Ok(out)
+    }
+}
