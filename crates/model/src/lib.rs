@@ -12,6 +12,8 @@
 //!   from GGUF metadata, the chat template, and the file's SHA-256;
 //! * [`fetch`] — the default model, fetched once into a cache directory and verified;
 //! * [`chat`] — rendering the GGUF chat template;
+//! * [`kernels`] — quantised matrix × batch-of-activations kernels (Q4_1/Q8_0 weights, Q8_1
+//!   activations), bit-identical across batch sizes, threads and SIMD levels;
 //! * [`beam`] — beam search over any [`LogitsSource`];
 //! * [`scripted`] — a logits source that replays a scripted tree (tests, examples).
 
@@ -21,6 +23,7 @@ pub mod beam;
 pub mod chat;
 mod error;
 pub mod fetch;
+pub mod kernels;
 pub mod llama;
 pub mod scripted;
 
