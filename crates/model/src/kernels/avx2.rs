@@ -43,14 +43,15 @@ mod fallback {
     ///
     /// # Safety
     /// None needed; `unsafe` only mirrors the x86-64 signature.
-    pub(in super::super) unsafe fn dot_rows(
+    pub(in super::super) unsafe fn dot_tile(
         w: &QMatrix,
-        r: usize,
+        r0: usize,
+        nr: usize,
         a: &Activations,
         b0: usize,
         n: usize,
-    ) -> [f32; 4] {
-        scalar::dot_rows(w, r, a, b0, n)
+    ) -> [[f32; 4]; 4] {
+        scalar::dot_tile(w, r0, nr, a, b0, n)
     }
 }
 
@@ -136,177 +137,250 @@ mod imp {
         _mm_cvtss_f32(r)
     }
 
-    /// The dots of weight row `r` with activation rows `b0..b0 + n` (`1 ≤ n ≤ 4`, `b0 % 4 == 0`)
-    /// in `[..n]` (see [`super::super::scalar::dot_rows`]).
+    /// The dots of weight rows `r0..r0 + nr` with activation rows `b0..b0 + n` (`1 ≤ nr ≤ 4`,
+    /// `1 ≤ n ≤ 4`, `b0 % 4 == 0`): `res[ri][bi]` (see [`super::super::scalar::dot_tile`]).
+    /// Tiles of 4×1, 4×2, 2×3, 2×4 and 1×n run as one register tile; others row by row.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(in super::super) fn dot_rows(
+    pub(in super::super) fn dot_tile(
         w: &QMatrix,
-        r: usize,
+        r0: usize,
+        nr: usize,
         a: &Activations,
         b0: usize,
         n: usize,
-    ) -> [f32; 4] {
-        match (w.format, n) {
-            (MatFormat::Q4_1, 1) => q4_1::<1>(w, r, a, b0),
-            (MatFormat::Q4_1, 2) => q4_1::<2>(w, r, a, b0),
-            (MatFormat::Q4_1, 3) => q4_1::<3>(w, r, a, b0),
-            (MatFormat::Q4_1, _) => q4_1::<4>(w, r, a, b0),
-            (MatFormat::Q8_0, 1) => q8_0::<1>(w, r, a, b0),
-            (MatFormat::Q8_0, 2) => q8_0::<2>(w, r, a, b0),
-            (MatFormat::Q8_0, 3) => q8_0::<3>(w, r, a, b0),
-            (MatFormat::Q8_0, _) => q8_0::<4>(w, r, a, b0),
+    ) -> [[f32; 4]; 4] {
+        macro_rules! go {
+            ($f:ident; $(($r:literal, $n:literal)),*) => {
+                match (nr, n) {
+                    $(($r, $n) => return $f::<$r, $n>(w, r0, a, b0),)*
+                    _ => {}
+                }
+            };
         }
+        match w.format {
+            MatFormat::Q4_1 => {
+                go!(q4_1; (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 3), (2, 4))
+            }
+            MatFormat::Q8_0 => {
+                go!(q8_0; (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 3), (2, 4))
+            }
+        }
+        let mut res = [[0f32; 4]; 4];
+        for (ri, res) in res.iter_mut().enumerate().take(nr.min(4)) {
+            *res = dot_tile(w, r0 + ri, 1, a, b0, n)[0];
+        }
+        res
     }
 
-    /// The operand rows of one call: weight row `r`, activation rows `b0..b0 + N`, as slices
-    /// whose lengths the kernels rely on.
-    struct Rows<'a, const N: usize> {
-        wq: &'a [Chunk],
-        wd: &'a [u16],
+    /// The operand rows of one tile: weight rows `r0..r0 + R`, activation rows `b0..b0 + N`,
+    /// as slices whose lengths the kernels rely on (`nbp` scales, `qchunks` / `nb` chunks).
+    struct Tile<'a, const R: usize, const N: usize> {
+        wq: [&'a [Chunk]; R],
+        wd: [&'a [u16]; R],
         aq: [&'a [Chunk]; N],
         ad: [&'a [f32]; N],
     }
 
-    fn rows<'a, const N: usize>(
+    #[inline(always)]
+    fn tile<'a, const R: usize, const N: usize>(
         w: &'a QMatrix,
-        r: usize,
+        r0: usize,
         a: &'a Activations,
         b0: usize,
-    ) -> Rows<'a, N> {
-        Rows {
-            wq: &w.qs[r * w.qchunks..(r + 1) * w.qchunks],
-            wd: &w.d[r * w.nbp..(r + 1) * w.nbp],
+    ) -> Tile<'a, R, N> {
+        Tile {
+            wq: std::array::from_fn(|i| &w.qs[(r0 + i) * w.qchunks..(r0 + i + 1) * w.qchunks]),
+            wd: std::array::from_fn(|i| &w.d[(r0 + i) * w.nbp..(r0 + i + 1) * w.nbp]),
             aq: std::array::from_fn(|i| &a.q[(b0 + i) * a.nb..(b0 + i + 1) * a.nb]),
             ad: std::array::from_fn(|i| &a.d[(b0 + i) * a.nbp..(b0 + i + 1) * a.nbp]),
         }
     }
 
-    /// `sc[i][kk] = f32(d_w[base + kk]) · d_a[i][base + kk]` for the eight blocks from `base`.
+    /// `sc[ri][bi][kk] = f32(d_w[ri][base + kk]) · d_a[bi][base + kk]` for the eight blocks from
+    /// `base`.
     ///
     /// # Safety
-    /// `base + 8 ≤ nbp`, the length of `rw.wd` and of every `rw.ad[i]`.
+    /// `base + 8 ≤ nbp`, the length of every `t.wd[ri]` and `t.ad[bi]`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scales<const N: usize>(rw: &Rows<'_, N>, base: usize, sc: &mut [[f32; 8]; N]) {
-        // SAFETY: eight `u16`s from `base` are in `rw.wd` (caller).
-        let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(rw.wd.as_ptr().add(base).cast()) });
-        for i in 0..N {
-            // SAFETY: eight `f32`s from `base` are in `rw.ad[i]` (caller); `sc[i]` has eight.
-            unsafe {
-                let da = _mm256_loadu_ps(rw.ad[i].as_ptr().add(base));
-                _mm256_storeu_ps(sc[i].as_mut_ptr(), _mm256_mul_ps(dw, da));
+    #[inline]
+    unsafe fn scales<const R: usize, const N: usize>(
+        t: &Tile<'_, R, N>,
+        base: usize,
+        sc: &mut [[[f32; 8]; N]; R],
+    ) {
+        // SAFETY: eight `f32`s from `base` are in `t.ad[bi]` (caller).
+        let da: [__m256; N] =
+            std::array::from_fn(|bi| unsafe { _mm256_loadu_ps(t.ad[bi].as_ptr().add(base)) });
+        for ri in 0..R {
+            // SAFETY: eight `u16`s from `base` are in `t.wd[ri]` (caller).
+            let dw =
+                _mm256_cvtph_ps(unsafe { _mm_loadu_si128(t.wd[ri].as_ptr().add(base).cast()) });
+            for bi in 0..N {
+                // SAFETY: `sc[ri][bi]` has eight `f32`s.
+                unsafe { _mm256_storeu_ps(sc[ri][bi].as_mut_ptr(), _mm256_mul_ps(dw, da[bi])) };
             }
         }
     }
 
-    /// One Q4_1 block `k` (quants `wv`, in element order, 0..16) against `N` activation rows.
-    macro_rules! q4_step {
-        ($rw:ident, $acc:ident, $sc:ident, $ones:ident, $wv:expr, $k:expr, $kk:expr) => {
-            for i in 0..N {
-                // SAFETY: `k < nb`, the length of `rw.aq[i]`; chunks are 32-byte aligned.
-                let av = unsafe { _mm256_load_si256($rw.aq[i].as_ptr().add($k).cast()) };
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16($wv, av), $ones);
-                $acc[i] =
-                    _mm256_fmadd_ps(_mm256_set1_ps($sc[i][$kk]), _mm256_cvtepi32_ps(p), $acc[i]);
+    /// Sums the register tile into `res[ri][bi]` (`hsum8`, plus `summ` lane `bi` for Q4_1).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn finish<const R: usize, const N: usize>(
+        acc: &[[__m256; N]; R],
+        summ: Option<&[__m128; R]>,
+    ) -> [[f32; 4]; 4] {
+        let mut res = [[0f32; 4]; 4];
+        for ri in 0..R {
+            let mut sm = [0f32; 4];
+            if let Some(summ) = summ {
+                // SAFETY: `sm` has four `f32`s.
+                unsafe { _mm_storeu_ps(sm.as_mut_ptr(), summ[ri]) };
             }
-        };
+            for bi in 0..N {
+                let h = hsum8(acc[ri][bi]);
+                res[ri][bi] = if summ.is_some() { h + sm[bi] } else { h };
+            }
+        }
+        res
     }
 
-    /// Q4_1 × Q8_1 for weight row `r` and activation rows `b0..b0 + N`.
+    /// Q4_1 × Q8_1 for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`.
     ///
     /// `maddubs` cannot saturate: the weight quants are in `0..=15` and the activation quants in
     /// `−127..=127`, so a pair sums to at most `2 · 15 · 127 = 3810` in magnitude.
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn q4_1<const N: usize>(w: &QMatrix, r: usize, a: &Activations, b0: usize) -> [f32; 4] {
+    fn q4_1<const R: usize, const N: usize>(
+        w: &QMatrix,
+        r0: usize,
+        a: &Activations,
+        b0: usize,
+    ) -> [[f32; 4]; 4] {
         let nb = w.nb;
-        let rw = rows::<N>(w, r, a, b0);
-        let wm = &w.m[r * w.nbp..(r + 1) * w.nbp];
+        let t = tile::<R, N>(w, r0, a, b0);
+        let wm: [&[u16]; R] = std::array::from_fn(|i| &w.m[(r0 + i) * w.nbp..(r0 + i + 1) * w.nbp]);
         // `s[k · np4 + b0 + i]` for `i < 4`: `b0 % 4 == 0` and `np4 % 4 == 0`, so the four
         // lanes of block `k` lie in `s[k · np4 + b0..][..4]`, inside `s` (len `nb · np4`).
-        let s = &a.s[b0.min(a.s.len())..];
-        debug_assert!(b0 % 4 == 0 && a.np4 % 4 == 0 && b0 < a.np4);
+        assert!(b0 % 4 == 0 && a.np4 % 4 == 0 && b0 < a.np4 && a.s.len() == nb * a.np4);
+        let s = &a.s[b0..];
         let mask = _mm256_set1_epi8(0x0F);
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut summ = _mm_setzero_ps();
-        let mut sc = [[0f32; 8]; N];
-        let mut mm = [0f32; 8];
+        let mut acc = [[_mm256_setzero_ps(); N]; R];
+        let mut summ = [_mm_setzero_ps(); R];
+        let mut sc = [[[0f32; 8]; N]; R];
+        let mut mm = [[0f32; 8]; R];
         let mut base = 0;
         while base < nb {
             // SAFETY: `base < nb ≤ nbp` and `nbp % 8 == 0`, so `base + 8 ≤ nbp`.
-            unsafe { scales(&rw, base, &mut sc) };
-            // SAFETY: as above, eight `u16`s from `base` are in `wm` (len `nbp`).
-            let m8 = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(wm.as_ptr().add(base).cast()) });
-            // SAFETY: `mm` has eight `f32`s.
-            unsafe { _mm256_storeu_ps(mm.as_mut_ptr(), m8) };
+            unsafe { scales(&t, base, &mut sc) };
+            for ri in 0..R {
+                // SAFETY: as above, eight `u16`s from `base` are in `wm[ri]` (len `nbp`), and
+                // `mm[ri]` has eight `f32`s.
+                unsafe {
+                    let m8 = _mm256_cvtph_ps(_mm_loadu_si128(wm[ri].as_ptr().add(base).cast()));
+                    _mm256_storeu_ps(mm[ri].as_mut_ptr(), m8);
+                }
+            }
             let kend = (nb - base).min(8);
             let mut kk = 0;
             while kk < kend {
                 let k = base + kk;
-                // SAFETY: `k / 2 < ceil(nb / 2) = qchunks`, the length of `rw.wq`; aligned.
-                let x = unsafe { _mm256_load_si256(rw.wq.as_ptr().add(k / 2).cast()) };
-                let lo = _mm256_and_si256(x, mask);
-                q4_step!(rw, acc, sc, ones, lo, k, kk);
-                // SAFETY: `k · np4 + b0 + 4 ≤ (k + 1) · np4 ≤ s.len() + b0`.
-                let sv = unsafe { _mm_loadu_ps(s.as_ptr().add(k * a.np4)) };
-                summ = _mm_fmadd_ps(_mm_set1_ps(mm[kk]), sv, summ);
-                if kk + 1 < kend {
-                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), mask);
-                    q4_step!(rw, acc, sc, ones, hi, k + 1, kk + 1);
-                    // SAFETY: as above for block `k + 1 < nb`.
-                    let sv = unsafe { _mm_loadu_ps(s.as_ptr().add((k + 1) * a.np4)) };
-                    summ = _mm_fmadd_ps(_mm_set1_ps(mm[kk + 1]), sv, summ);
+                let pair = kk + 1 < kend;
+                // SAFETY: `k · np4 + 4 ≤ nb · np4 − b0 = s.len()` for block `k < nb`, and the
+                // same for block `k + 1` when `pair`.
+                let sv0 = unsafe { _mm_loadu_ps(s.as_ptr().add(k * a.np4)) };
+                // SAFETY: `k / 2 < ceil(nb / 2) = qchunks`, the length of each `t.wq[ri]`;
+                // chunks are 32-byte aligned.
+                let x: [__m256i; R] = std::array::from_fn(|ri| unsafe {
+                    _mm256_load_si256(t.wq[ri].as_ptr().add(k / 2).cast())
+                });
+                for bi in 0..N {
+                    // SAFETY: `k < nb`, the length of `t.aq[bi]`; chunks are aligned.
+                    let av = unsafe { _mm256_load_si256(t.aq[bi].as_ptr().add(k).cast()) };
+                    for ri in 0..R {
+                        let wv = _mm256_and_si256(x[ri], mask);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, av), ones);
+                        acc[ri][bi] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(sc[ri][bi][kk]),
+                            _mm256_cvtepi32_ps(p),
+                            acc[ri][bi],
+                        );
+                    }
+                }
+                for ri in 0..R {
+                    summ[ri] = _mm_fmadd_ps(_mm_set1_ps(mm[ri][kk]), sv0, summ[ri]);
+                }
+                if pair {
+                    // SAFETY: as above, for block `k + 1 < nb`.
+                    let sv1 = unsafe { _mm_loadu_ps(s.as_ptr().add((k + 1) * a.np4)) };
+                    for bi in 0..N {
+                        // SAFETY: `k + 1 < nb`, the length of `t.aq[bi]`; aligned.
+                        let av = unsafe { _mm256_load_si256(t.aq[bi].as_ptr().add(k + 1).cast()) };
+                        for ri in 0..R {
+                            let wv = _mm256_and_si256(_mm256_srli_epi16::<4>(x[ri]), mask);
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, av), ones);
+                            acc[ri][bi] = _mm256_fmadd_ps(
+                                _mm256_set1_ps(sc[ri][bi][kk + 1]),
+                                _mm256_cvtepi32_ps(p),
+                                acc[ri][bi],
+                            );
+                        }
+                    }
+                    for ri in 0..R {
+                        summ[ri] = _mm_fmadd_ps(_mm_set1_ps(mm[ri][kk + 1]), sv1, summ[ri]);
+                    }
                 }
                 kk += 2;
             }
             base += 8;
         }
-        let mut sm = [0f32; 4];
-        // SAFETY: `sm` has four `f32`s.
-        unsafe { _mm_storeu_ps(sm.as_mut_ptr(), summ) };
-        let mut res = [0f32; 4];
-        for i in 0..N {
-            res[i] = hsum8(acc[i]) + sm[i];
-        }
-        res
+        finish(&acc, Some(&summ))
     }
 
-    /// Q8_0 × Q8_0 for weight row `r` and activation rows `b0..b0 + N`.
+    /// Q8_0 × Q8_0 for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`.
     ///
     /// Sign trick: `maddubs(|w| as u8, sign(a, w))`. `|w| ≤ 128` (a weight of −128 becomes the
     /// unsigned byte 128) and `|sign(a, w)| ≤ 127`, so a pair sums to at most
     /// `2 · 128 · 127 = 32512 ≤ 32767`: `maddubs` never saturates, even for −128 weights.
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn q8_0<const N: usize>(w: &QMatrix, r: usize, a: &Activations, b0: usize) -> [f32; 4] {
+    fn q8_0<const R: usize, const N: usize>(
+        w: &QMatrix,
+        r0: usize,
+        a: &Activations,
+        b0: usize,
+    ) -> [[f32; 4]; 4] {
         let nb = w.nb;
-        let rw = rows::<N>(w, r, a, b0);
+        let t = tile::<R, N>(w, r0, a, b0);
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut sc = [[0f32; 8]; N];
+        let mut acc = [[_mm256_setzero_ps(); N]; R];
+        let mut sc = [[[0f32; 8]; N]; R];
         let mut base = 0;
         while base < nb {
             // SAFETY: `base < nb ≤ nbp` and `nbp % 8 == 0`, so `base + 8 ≤ nbp`.
-            unsafe { scales(&rw, base, &mut sc) };
+            unsafe { scales(&t, base, &mut sc) };
             let kend = (nb - base).min(8);
             for kk in 0..kend {
                 let k = base + kk;
-                // SAFETY: `k < nb = qchunks`, the length of `rw.wq`; chunks are aligned.
-                let x = unsafe { _mm256_load_si256(rw.wq.as_ptr().add(k).cast()) };
-                let ax = _mm256_sign_epi8(x, x);
-                for i in 0..N {
-                    // SAFETY: `k < nb`, the length of `rw.aq[i]`; chunks are aligned.
-                    let av = unsafe { _mm256_load_si256(rw.aq[i].as_ptr().add(k).cast()) };
-                    let sy = _mm256_sign_epi8(av, x);
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
-                    acc[i] =
-                        _mm256_fmadd_ps(_mm256_set1_ps(sc[i][kk]), _mm256_cvtepi32_ps(p), acc[i]);
+                // SAFETY: `k < nb = qchunks`, the length of each `t.wq[ri]`; aligned.
+                let x: [__m256i; R] = std::array::from_fn(|ri| unsafe {
+                    _mm256_load_si256(t.wq[ri].as_ptr().add(k).cast())
+                });
+                let ax: [__m256i; R] = std::array::from_fn(|ri| _mm256_sign_epi8(x[ri], x[ri]));
+                for bi in 0..N {
+                    // SAFETY: `k < nb`, the length of `t.aq[bi]`; chunks are aligned.
+                    let av = unsafe { _mm256_load_si256(t.aq[bi].as_ptr().add(k).cast()) };
+                    for ri in 0..R {
+                        let sy = _mm256_sign_epi8(av, x[ri]);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[ri], sy), ones);
+                        acc[ri][bi] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(sc[ri][bi][kk]),
+                            _mm256_cvtepi32_ps(p),
+                            acc[ri][bi],
+                        );
+                    }
                 }
             }
             base += 8;
         }
-        let mut res = [0f32; 4];
-        for i in 0..N {
-            res[i] = hsum8(acc[i]);
-        }
-        res
+        finish(&acc, None)
     }
 }

@@ -561,17 +561,25 @@ unsafe fn run_rows(
         let mut b0 = 0;
         while b0 < a.n {
             let nb = (a.n - b0).min(4);
-            for r in t0..t1 {
+            // Register tiles of at most eight (row, activation) pairs; the last rows of the
+            // range go one by one (same operations per element, so the same bits).
+            let nr = if nb <= 2 { 4 } else { 2 };
+            let mut r = t0;
+            while r < t1 {
+                let nr = if r + nr <= t1 { nr } else { 1 };
                 let res = match level {
                     // SAFETY: the caller checked that the CPU has AVX2, FMA and F16C.
-                    Level::Avx2 => unsafe { avx2::dot_rows(w, r, a, b0, nb) },
-                    Level::Scalar => scalar::dot_rows(w, r, a, b0, nb),
+                    Level::Avx2 => unsafe { avx2::dot_tile(w, r, nr, a, b0, nb) },
+                    Level::Scalar => scalar::dot_tile(w, r, nr, a, b0, nb),
                 };
-                for (i, v) in res.iter().take(nb).enumerate() {
-                    // SAFETY: `b0 + i < a.n` and `r < w.rows`, so the index is in bounds of the
-                    // caller's buffer, and no other task writes row `r`.
-                    unsafe { *out.add((b0 + i) * w.rows + r) = *v };
+                for (ri, res) in res.iter().take(nr).enumerate() {
+                    for (bi, v) in res.iter().take(nb).enumerate() {
+                        // SAFETY: `b0 + bi < a.n` and `r + ri < r1 ≤ w.rows`, so the index is in
+                        // bounds of the caller's buffer, and no other task writes these rows.
+                        unsafe { *out.add((b0 + bi) * w.rows + r + ri) = *v };
+                    }
                 }
+                r += nr;
             }
             b0 += 4;
         }

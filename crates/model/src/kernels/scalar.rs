@@ -46,11 +46,21 @@ pub(super) fn quantize_block(x: &[f32; BLOCK], id: f32, q: &mut [u8; BLOCK]) -> 
     sum
 }
 
-/// The dots of weight row `r` with activation rows `b0..b0 + n` (`n ≤ 4`) in `[..n]`.
-pub(super) fn dot_rows(w: &QMatrix, r: usize, a: &Activations, b0: usize, n: usize) -> [f32; 4] {
-    let mut res = [0f32; 4];
-    for (i, res) in res.iter_mut().enumerate().take(n) {
-        *res = dot(w, r, a, b0 + i);
+/// The dots of weight rows `r0..r0 + nr` with activation rows `b0..b0 + n` (`nr, n ≤ 4`):
+/// `res[ri][bi]`.
+pub(super) fn dot_tile(
+    w: &QMatrix,
+    r0: usize,
+    nr: usize,
+    a: &Activations,
+    b0: usize,
+    n: usize,
+) -> [[f32; 4]; 4] {
+    let mut res = [[0f32; 4]; 4];
+    for (ri, res) in res.iter_mut().enumerate().take(nr) {
+        for (bi, res) in res.iter_mut().enumerate().take(n) {
+            *res = dot(w, r0 + ri, a, b0 + bi);
+        }
     }
     res
 }
