@@ -42,6 +42,12 @@ impl From<nextok_vocab::VocabError> for ModelError {
     }
 }
 
+impl From<crate::kernels::KernelError> for ModelError {
+    fn from(e: crate::kernels::KernelError) -> Self {
+        ModelError::new(format!("kernel: {e}"))
+    }
+}
+
 impl From<std::io::Error> for ModelError {
     fn from(e: std::io::Error) -> Self {
         ModelError::new(format!("I/O error: {e}"))

@@ -9,13 +9,13 @@
 //! * [`llama`] — a llama-architecture GGUF model (CPU): one forward pass over a batch of
 //!   sequences at their own positions ([`LlamaWeights::forward_batch`]), batch-invariant, on
 //!   nextok's own quantised kernels; optional re-quantisation to Q8_0;
-//! * [`kernels`] — quantised matrix × batch kernels (Q4_1, Q8_0) that read each weight block
-//!   once for all rows, SIMD chosen at run time with a bit-identical scalar reference;
 //! * [`kv`] — the paged KV cache: blocks shared by forks and the prefix cache, copied on write;
 //! * [`Model`] — a loaded GGUF file: weights, its exact-bytes vocabulary, the tokenizer rebuilt
 //!   from GGUF metadata, the chat template, and the file's SHA-256;
 //! * [`fetch`] — the default model, fetched once into a cache directory and verified;
 //! * [`chat`] — rendering the GGUF chat template;
+//! * [`kernels`] — quantised matrix × batch-of-activations kernels (Q4_1/Q8_0 weights, Q8_1
+//!   activations), bit-identical across batch sizes, threads and SIMD levels;
 //! * [`beam`] — beam search over any [`LogitsSource`];
 //! * [`scripted`] — a logits source that replays a scripted tree (tests, examples).
 

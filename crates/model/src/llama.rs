@@ -474,7 +474,7 @@ impl LlamaWeights {
         for q in seqs.iter() {
             for &t in q.tokens {
                 self.embed
-                    .dequantize_row(t as usize, &mut s.x[r * d..(r + 1) * d]);
+                    .dequantize_row(t as usize, &mut s.x[r * d..(r + 1) * d])?;
                 r += 1;
             }
         }
@@ -490,10 +490,10 @@ impl LlamaWeights {
         let scale = 1.0 / (hd as f32).sqrt();
         for (li, layer) in self.layers.iter().enumerate() {
             rms_norm_rows(&s.x, &layer.attn_norm, eps, &mut s.h, d);
-            s.acts.quantize(&s.h, n, d);
-            kernels::matmul(&layer.wq, &s.acts, &mut s.q);
-            kernels::matmul(&layer.wk, &s.acts, &mut s.k);
-            kernels::matmul(&layer.wv, &s.acts, &mut s.v);
+            s.acts.quantize(&s.h, n, d)?;
+            kernels::matmul(&layer.wq, &s.acts, &mut s.q)?;
+            kernels::matmul(&layer.wk, &s.acts, &mut s.k)?;
+            kernels::matmul(&layer.wv, &s.acts, &mut s.v)?;
             for (row, &(_, pos)) in s.rows.iter().enumerate() {
                 let (c, sn) = self.rope_at(pos);
                 for head in s.q[row * d..(row + 1) * d].chunks_exact_mut(hd) {
@@ -529,18 +529,18 @@ impl LlamaWeights {
                         attend(kvs[si], li, g, pos, q, hd, scale, out);
                     });
             }
-            s.acts.quantize(&s.att, n, d);
-            kernels::matmul(&layer.wo, &s.acts, &mut s.tmp);
+            s.acts.quantize(&s.att, n, d)?;
+            kernels::matmul(&layer.wo, &s.acts, &mut s.tmp)?;
             add_in_place(&mut s.x, &s.tmp);
             rms_norm_rows(&s.x, &layer.ffn_norm, eps, &mut s.h, d);
-            s.acts.quantize(&s.h, n, d);
-            kernels::matmul(&layer.w_gate, &s.acts, &mut s.gate);
-            kernels::matmul(&layer.w_up, &s.acts, &mut s.up);
+            s.acts.quantize(&s.h, n, d)?;
+            kernels::matmul(&layer.w_gate, &s.acts, &mut s.gate)?;
+            kernels::matmul(&layer.w_up, &s.acts, &mut s.up)?;
             for (g, u) in s.gate.iter_mut().zip(&s.up) {
                 *g = silu(*g) * *u;
             }
-            s.acts.quantize(&s.gate, n, cfg.n_ff);
-            kernels::matmul(&layer.w_down, &s.acts, &mut s.tmp);
+            s.acts.quantize(&s.gate, n, cfg.n_ff)?;
+            kernels::matmul(&layer.w_down, &s.acts, &mut s.tmp)?;
             add_in_place(&mut s.x, &s.tmp);
         }
         for q in seqs.iter_mut() {
@@ -563,11 +563,11 @@ impl LlamaWeights {
                 d,
             );
         }
-        s.acts.quantize(&s.tmp, nl, d);
+        s.acts.quantize(&s.tmp, nl, d)?;
         let out = self.output.as_ref().unwrap_or(&self.embed);
         logits.clear();
         logits.resize(nl * out.rows(), 0.0);
-        kernels::matmul(out, &s.acts, logits);
+        kernels::matmul(out, &s.acts, logits)?;
         Ok(())
     }
 
