@@ -17,7 +17,8 @@ use serde::Serialize;
 /// Arguments of `nextok bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// What to benchmark: `sampler` (synthetic rows, no model) or `decode` (the real model).
+    /// What to benchmark: `sampler` (synthetic rows, no model), `decode` or `engine` (the real
+    /// model).
     pub what: String,
     /// `decode`: a llama-architecture GGUF file (default: the default model, fetched once).
     #[arg(long)]
@@ -46,6 +47,22 @@ pub struct BenchArgs {
     /// Use at most these kernels: `baseline`, `avx2` or `avx512` (results do not change).
     #[arg(long)]
     pub simd: Option<String>,
+    /// `engine`: concurrency levels, comma-separated (default: 1,4,16,64).
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// `engine`: scale every request's `max_tokens` (quick runs: 0.25).
+    #[arg(long, default_value_t = 1.0)]
+    pub tokens_scale: f64,
+    /// `engine`: requests of the one-at-a-time baseline.
+    #[arg(long, default_value_t = 8)]
+    pub baseline_requests: usize,
+    /// `engine`: requests per concurrency level at least (a level runs `max(C, this)`).
+    #[arg(long, default_value_t = 8)]
+    pub min_requests: usize,
+    /// `engine`: first run llama.cpp on the same file (`bench/peers/llama_cpp.sh`) and print
+    /// its figures beside ours.
+    #[arg(long)]
+    pub llama_cpp: bool,
     /// `sampler`: also run both cases on a real logits row — the default model's (or
     /// `--model`'s) row after a chat prompt, with its vocabulary and the prompt as history.
     #[arg(long)]
@@ -125,6 +142,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     match args.what.as_str() {
         "sampler" => {}
         "decode" => return crate::bench_decode::run(&args),
+        "engine" => return crate::bench_engine::run(&args),
         other => {
             return Err(format!(
                 "unknown benchmark `{other}` (expected `sampler` or `decode`)"

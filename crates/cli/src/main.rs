@@ -4,12 +4,16 @@
 //! * `nextok bench sampler [--json]` — interleaved sampler benchmarks (floor / naive / nextok).
 //! * `nextok bench decode [--json]` — decode tokens/s on the real model: unconstrained, JSON
 //!   schema (mask overlapped or inline), trace on; Q4_1 and Q8_0.
+//! * `nextok bench engine [--json] [--llama-cpp]` — continuous batching: aggregate tokens/s,
+//!   time to first token and inter-token latency at 1, 4, 16 and 64 concurrent requests against
+//!   the one-at-a-time loop; prefill against decode; optionally llama.cpp on the same file.
 //! * `nextok vocab --tokenizer FILE | --model FILE.gguf [--id N...] [--json]` — a vocabulary's
 //!   size, EOS, BOS and special ids, and the exact bytes of tokens.
 //! * `nextok tokenize --tokenizer FILE | --model FILE.gguf --text T [--json]` — ids and bytes.
 
 mod bench;
 mod bench_decode;
+mod bench_engine;
 mod constrain;
 mod explain;
 mod generate;

@@ -239,7 +239,8 @@ fn replay_checks_every_step_and_catches_an_edit() {
 
     // a changed token is caught too
     let mut lines: Vec<Value> = trace_lines(&t);
-    lines[1]["selected"] = serde_json::json!(7026);
+    let was = lines[1]["selected"].as_u64().unwrap();
+    lines[1]["selected"] = serde_json::json!(if was == 7026 { 7027 } else { 7026 });
     let body: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
     std::fs::write(&edited, body.join("\n") + "\n").unwrap();
     let o = nextok(&m, &["replay", edited.to_str().unwrap()]);

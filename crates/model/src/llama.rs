@@ -230,7 +230,7 @@ impl LlamaWeights {
         let rms_eps = md_f32(&c, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f64;
         let rope_theta = md_f32(&c, "llama.rope.freq_base").unwrap_or(10_000.0);
         let context_length = md_usize(&c, "llama.context_length").unwrap_or(2048);
-        if n_head % n_kv_head != 0 || head_dim * n_head != n_embd || head_dim % 2 != 0 {
+        if n_head % n_kv_head != 0 || head_dim * n_head != n_embd || !head_dim.is_multiple_of(2) {
             return Err(ModelError::new(format!(
                 "unsupported head layout: {n_head} heads, {n_kv_head} kv heads, head width {head_dim}, embedding {n_embd}"
             )));
