@@ -581,12 +581,22 @@ impl LlamaWeights {
 }
 
 thread_local! {
-    /// Attention scores of one query row, and one block of keys or values in `f32`.
-    static ATTN_SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// Per thread: attention scores, their weights, one block of keys or values in `f32`, and
+    /// an `f16` buffer for rounding.
+    static ATTN_SCRATCH: RefCell<AttnScratch> = RefCell::new(AttnScratch::default());
 }
 
-/// Attention of the query heads `q` (`rep` heads of `head_dim`, sharing key/value head `g`) at
-/// position `pos` over the sequence's keys `0..=pos` of `layer`; writes the `rep` outputs.
+#[derive(Default)]
+struct AttnScratch {
+    scores: Vec<f32>,
+    weights: Vec<f32>,
+    block: Vec<f32>,
+    half: Vec<f16>,
+}
+
+/// Attention of the query heads `q` (`rep` heads of `head_dim`, sharing key/value head `g`)
+/// at position `pos` over the sequence's keys `0..=pos` of `layer`; writes the `rep` outputs.
+/// Each block of keys and values is converted to `f32` once for all `rep` heads.
 #[allow(clippy::too_many_arguments)]
 fn attend(
     kv: &SeqKv,
@@ -600,48 +610,49 @@ fn attend(
 ) {
     ATTN_SCRATCH.with(|cell| {
         let mut cell = cell.borrow_mut();
-        let (scores, block) = &mut *cell;
+        let AttnScratch {
+            scores,
+            weights,
+            block,
+            half,
+        } = &mut *cell;
         let rep = q.len() / hd;
         let len = pos + 1;
-        scores.clear();
         scores.resize(rep * len, 0.0);
+        weights.resize(rep * len, 0.0);
+        half.resize(len, f16::ZERO);
         block.resize(BLOCK_POSITIONS * hd, 0.0);
         let blocks = len.div_ceil(BLOCK_POSITIONS);
         for b in 0..blocks {
             let here = (len - b * BLOCK_POSITIONS).min(BLOCK_POSITIONS);
-            f16_to_f32(
-                &kv.slab(b, layer, 0, g)[..here * hd],
-                &mut block[..here * hd],
-            );
-            for p in 0..here {
-                let k = &block[p * hd..(p + 1) * hd];
+            f16_to_f32(&kv.slab(b, layer, 0, g)[..here * hd], &mut block[..here * hd]);
+            for (p, k) in block[..here * hd].chunks_exact(hd).enumerate() {
                 for (h, qh) in q.chunks_exact(hd).enumerate() {
                     scores[h * len + b * BLOCK_POSITIONS + p] = dot(qh, k) * scale;
                 }
             }
         }
+        // softmax with nextok's exp (vectorised, the same bits at every SIMD level), the
+        // weights rounded to f16 as llama.cpp multiplies them with the f16 values
         for h in 0..rep {
-            let sc = &mut scores[h * len..(h + 1) * len];
+            let sc = &scores[h * len..(h + 1) * len];
+            let w = &mut weights[h * len..(h + 1) * len];
             let m = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            for x in sc.iter_mut() {
-                *x = nextok_core::math::exp_f32(*x - m);
+            let sum = nextok_core::math::exp_weights(sc, m, w) as f32;
+            for x in w.iter_mut() {
+                *x /= sum;
             }
-            let sum = sum_lanes(sc);
-            for x in sc.iter_mut() {
-                *x = f16::from_f32(*x / sum).to_f32();
-            }
+            use half::slice::HalfFloatSliceExt;
+            half.convert_from_f32_slice(w);
+            half.convert_to_f32_slice(w);
         }
         out.fill(0.0);
         for b in 0..blocks {
             let here = (len - b * BLOCK_POSITIONS).min(BLOCK_POSITIONS);
-            f16_to_f32(
-                &kv.slab(b, layer, 1, g)[..here * hd],
-                &mut block[..here * hd],
-            );
-            for p in 0..here {
-                let v = &block[p * hd..(p + 1) * hd];
+            f16_to_f32(&kv.slab(b, layer, 1, g)[..here * hd], &mut block[..here * hd]);
+            for (p, v) in block[..here * hd].chunks_exact(hd).enumerate() {
                 for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-                    let w = scores[h * len + b * BLOCK_POSITIONS + p];
+                    let w = weights[h * len + b * BLOCK_POSITIONS + p];
                     for (o, &x) in oh.iter_mut().zip(v) {
                         *o = w.mul_add(x, *o);
                     }
@@ -670,22 +681,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
     for (l, (x, y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
         acc[l] = x.mul_add(*y, acc[l]);
-    }
-    hsum8(acc)
-}
-
-/// `Σ a[i]` with element `i` in lane `i % 8`, lanes summed in a fixed tree.
-#[inline]
-fn sum_lanes(a: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut c = a.chunks_exact(8);
-    for x in &mut c {
-        for l in 0..8 {
-            acc[l] += x[l];
-        }
-    }
-    for (l, x) in c.remainder().iter().enumerate() {
-        acc[l] += x;
     }
     hsum8(acc)
 }
