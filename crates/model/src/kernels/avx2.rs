@@ -55,6 +55,8 @@ mod fallback {
     }
 }
 
+// Register tiles are indexed by row and activation (`acc[ri][bi]`); index loops read best.
+#[allow(clippy::needless_range_loop)]
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use std::arch::x86_64::*;
@@ -260,7 +262,12 @@ mod imp {
         let wm: [&[u16]; R] = std::array::from_fn(|i| &w.m[(r0 + i) * w.nbp..(r0 + i + 1) * w.nbp]);
         // `s[k · np4 + b0 + i]` for `i < 4`: `b0 % 4 == 0` and `np4 % 4 == 0`, so the four
         // lanes of block `k` lie in `s[k · np4 + b0..][..4]`, inside `s` (len `nb · np4`).
-        assert!(b0 % 4 == 0 && a.np4 % 4 == 0 && b0 < a.np4 && a.s.len() == nb * a.np4);
+        assert!(
+            b0.is_multiple_of(4)
+                && a.np4.is_multiple_of(4)
+                && b0 < a.np4
+                && a.s.len() == nb * a.np4
+        );
         let s = &a.s[b0..];
         let mask = _mm256_set1_epi8(0x0F);
         let ones = _mm256_set1_epi16(1);

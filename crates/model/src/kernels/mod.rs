@@ -145,7 +145,7 @@ pub struct QMatrix {
 }
 
 fn check_cols(rows: usize, cols: usize) -> Result<usize, KernelError> {
-    if cols % BLOCK != 0 {
+    if !cols.is_multiple_of(BLOCK) {
         return Err(KernelError::Shape(format!(
             "cols = {cols} is not a multiple of {BLOCK}"
         )));
@@ -220,7 +220,7 @@ impl QMatrix {
                         w.m[r * w.nbp + k] = rd16(blk, 2);
                         let nib = &blk[4..20];
                         let chunk = &mut w.qs[r * w.qchunks + k / 2].0;
-                        let shift = if k % 2 == 0 { 0 } else { 4 };
+                        let shift = if k.is_multiple_of(2) { 0 } else { 4 };
                         for i in 0..16 {
                             chunk[i] |= (nib[i] & 0x0F) << shift;
                             chunk[i + 16] |= (nib[i] >> 4) << shift;
@@ -317,7 +317,11 @@ impl QMatrix {
             MatFormat::Q8_0 => self.qs[r * self.qchunks + k].0[i] as i8 as i32,
             MatFormat::Q4_1 => {
                 let b = self.qs[r * self.qchunks + k / 2].0[i];
-                (if k % 2 == 0 { b & 0x0F } else { b >> 4 }) as i32
+                (if k.is_multiple_of(2) {
+                    b & 0x0F
+                } else {
+                    b >> 4
+                }) as i32
             }
         }
     }
