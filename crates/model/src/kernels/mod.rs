@@ -28,6 +28,16 @@
 //! All `f16` → `f32` conversions are exact (F16C or the `half` crate). `|p_j| ≤ 4 · 128 · 127`
 //! is below 2^24, so `p_j as f32` is exact too.
 //!
+//! # Layout and tiling
+//!
+//! Weight quants and scales are repacked into separate planes (see [`QMatrix`]); activation
+//! quants, scales and block sums into [`Activations`] (`s` stored transposed, so four activation
+//! rows' sums load at once). Each task takes a range of weight rows; within it, tiles of rows
+//! small enough to stay in L1 meet each group of four activation rows, and a register tile of
+//! one to four weight rows × one to four activation rows keeps its accumulators in registers.
+//! Scale products are computed eight blocks at a time. `benches/matmul.rs` compares against
+//! candle's `QMatMul`.
+//!
 //! Non-finite activations give deterministic but meaningless results; non-finite weight scales
 //! propagate to the outputs they touch (a NaN's payload bits are unspecified).
 
