@@ -55,6 +55,8 @@ mod fallback {
     }
 }
 
+// Register tiles are indexed by row and activation (`acc[ri][bi]`); index loops read best.
+#[allow(clippy::needless_range_loop)]
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use std::arch::x86_64::*;
@@ -139,7 +141,7 @@ mod imp {
 
     /// The dots of weight rows `r0..r0 + nr` with activation rows `b0..b0 + n` (`1 ≤ nr ≤ 4`,
     /// `1 ≤ n ≤ 4`, `b0 % 4 == 0`): `res[ri][bi]` (see [`super::super::scalar::dot_tile`]).
-    /// Tiles of 4×1, 4×2, 2×3, 2×4 and 1×n run as one register tile; others row by row.
+    /// Tiles of 4×1, 4×2, 2×1, 2×2 and 1×n run as one register tile; others row by row.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(in super::super) fn dot_tile(
         w: &QMatrix,
@@ -159,10 +161,10 @@ mod imp {
         }
         match w.format {
             MatFormat::Q4_1 => {
-                go!(q4_1; (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 3), (2, 4))
+                go!(q4_1; (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 1), (2, 2))
             }
             MatFormat::Q8_0 => {
-                go!(q8_0; (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 3), (2, 4))
+                go!(q8_0; (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 1), (2, 2))
             }
         }
         let mut res = [[0f32; 4]; 4];
@@ -260,7 +262,12 @@ mod imp {
         let wm: [&[u16]; R] = std::array::from_fn(|i| &w.m[(r0 + i) * w.nbp..(r0 + i + 1) * w.nbp]);
         // `s[k · np4 + b0 + i]` for `i < 4`: `b0 % 4 == 0` and `np4 % 4 == 0`, so the four
         // lanes of block `k` lie in `s[k · np4 + b0..][..4]`, inside `s` (len `nb · np4`).
-        assert!(b0 % 4 == 0 && a.np4 % 4 == 0 && b0 < a.np4 && a.s.len() == nb * a.np4);
+        assert!(
+            b0.is_multiple_of(4)
+                && a.np4.is_multiple_of(4)
+                && b0 < a.np4
+                && a.s.len() == nb * a.np4
+        );
         let s = &a.s[b0..];
         let mask = _mm256_set1_epi8(0x0F);
         let ones = _mm256_set1_epi16(1);

@@ -1,0 +1,93 @@
+//! `kernels::matmul` and `Activations::quantize` allocate nothing once the activation buffer is
+//! big enough: counted with a global allocator, single-threaded (inside a one-thread rayon pool)
+//! and, after a warm-up, on a two-thread pool.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use nextok_model::kernels::{matmul, Activations, MatFormat, QMatrix};
+
+/// Counts allocations made while `COUNTING` is set.
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: the caller's contract is passed on unchanged.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn matrix(format: MatFormat, rows: usize, cols: usize) -> QMatrix {
+    let block = match format {
+        MatFormat::Q4_1 => 20,
+        MatFormat::Q8_0 => 34,
+    };
+    let bytes: Vec<u8> = (0..rows * cols / 32 * block)
+        .map(|i| match i % block {
+            1 | 3 => 0x1c, // small positive f16 scales
+            _ => (i * 37 % 251) as u8,
+        })
+        .collect();
+    QMatrix::from_ggml(format, rows, cols, &bytes).unwrap()
+}
+
+/// Runs every batch size once to size the buffers, then again while counting.
+fn count(threads: usize) -> usize {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let cols = 576;
+    let mats = [
+        matrix(MatFormat::Q4_1, 300, cols),
+        matrix(MatFormat::Q8_0, 1000, cols),
+    ];
+    let x: Vec<f32> = (0..70 * cols)
+        .map(|i| (i % 97) as f32 / 50.0 - 1.0)
+        .collect();
+    let mut out = vec![0f32; 70 * 1000];
+    let mut a = Activations::new();
+    pool.install(|| {
+        for pass in 0..2 {
+            if pass == 1 {
+                ALLOCS.store(0, Ordering::SeqCst);
+                COUNTING.store(true, Ordering::SeqCst);
+            }
+            for n in [70, 1, 3, 4, 9, 64] {
+                a.quantize(&x[..n * cols], n, cols).unwrap();
+                for w in &mats {
+                    matmul(w, &a, &mut out[..n * w.rows()]).unwrap();
+                }
+            }
+            COUNTING.store(false, Ordering::SeqCst);
+        }
+    });
+    ALLOCS.load(Ordering::SeqCst)
+}
+
+#[test]
+fn no_allocation_per_call() {
+    assert_eq!(count(1), 0, "allocations on a one-thread pool");
+    assert_eq!(count(2), 0, "allocations on a two-thread pool");
+}
