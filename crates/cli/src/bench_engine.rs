@@ -137,6 +137,7 @@ struct Quant {
     prefill_over_decode: f64,
     solo_loop_decode_tokens_per_s: f64,
     engine_over_solo_single_stream: f64,
+    decode_16_streams_tokens_per_s: f64,
     decode_at_50_tokens_per_s: f64,
     decode_at_1800_tokens_per_s: f64,
     levels: Vec<Level>,
@@ -151,6 +152,9 @@ struct Report {
     llama_cpp: Option<serde_json::Value>,
 }
 
+/// One client's output tokens, times to first token and inter-token latencies (seconds).
+type ClientStats = (usize, Vec<f64>, Vec<f64>);
+
 /// Runs `C` closed-loop clients over requests `0..total`; returns (tokens, seconds, ttfts,
 /// itls).
 fn run_level(
@@ -162,7 +166,7 @@ fn run_level(
 ) -> Result<(usize, f64, Vec<f64>, Vec<f64>), String> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let t0 = Instant::now();
-    let results: Vec<Result<(usize, Vec<f64>, Vec<f64>), String>> = std::thread::scope(|s| {
+    let results: Vec<Result<ClientStats, String>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..c)
             .map(|_| {
                 s.spawn(|| {
@@ -358,10 +362,58 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             }
             Ok(best)
         };
+        // decode alone, batched: 16 requests of 20-token prompts and 128 tokens, submitted
+        // together (the prefills take one iteration), against one such stream alone
+        let decode16 = {
+            let reqs: Vec<GenerateRequest> = (0..16)
+                .map(|i| {
+                    let mut r =
+                        GenerateRequest::new(Prompt::Ids(ids[40 * i..40 * i + 20].to_vec()));
+                    r.params = SamplingParams {
+                        temperature: Some(0.8),
+                        top_p: Some(0.95),
+                        max_tokens: Some(129),
+                        ignore_eos: true,
+                        seed: Some(i as u64),
+                        ..Default::default()
+                    };
+                    r
+                })
+                .collect();
+            let mut best = 0f64;
+            for _ in 0..args.reps.max(1) {
+                let hs: Vec<_> = reqs
+                    .iter()
+                    .map(|r| engine.submit(r.clone()).map_err(|e| e.to_string()))
+                    .collect::<Result<_, _>>()?;
+                let mut first: Option<Instant> = None;
+                let mut tokens = 0usize;
+                let mut hs = hs;
+                // the clock starts at the first token of any stream (after the prefills)
+                for h in hs.iter_mut() {
+                    while let Some(ev) = h.recv() {
+                        match ev {
+                            Event::Token { .. } => {
+                                first.get_or_insert_with(Instant::now);
+                                tokens += 1;
+                            }
+                            Event::Done { .. } => break,
+                            Event::Error(e) => return Err(e.to_string()),
+                            _ => {}
+                        }
+                    }
+                }
+                let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+                best = best.max((tokens - 16) as f64 / secs.max(1e-9));
+            }
+            best
+        };
+        eprintln!("  {quant} decode of 16 streams together: {decode16:.1} tokens/s");
         let at50 = at(50)?;
         let at1800 = at(1800)?;
         eprintln!("  {quant} single-stream decode: {at50:.1} tokens/s at position 50, {at1800:.1} at 1800");
         let mut q = Quant {
+            decode_16_streams_tokens_per_s: decode16,
             decode_at_50_tokens_per_s: at50,
             decode_at_1800_tokens_per_s: at1800,
             quant: quant.to_string(),
@@ -430,6 +482,11 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             q.decode_tokens_per_s,
             q.solo_loop_decode_tokens_per_s,
             q.engine_over_solo_single_stream
+        );
+        println!(
+            "decode of 16 streams together: {:.1} tokens/s = {:.2}x single-stream decode",
+            q.decode_16_streams_tokens_per_s,
+            q.decode_16_streams_tokens_per_s / q.decode_tokens_per_s
         );
         println!(
             "single-stream decode at position 50: {:.1} tokens/s, at 1800: {:.1} ({:.2}x)",

@@ -143,11 +143,11 @@ fn n_sequences_fork_the_prompt_and_equal_single_runs() {
     r.n = 3;
     let all = outcome(&engine.generate(r.clone()).unwrap());
     assert_eq!(all.len(), 3);
-    for i in 0..3 {
+    for (i, seq) in all.iter().enumerate() {
         let mut one = r.clone();
         one.n = 1;
         one.params.seed = Some(7 + i as u64);
-        assert_eq!(solo(&engine, &one)[0], all[i], "sequence {i}");
+        assert_eq!(&solo(&engine, &one)[0], seq, "sequence {i}");
     }
     assert_ne!(
         all[0].0, all[1].0,

@@ -181,6 +181,19 @@ pub struct Scratch {
     rows: Vec<(usize, usize)>,
     /// Rows whose logits are returned, in order.
     logit_rows: Vec<usize>,
+    /// The kernels' implementation (`None`: the best this CPU has; all give the same bits).
+    level: Option<kernels::Level>,
+}
+
+impl Scratch {
+    /// Buffers whose forward passes run the kernels at `level` (tests: every level gives the
+    /// same bits).
+    pub fn with_level(level: kernels::Level) -> Scratch {
+        Scratch {
+            level: Some(level),
+            ..Scratch::default()
+        }
+    }
 }
 
 impl std::fmt::Debug for Scratch {
@@ -486,14 +499,15 @@ impl LlamaWeights {
         resize(&mut s.tmp, n * d);
         resize(&mut s.gate, n * cfg.n_ff);
         resize(&mut s.up, n * cfg.n_ff);
+        let level = s.level.unwrap_or_else(kernels::Level::detect);
         let eps = cfg.rms_eps as f32;
         let scale = 1.0 / (hd as f32).sqrt();
         for (li, layer) in self.layers.iter().enumerate() {
             rms_norm_rows(&s.x, &layer.attn_norm, eps, &mut s.h, d);
-            s.acts.quantize(&s.h, n, d)?;
-            kernels::matmul(&layer.wq, &s.acts, &mut s.q)?;
-            kernels::matmul(&layer.wk, &s.acts, &mut s.k)?;
-            kernels::matmul(&layer.wv, &s.acts, &mut s.v)?;
+            s.acts.quantize_with(level, &s.h, n, d)?;
+            kernels::matmul_with(level, &layer.wq, &s.acts, &mut s.q)?;
+            kernels::matmul_with(level, &layer.wk, &s.acts, &mut s.k)?;
+            kernels::matmul_with(level, &layer.wv, &s.acts, &mut s.v)?;
             for (row, &(_, pos)) in s.rows.iter().enumerate() {
                 let (c, sn) = self.rope_at(pos);
                 for head in s.q[row * d..(row + 1) * d].chunks_exact_mut(hd) {
@@ -529,18 +543,18 @@ impl LlamaWeights {
                         attend(kvs[si], li, g, pos, q, hd, scale, out);
                     });
             }
-            s.acts.quantize(&s.att, n, d)?;
-            kernels::matmul(&layer.wo, &s.acts, &mut s.tmp)?;
+            s.acts.quantize_with(level, &s.att, n, d)?;
+            kernels::matmul_with(level, &layer.wo, &s.acts, &mut s.tmp)?;
             add_in_place(&mut s.x, &s.tmp);
             rms_norm_rows(&s.x, &layer.ffn_norm, eps, &mut s.h, d);
-            s.acts.quantize(&s.h, n, d)?;
-            kernels::matmul(&layer.w_gate, &s.acts, &mut s.gate)?;
-            kernels::matmul(&layer.w_up, &s.acts, &mut s.up)?;
+            s.acts.quantize_with(level, &s.h, n, d)?;
+            kernels::matmul_with(level, &layer.w_gate, &s.acts, &mut s.gate)?;
+            kernels::matmul_with(level, &layer.w_up, &s.acts, &mut s.up)?;
             for (g, u) in s.gate.iter_mut().zip(&s.up) {
                 *g = silu(*g) * *u;
             }
-            s.acts.quantize(&s.gate, n, cfg.n_ff)?;
-            kernels::matmul(&layer.w_down, &s.acts, &mut s.tmp)?;
+            s.acts.quantize_with(level, &s.gate, n, cfg.n_ff)?;
+            kernels::matmul_with(level, &layer.w_down, &s.acts, &mut s.tmp)?;
             add_in_place(&mut s.x, &s.tmp);
         }
         for q in seqs.iter_mut() {
@@ -563,11 +577,11 @@ impl LlamaWeights {
                 d,
             );
         }
-        s.acts.quantize(&s.tmp, nl, d)?;
+        s.acts.quantize_with(level, &s.tmp, nl, d)?;
         let out = self.output.as_ref().unwrap_or(&self.embed);
         logits.clear();
         logits.resize(nl * out.rows(), 0.0);
-        kernels::matmul(out, &s.acts, logits)?;
+        kernels::matmul_with(level, out, &s.acts, logits)?;
         Ok(())
     }
 
@@ -625,7 +639,10 @@ fn attend(
         let blocks = len.div_ceil(BLOCK_POSITIONS);
         for b in 0..blocks {
             let here = (len - b * BLOCK_POSITIONS).min(BLOCK_POSITIONS);
-            f16_to_f32(&kv.slab(b, layer, 0, g)[..here * hd], &mut block[..here * hd]);
+            f16_to_f32(
+                &kv.slab(b, layer, 0, g)[..here * hd],
+                &mut block[..here * hd],
+            );
             for (p, k) in block[..here * hd].chunks_exact(hd).enumerate() {
                 for (h, qh) in q.chunks_exact(hd).enumerate() {
                     scores[h * len + b * BLOCK_POSITIONS + p] = dot(qh, k) * scale;
@@ -649,7 +666,10 @@ fn attend(
         out.fill(0.0);
         for b in 0..blocks {
             let here = (len - b * BLOCK_POSITIONS).min(BLOCK_POSITIONS);
-            f16_to_f32(&kv.slab(b, layer, 1, g)[..here * hd], &mut block[..here * hd]);
+            f16_to_f32(
+                &kv.slab(b, layer, 1, g)[..here * hd],
+                &mut block[..here * hd],
+            );
             for (p, v) in block[..here * hd].chunks_exact(hd).enumerate() {
                 for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
                     let w = weights[h * len + b * BLOCK_POSITIONS + p];
