@@ -299,6 +299,44 @@ fn bad_flags_fail_with_a_message() {
 }
 
 #[test]
+fn an_unseeded_run_draws_prints_and_records_a_fresh_seed() {
+    let Some(m) = model() else { return };
+    let seed_of = |name: &str| {
+        let t = tmp(name);
+        let o = nextok(
+            &m,
+            &[
+                "generate",
+                "Hello",
+                "--temperature",
+                "1",
+                "--max-tokens",
+                "2",
+                "--presence-penalty",
+                "-0.5",
+                "--trace",
+                t.to_str().unwrap(),
+            ],
+        );
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let err = text(&o.stderr);
+        let printed: u64 = err
+            .split("nextok: seed ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no seed printed: {err}"));
+        assert_eq!(trace_lines(&t)[0]["seeds"][0], serde_json::json!(printed));
+        printed
+    };
+    assert_ne!(seed_of("seed-a.jsonl"), seed_of("seed-b.jsonl"));
+    // beam search refuses the flags it cannot honour
+    let o = nextok(&m, &["generate", "hi", "--beam-width", "2", "-n", "2"]);
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("-n"), "{}", text(&o.stderr));
+}
+
+#[test]
 fn the_readme_demo_answers_json_and_shows_the_ledger_of_one_step() {
     let Some(m) = model() else { return };
     let schema = root().join("examples/person.schema.json");
