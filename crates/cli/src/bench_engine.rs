@@ -138,6 +138,8 @@ struct Quant {
     solo_loop_decode_tokens_per_s: f64,
     engine_over_solo_single_stream: f64,
     decode_16_streams_tokens_per_s: f64,
+    prefix_repeat_ttft_first_ms: f64,
+    prefix_repeat_ttft_second_ms: f64,
     decode_at_50_tokens_per_s: f64,
     decode_at_1800_tokens_per_s: f64,
     levels: Vec<Level>,
@@ -409,11 +411,38 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             best
         };
         eprintln!("  {quant} decode of 16 streams together: {decode16:.1} tokens/s");
+        // the prefix cache: a repeated 500-token prompt's time to first token, first and second
+        let prefix_ttft = {
+            let cached =
+                Engine::new(model.clone(), EngineConfig::default()).map_err(|e| e.to_string())?;
+            let mut r = GenerateRequest::new(Prompt::Ids(ids[1000..1500].to_vec()));
+            r.params = SamplingParams {
+                temperature: Some(0.8),
+                max_tokens: Some(1),
+                seed: Some(4),
+                ..Default::default()
+            };
+            let first = cached.generate(r.clone()).map_err(|e| e.to_string())?;
+            let second = cached.generate(r).map_err(|e| e.to_string())?;
+            (
+                first.timing.time_to_first_token.as_secs_f64(),
+                second.timing.time_to_first_token.as_secs_f64(),
+                second.usage.cached_tokens,
+            )
+        };
+        eprintln!(
+            "  {quant} repeated 500-token prompt: first token after {:.0} ms, then {:.1} ms ({} tokens cached)",
+            prefix_ttft.0 * 1e3,
+            prefix_ttft.1 * 1e3,
+            prefix_ttft.2
+        );
         let at50 = at(50)?;
         let at1800 = at(1800)?;
         eprintln!("  {quant} single-stream decode: {at50:.1} tokens/s at position 50, {at1800:.1} at 1800");
         let mut q = Quant {
             decode_16_streams_tokens_per_s: decode16,
+            prefix_repeat_ttft_first_ms: prefix_ttft.0 * 1e3,
+            prefix_repeat_ttft_second_ms: prefix_ttft.1 * 1e3,
             decode_at_50_tokens_per_s: at50,
             decode_at_1800_tokens_per_s: at1800,
             quant: quant.to_string(),
@@ -487,6 +516,12 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             "decode of 16 streams together: {:.1} tokens/s = {:.2}x single-stream decode",
             q.decode_16_streams_tokens_per_s,
             q.decode_16_streams_tokens_per_s / q.decode_tokens_per_s
+        );
+        println!(
+            "repeated 500-token prompt (prefix cache): first token after {:.0} ms, then {:.1} ms ({:.0}x shorter)",
+            q.prefix_repeat_ttft_first_ms,
+            q.prefix_repeat_ttft_second_ms,
+            q.prefix_repeat_ttft_first_ms / q.prefix_repeat_ttft_second_ms
         );
         println!(
             "single-stream decode at position 50: {:.1} tokens/s, at 1800: {:.1} ({:.2}x)",
