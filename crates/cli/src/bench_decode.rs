@@ -34,7 +34,9 @@ use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
 
 const PROMPT: &str = "List eight people as JSON objects with name, age and city.";
 
-fn schema() -> serde_json::Value {
+/// The benchmarks' schema: an array of at least eight `{name, age, city}` objects, so a
+/// constrained run never completes inside the benchmark.
+pub(crate) fn schema() -> serde_json::Value {
     serde_json::json!({
         "type": "array",
         "minItems": 8,

@@ -52,23 +52,6 @@ Yet the towers remain, white and red against the sky, and people still travel to
 climb their narrow stairs, and look out over the water as the keepers once did. Some have \
 become museums, some hotels, and some simply stand empty, waiting for the next storm. ";
 
-fn schema() -> serde_json::Value {
-    serde_json::json!({
-        "type": "array",
-        "minItems": 8,
-        "items": {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "age": {"type": "integer"},
-                "city": {"type": "string"}
-            },
-            "required": ["name", "age", "city"],
-            "additionalProperties": false
-        }
-    })
-}
-
 /// A small deterministic generator (SplitMix64) for the workload's sizes.
 fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -94,7 +77,7 @@ fn workload(text_ids: &[u32], i: usize, tokens_scale: f64) -> GenerateRequest {
     };
     if i % 4 == 3 {
         req.constraint = Some(ConstraintSpec::JsonSchema {
-            schema: schema(),
+            schema: crate::bench_decode::schema(),
             options: Default::default(),
         });
     }
