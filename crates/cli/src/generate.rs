@@ -493,7 +493,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
             }
             Event::Record { seq, record } => pending[seq].records.push(*record),
             Event::Ledger { seq, explanation } => {
-                pending[seq].ledger = Some(ledger_text(&model, &engine, &info, &explanation)?);
+                pending[seq].ledger = Some(ledger_text(&model, &info, &explanation)?);
             }
             Event::Finish {
                 seq,
@@ -576,11 +576,9 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
 /// highest raw logits outside it), as text.
 fn ledger_text(
     model: &Model,
-    engine: &Engine,
     info: &nextok_engine::RequestInfo,
     ex: &nextok_core::Explanation,
 ) -> Result<String, String> {
-    let _ = engine;
     let name = |t: u32| {
         let b = model.vocab.token(t).unwrap_or(&[]);
         format!("{:?}", String::from_utf8_lossy(b))

@@ -202,6 +202,14 @@ fn bad_requests_fail_alone_and_the_batch_goes_on() {
     });
     let e = engine.submit(bad).unwrap_err();
     assert_eq!(e.field(), Some("constraint"), "{e}");
+    // more than 20 logprobs per token
+    let mut many = request(0, 1, 4, 0.8, false);
+    many.logprobs = Some(nextok_engine::LogprobOptions {
+        top: 21,
+        layer: nextok_core::Layer::Selection,
+    });
+    let e = engine.submit(many).unwrap_err();
+    assert_eq!(e.field(), Some("top_logprobs"), "{e}");
     // an out-of-range id
     let e = engine
         .submit(GenerateRequest::new(Prompt::Ids(vec![1, 999_999])))

@@ -214,7 +214,7 @@ impl SeqKv {
         let first = self.len / BLOCK_POSITIONS;
         let need = KvGeometry::blocks_for(end);
         for b in first..need.min(self.blocks.len()) {
-            if Arc::strong_count(&self.blocks[b]) > 1 || Arc::weak_count(&self.blocks[b]) > 0 {
+            if Arc::strong_count(&self.blocks[b]) > 1 {
                 let copy = Block::alloc(&self.pool, self.blocks[b].data.clone())?;
                 self.blocks[b] = Arc::new(copy);
             }
