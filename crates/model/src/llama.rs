@@ -35,6 +35,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::error::{ModelError, Result};
+use crate::kernels::attn::{self, dot};
 use crate::kernels::{self, Activations, QMatrix};
 use crate::kv::{KvGeometry, KvPool, SeqKv, BLOCK_POSITIONS};
 use crate::LogitsSource;
@@ -540,7 +541,7 @@ impl LlamaWeights {
                         let (row, g) = (task / nkv, task % nkv);
                         let (si, pos) = rows[row];
                         let q = &qs[row * d + g * rep * hd..row * d + (g + 1) * rep * hd];
-                        attend(kvs[si], li, g, pos, q, hd, scale, out);
+                        attend(level, kvs[si], li, g, pos, q, hd, scale, out);
                     });
             }
             s.acts.quantize_with(level, &s.att, n, d)?;
@@ -613,6 +614,7 @@ struct AttnScratch {
 /// Each block of keys and values is converted to `f32` once for all `rep` heads.
 #[allow(clippy::too_many_arguments)]
 fn attend(
+    level: kernels::Level,
     kv: &SeqKv,
     layer: usize,
     g: usize,
@@ -639,15 +641,23 @@ fn attend(
         let blocks = len.div_ceil(BLOCK_POSITIONS);
         for b in 0..blocks {
             let here = (len - b * BLOCK_POSITIONS).min(BLOCK_POSITIONS);
+            if b + 1 < blocks {
+                attn::prefetch(kv.slab(b + 1, layer, 0, g));
+            }
             f16_to_f32(
                 &kv.slab(b, layer, 0, g)[..here * hd],
                 &mut block[..here * hd],
             );
-            for (p, k) in block[..here * hd].chunks_exact(hd).enumerate() {
-                for (h, qh) in q.chunks_exact(hd).enumerate() {
-                    scores[h * len + b * BLOCK_POSITIONS + p] = dot(qh, k) * scale;
-                }
-            }
+            attn::scores(
+                level,
+                q,
+                &block[..here * hd],
+                hd,
+                scale,
+                scores,
+                len,
+                b * BLOCK_POSITIONS,
+            );
         }
         // softmax with nextok's exp (vectorised, the same bits at every SIMD level), the
         // weights rounded to f16 as llama.cpp multiplies them with the f16 values
@@ -666,18 +676,22 @@ fn attend(
         out.fill(0.0);
         for b in 0..blocks {
             let here = (len - b * BLOCK_POSITIONS).min(BLOCK_POSITIONS);
+            if b + 1 < blocks {
+                attn::prefetch(kv.slab(b + 1, layer, 1, g));
+            }
             f16_to_f32(
                 &kv.slab(b, layer, 1, g)[..here * hd],
                 &mut block[..here * hd],
             );
-            for (p, v) in block[..here * hd].chunks_exact(hd).enumerate() {
-                for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-                    let w = weights[h * len + b * BLOCK_POSITIONS + p];
-                    for (o, &x) in oh.iter_mut().zip(v) {
-                        *o = w.mul_add(x, *o);
-                    }
-                }
-            }
+            attn::accumulate(
+                level,
+                weights,
+                len,
+                b * BLOCK_POSITIONS,
+                &block[..here * hd],
+                hd,
+                out,
+            );
         }
     })
 }
@@ -685,29 +699,6 @@ fn attend(
 fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
     src.convert_to_f32_slice(dst);
-}
-
-/// `Σ a[i]·b[i]` with element `i` in lane `i % 8` (fused multiply-adds), lanes summed in a
-/// fixed tree.
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut ca = a.chunks_exact(8);
-    let mut cb = b.chunks_exact(8);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for l in 0..8 {
-            acc[l] = x[l].mul_add(y[l], acc[l]);
-        }
-    }
-    for (l, (x, y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
-        acc[l] = x.mul_add(*y, acc[l]);
-    }
-    hsum8(acc)
-}
-
-#[inline]
-fn hsum8(a: [f32; 8]) -> f32 {
-    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
 /// RMSNorm of each `d`-wide row of `x` into `out`, scaled by `w`.

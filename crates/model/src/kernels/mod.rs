@@ -41,6 +41,7 @@
 //! Non-finite activations give deterministic but meaningless results; non-finite weight scales
 //! propagate to the outputs they touch (a NaN's payload bits are unspecified).
 
+pub mod attn;
 mod avx2;
 mod scalar;
 #[cfg(test)]

@@ -1,0 +1,298 @@
+//! Attention's inner loops over one block of cached positions: the scores `q · k` of every
+//! query head against the block's keys, and the weighted sum of the block's values.
+//!
+//! # Exact semantics
+//!
+//! Both are defined by the scalar code ([`Level::Scalar`]); the AVX2 code computes the same
+//! operations eight lanes at a time and gives the same bits.
+//!
+//! * **Score** of head `h` and position `p`: `dot(q_h, k_p) · scale`, where `dot` keeps eight
+//!   lane sums `acc_l = fma(q[i], k[i], acc_l)` over the elements `i ≡ l (mod 8)` in order,
+//!   then adds them as `((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7))`
+//!   (the tree of the matrix kernels' `hsum8`).
+//! * **Output** of head `h`: every element `o_i` is the chain `o_i = fma(w_hp, v_p[i], o_i)` over
+//!   positions `p` in order, starting from the caller's `o_i` (zero before the first block).
+//!
+//! Keys and values are given as `f32` (the cache's `f16` values converted exactly, one block at
+//! a time, shared by the query heads of a key/value head).
+
+use super::Level;
+
+/// The scores of `rep` query heads (`q`, `rep · hd` values) against the `here` keys in `k`
+/// (`here · hd` values): `scores[h · stride + off + p] = dot(q_h, k_p) · scale`.
+#[allow(clippy::too_many_arguments)]
+pub fn scores(
+    level: Level,
+    q: &[f32],
+    k: &[f32],
+    hd: usize,
+    scale: f32,
+    scores: &mut [f32],
+    stride: usize,
+    off: usize,
+) {
+    let here = k.len() / hd;
+    let rep = q.len() / hd;
+    assert!(q.len() == rep * hd && k.len() == here * hd);
+    assert!(rep == 0 || (rep - 1) * stride + off + here <= scores.len());
+    #[cfg(target_arch = "x86_64")]
+    if level.effective() == Level::Avx2 && hd.is_multiple_of(8) {
+        for h in 0..rep {
+            let qh = &q[h * hd..(h + 1) * hd];
+            let out = &mut scores[h * stride + off..h * stride + off + here];
+            let mut p = 0;
+            while p + 8 <= here {
+                let ks = &k[p * hd..(p + 8) * hd];
+                let o: &mut [f32; 8] = (&mut out[p..p + 8]).try_into().expect("eight scores");
+                // SAFETY: `effective` checked that the CPU has AVX2, FMA and F16C.
+                unsafe { avx2::scores8(qh, ks, scale, o) };
+                p += 8;
+            }
+            for (o, kp) in out[p..].iter_mut().zip(k[p * hd..].chunks_exact(hd)) {
+                *o = dot(qh, kp) * scale;
+            }
+        }
+        return;
+    }
+    let _ = level;
+    for (p, kp) in k.chunks_exact(hd).enumerate() {
+        for (h, qh) in q.chunks_exact(hd).enumerate() {
+            scores[h * stride + off + p] = dot(qh, kp) * scale;
+        }
+    }
+}
+
+/// Adds the block's values to the `rep` head outputs `out` (`rep · hd`): for each head `h` and
+/// position `p` in order, `out_h = fma(weights[h · stride + off + p], v_p, out_h)`.
+#[allow(clippy::too_many_arguments)]
+pub fn accumulate(
+    level: Level,
+    weights: &[f32],
+    stride: usize,
+    off: usize,
+    v: &[f32],
+    hd: usize,
+    out: &mut [f32],
+) {
+    let here = v.len() / hd;
+    let rep = out.len() / hd;
+    assert!(out.len() == rep * hd && v.len() == here * hd);
+    assert!(rep == 0 || (rep - 1) * stride + off + here <= weights.len());
+    #[cfg(target_arch = "x86_64")]
+    if level.effective() == Level::Avx2 && hd.is_multiple_of(32) {
+        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            let w = &weights[h * stride + off..h * stride + off + here];
+            // SAFETY: `effective` checked that the CPU has AVX2, FMA and F16C.
+            unsafe { avx2::accumulate(w, v, oh) };
+        }
+        return;
+    }
+    let _ = level;
+    for (p, vp) in v.chunks_exact(hd).enumerate() {
+        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            let w = weights[h * stride + off + p];
+            for (o, &x) in oh.iter_mut().zip(vp) {
+                *o = w.mul_add(x, *o);
+            }
+        }
+    }
+}
+
+/// `Σ a[i]·b[i]` with element `i` in lane `i % 8` (fused multiply-adds), lanes summed in a
+/// fixed tree (see the module docs).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..8 {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
+        }
+    }
+    for (l, (x, y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
+        acc[l] = x.mul_add(*y, acc[l]);
+    }
+    hsum8(acc)
+}
+
+#[inline]
+fn hsum8(a: [f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// Eight scores: `o[p] = dot(q, k_p) · scale` for the eight keys in `k` (`8 · q.len()`
+    /// values, `q.len() % 8 == 0`), each key in its own accumulator, then the eight lane trees
+    /// evaluated together by transposing adds (each add is one of the scalar tree's).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn scores8(q: &[f32], k: &[f32], scale: f32, o: &mut [f32; 8]) {
+        let hd = q.len();
+        assert!(hd.is_multiple_of(8) && k.len() == 8 * hd);
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let qp = q.as_ptr();
+        let kp = k.as_ptr();
+        let mut c = 0;
+        while c < hd {
+            // SAFETY: `c + 8 ≤ hd = q.len()`.
+            let qv = unsafe { _mm256_loadu_ps(qp.add(c)) };
+            for (p, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: `p · hd + c + 8 ≤ 8 · hd = k.len()`.
+                let kv = unsafe { _mm256_loadu_ps(kp.add(p * hd + c)) };
+                *acc = _mm256_fmadd_ps(qv, kv, *acc);
+            }
+            c += 8;
+        }
+        // Level 1, (l, l + 4): pair positions (0,4), (1,5), (2,6), (3,7) in one register each:
+        // lanes 0..4 hold position i's four sums, lanes 4..8 position i + 4's.
+        let s: [__m256; 4] = std::array::from_fn(|i| {
+            let (a, b) = (acc[i], acc[i + 4]);
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a, b),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            )
+        });
+        // Level 2, (x0 + x2) and (x1 + x3).
+        let t = |u: __m256, v: __m256| {
+            _mm256_add_ps(
+                _mm256_shuffle_ps::<0b01_00_01_00>(u, v),
+                _mm256_shuffle_ps::<0b11_10_11_10>(u, v),
+            )
+        };
+        let t01 = t(s[0], s[1]);
+        let t23 = t(s[2], s[3]);
+        // Level 3, y0 + y1: lanes come out as positions 0, 1, 2, 3 | 4, 5, 6, 7.
+        let r = _mm256_add_ps(
+            _mm256_shuffle_ps::<0b10_00_10_00>(t01, t23),
+            _mm256_shuffle_ps::<0b11_01_11_01>(t01, t23),
+        );
+        let r = _mm256_mul_ps(r, _mm256_set1_ps(scale));
+        // SAFETY: `o` is eight writable `f32`s.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), r) };
+    }
+
+    /// `o = fma(w[p], v_p, o)` for the positions `p` in order (`v` holds `w.len()` rows of
+    /// `o.len()` values, `o.len() % 32 == 0`), 32 outputs at a time in registers.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn accumulate(w: &[f32], v: &[f32], o: &mut [f32]) {
+        let hd = o.len();
+        assert!(hd.is_multiple_of(32) && v.len() == w.len() * hd);
+        let vp = v.as_ptr();
+        let op = o.as_mut_ptr();
+        let mut c = 0;
+        while c < hd {
+            // SAFETY: `c + 32 ≤ hd = o.len()`.
+            let mut acc: [__m256; 4] =
+                std::array::from_fn(|j| unsafe { _mm256_loadu_ps(op.add(c + 8 * j)) });
+            for (p, &wp) in w.iter().enumerate() {
+                let wb = _mm256_set1_ps(wp);
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: `p · hd + c + 8j + 8 ≤ w.len() · hd = v.len()`.
+                    let x = unsafe { _mm256_loadu_ps(vp.add(p * hd + c + 8 * j)) };
+                    *acc = _mm256_fmadd_ps(wb, x, *acc);
+                }
+            }
+            for (j, acc) in acc.iter().enumerate() {
+                // SAFETY: as for the loads.
+                unsafe { _mm256_storeu_ps(op.add(c + 8 * j), *acc) };
+            }
+            c += 32;
+        }
+    }
+}
+
+/// Asks the CPU to bring `x` into the cache ahead of its use (a hint; no effect on results).
+/// The cache's blocks hold each head's keys of a layer as a short contiguous run, too short for
+/// the hardware prefetcher to follow from one block to the next.
+#[inline]
+pub fn prefetch<T>(x: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = x.as_ptr().cast::<i8>();
+        let bytes = std::mem::size_of_val(x);
+        let mut o = 0;
+        while o < bytes {
+            // SAFETY: `o < bytes`, so the address is inside `x`; a prefetch reads nothing
+            // architecturally and cannot fault.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(o)) };
+            o += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values with a wide spread of magnitudes and both signs.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let m = ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5;
+                let e = ((x >> 8) % 9) as i32 - 4;
+                m * 2f32.powi(e)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn avx2_gives_the_scalar_bits() {
+        for hd in [8, 24, 32, 40, 64, 128] {
+            for rep in [1, 3] {
+                for here in 1..=16 {
+                    let q = values(rep * hd, (hd * 100 + rep * 10 + here) as u64);
+                    let k = values(here * hd, (hd * 7 + here) as u64);
+                    let (stride, off) = (here + 5, 3);
+                    let mut a = vec![0f32; rep * stride];
+                    let mut b = a.clone();
+                    scores(Level::Scalar, &q, &k, hd, 0.125, &mut a, stride, off);
+                    scores(Level::Avx2, &q, &k, hd, 0.125, &mut b, stride, off);
+                    assert_eq!(
+                        a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "scores hd {hd} rep {rep} here {here}"
+                    );
+                    let w = values(rep * stride, here as u64 + 99);
+                    let mut oa = values(rep * hd, 5);
+                    let mut ob = oa.clone();
+                    accumulate(Level::Scalar, &w, stride, off, &k, hd, &mut oa);
+                    accumulate(Level::Avx2, &w, stride, off, &k, hd, &mut ob);
+                    assert_eq!(
+                        oa.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        ob.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "accumulate hd {hd} rep {rep} here {here}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scores_follow_the_lane_tree() {
+        // Written out for one key: lanes l = i % 8, fused multiply-adds, the fixed tree.
+        let q = values(16, 1);
+        let k = values(16, 2);
+        let mut acc = [0f32; 8];
+        for i in 0..16 {
+            acc[i % 8] = q[i].mul_add(k[i], acc[i % 8]);
+        }
+        let want = (((acc[0] + acc[4]) + (acc[2] + acc[6]))
+            + ((acc[1] + acc[5]) + (acc[3] + acc[7])))
+            * 0.5;
+        for level in [Level::Scalar, Level::Avx2] {
+            let mut s = [0f32; 1];
+            scores(level, &q, &k, 16, 0.5, &mut s, 1, 0);
+            assert_eq!(s[0].to_bits(), want.to_bits());
+        }
+    }
+}
