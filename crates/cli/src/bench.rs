@@ -59,6 +59,9 @@ pub struct BenchArgs {
     /// `engine`: requests per concurrency level at least (a level runs `max(C, this)`).
     #[arg(long, default_value_t = 8)]
     pub min_requests: usize,
+    /// `engine`: tokens one forward pass takes at most (default: the engine's default).
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
     /// `engine`: first run llama.cpp on the same file (`bench/peers/llama_cpp.sh`) and print
     /// its figures beside ours.
     #[arg(long)]

@@ -133,6 +133,7 @@ struct Report {
     model: String,
     simd: String,
     threads: usize,
+    max_batch_tokens: usize,
     quants: Vec<Quant>,
     llama_cpp: Option<serde_json::Value>,
 }
@@ -246,7 +247,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             model.clone(),
             EngineConfig {
                 max_num_seqs: 64,
-                max_batch_tokens: 512,
+                max_batch_tokens: args
+                    .max_batch_tokens
+                    .unwrap_or(EngineConfig::default().max_batch_tokens),
                 prefix_cache_entries: 0,
                 ..Default::default()
             },
@@ -469,6 +472,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             .unwrap_or_default(),
         simd: nextok_model::simd_features(),
         threads: rayon::current_num_threads(),
+        max_batch_tokens: args
+            .max_batch_tokens
+            .unwrap_or(EngineConfig::default().max_batch_tokens),
         quants,
         llama_cpp,
     };

@@ -530,10 +530,12 @@ impl LlamaWeights {
                 )?;
             }
             {
-                let kvs: Vec<&SeqKv> = seqs.iter().map(|q| &*q.kv).collect();
+                let seqs: &[BatchSeq<'_>] = seqs;
                 let rows = &s.rows;
                 let qs = &s.q;
                 let rep = nh / nkv;
+                // A task per (row, key/value head), its query heads together: each key and
+                // value block is converted once for all of them.
                 s.att
                     .par_chunks_mut(rep * hd)
                     .enumerate()
@@ -541,7 +543,7 @@ impl LlamaWeights {
                         let (row, g) = (task / nkv, task % nkv);
                         let (si, pos) = rows[row];
                         let q = &qs[row * d + g * rep * hd..row * d + (g + 1) * rep * hd];
-                        attend(level, kvs[si], li, g, pos, q, hd, scale, out);
+                        attend(level, seqs[si].kv, li, g, pos, q, hd, scale, out);
                     });
             }
             s.acts.quantize_with(level, &s.att, n, d)?;

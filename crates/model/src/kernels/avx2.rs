@@ -141,7 +141,7 @@ mod imp {
 
     /// The dots of weight rows `r0..r0 + nr` with activation rows `b0..b0 + n` (`1 ≤ nr ≤ 4`,
     /// `1 ≤ n ≤ 4`, `b0 % 4 == 0`): `res[ri][bi]` (see [`super::super::scalar::dot_tile`]).
-    /// Tiles of 4×1, 4×2, 2×1, 2×2 and 1×n run as one register tile; others row by row.
+    /// Tiles of 4×1, 4×2, 2×n and 1×n run as one register tile; others row by row.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(in super::super) fn dot_tile(
         w: &QMatrix,
@@ -161,10 +161,10 @@ mod imp {
         }
         match w.format {
             MatFormat::Q4_1 => {
-                go!(q4_1; (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 1), (2, 2))
+                go!(q4_1; (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 1), (2, 2), (2, 3), (2, 4))
             }
             MatFormat::Q8_0 => {
-                go!(q8_0; (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 1), (2, 2))
+                go!(q8_0; (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 1), (2, 2), (2, 3), (2, 4))
             }
         }
         let mut res = [[0f32; 4]; 4];
