@@ -160,6 +160,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
                         None
                     },
                     overlap: *mode != "json_schema_inline",
+                    speculative: None,
                 };
                 let sampler = if constrained_mode {
                     &constrained.sampler

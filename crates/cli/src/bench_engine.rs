@@ -275,6 +275,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
                     record: None,
                     constraint: p.constraint.clone(),
                     overlap: true,
+                    speculative: None,
                 },
             )
             .map_err(|e| e.to_string())?;

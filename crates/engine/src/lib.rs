@@ -12,6 +12,8 @@
 //!   forward pass per iteration over every decoding sequence plus prompt chunks, the prefix
 //!   cache, forks for `n > 1`;
 //! * [`trace`] — the trace format (a header line, then one step record per line) and replay;
+//! * [`speculative`] — drafts verified in one forward pass, accepted exactly where plain
+//!   decoding would select the same token;
 //! * [`solo`] — the one-sequence loop (`nextok bench decode`, the baseline of
 //!   `nextok bench engine`) and beam search.
 //!
@@ -38,6 +40,7 @@ mod prepare;
 pub mod request;
 pub(crate) mod scheduler;
 pub mod solo;
+pub mod speculative;
 pub mod trace;
 
 pub use engine::{Completion, Engine, EngineConfig, EngineStats, RequestHandle, SequenceOutput};

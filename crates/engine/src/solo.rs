@@ -17,6 +17,7 @@ use nextok_model::{LogitsSource, Model};
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::request::GenerateRequest;
+use crate::speculative::{Adaptive, Drafter, NgramDrafter, SpecOptions, SpecStats};
 
 /// Options of [`run_sequence`].
 #[derive(Debug, Clone, Default)]
@@ -27,6 +28,9 @@ pub struct SoloOptions {
     pub constraint: Option<Arc<CompiledConstraint>>,
     /// Compute the constraint's next mask on another thread while the model runs.
     pub overlap: bool,
+    /// Speculate with prompt lookup (`exact` acceptance: the same tokens and records as
+    /// without; see [`crate::speculative`]).
+    pub speculative: Option<SpecOptions>,
 }
 
 /// Where a sequence's time went (wall clock of the decode loop, per part).
@@ -57,6 +61,8 @@ pub struct SoloOutput {
     pub finish: Option<FinishReason>,
     /// Where the time went.
     pub time: SeqTime,
+    /// What speculation did (all zero without it).
+    pub spec: SpecStats,
 }
 
 /// Decodes one sequence from `first_row` (the logits after `prompt`, already fed to `src`)
@@ -75,6 +81,9 @@ pub fn run_sequence<S: LogitsSource + Send>(
         state.set_grammar(Box::new(c.start()));
     }
     let mut ws = sampler.new_workspace();
+    if let Some(spec) = o.speculative {
+        return run_speculative(model, sampler, src, prompt, first_row, state, ws, o, spec);
+    }
     let mut row = first_row;
     let mut out = SoloOutput::default();
     let ctx = model.weights.config.context_length;
@@ -127,6 +136,131 @@ pub fn run_sequence<S: LogitsSource + Send>(
     }
     out.time.total = start.elapsed();
     Ok(out)
+}
+
+/// One sampler step on `row` (recorded when asked).
+fn step_once(
+    sampler: &Sampler,
+    row: &[f32],
+    state: &mut nextok_core::DecoderState,
+    ws: &mut nextok_core::support::Workspace,
+    record: Option<usize>,
+    records: &mut Vec<StepRecord>,
+) -> Result<nextok_core::StepResult> {
+    match record {
+        Some(n) => {
+            let (res, rec) = sampler
+                .step_recorded(row, state, ws, Draw::Stream, n)
+                .map_err(EngineError::core)?;
+            records.push(rec);
+            Ok(res)
+        }
+        None => sampler.step(row, state, ws).map_err(EngineError::core),
+    }
+}
+
+/// [`run_sequence`] with speculation: each model call feeds the pending token and a draft, and
+/// the sampler steps through the rows until its selection differs from the draft.
+#[allow(clippy::too_many_arguments)]
+fn run_speculative<S: LogitsSource + Send>(
+    model: &Model,
+    sampler: &Sampler,
+    mut src: S,
+    prompt: &[u32],
+    first_row: Vec<f32>,
+    mut state: nextok_core::DecoderState,
+    mut ws: nextok_core::support::Workspace,
+    o: &SoloOptions,
+    spec: SpecOptions,
+) -> Result<SoloOutput> {
+    let mut out = SoloOutput::default();
+    let ctx = model.weights.config.context_length;
+    let vocab = src.vocab_size();
+    let start = Instant::now();
+    let mut drafter: NgramDrafter = spec.ngram;
+    let mut adapt = Adaptive::new(spec.max_draft);
+    let mut history: Vec<u32> = prompt.to_vec();
+    let mut draft: Vec<u32> = Vec::with_capacity(spec.max_draft);
+    let mut feed: Vec<u32> = Vec::with_capacity(spec.max_draft + 1);
+    let t = Instant::now();
+    let res = step_once(
+        sampler,
+        &first_row,
+        &mut state,
+        &mut ws,
+        o.record,
+        &mut out.records,
+    )?;
+    out.time.sample += t.elapsed();
+    out.tokens.push(res.token);
+    history.push(res.token);
+    if res.finish.is_some() {
+        out.finish = res.finish;
+        out.time.total = start.elapsed();
+        return Ok(out);
+    }
+    // the last selected token, not yet fed to the model
+    let mut pending = res.token;
+    'outer: loop {
+        let base = src.len();
+        if base + 1 >= ctx {
+            break;
+        }
+        // room for the pending token and the draft inside the context
+        let k = adapt.next_len().min(ctx - base - 2);
+        drafter.draft(&history, k, &mut draft);
+        feed.clear();
+        feed.push(pending);
+        feed.extend_from_slice(&draft);
+        let t = Instant::now();
+        let rows = src.extend_all(&feed).map_err(EngineError::model)?;
+        out.time.model += t.elapsed();
+        let mut accepted = 0;
+        for j in 0..feed.len() {
+            let t = Instant::now();
+            let res = step_once(
+                sampler,
+                &rows[j * vocab..(j + 1) * vocab],
+                &mut state,
+                &mut ws,
+                o.record,
+                &mut out.records,
+            )?;
+            out.time.sample += t.elapsed();
+            out.tokens.push(res.token);
+            history.push(res.token);
+            let agrees = j < draft.len() && res.token == draft[j];
+            if res.finish.is_some() {
+                out.finish = res.finish;
+                if agrees {
+                    accepted += 1;
+                }
+                record_draft(&mut out.spec, &mut adapt, draft.len(), accepted);
+                break 'outer;
+            }
+            if agrees {
+                accepted += 1;
+                continue;
+            }
+            pending = res.token;
+            break;
+        }
+        record_draft(&mut out.spec, &mut adapt, draft.len(), accepted);
+        // keep the pending token's and the accepted draft's positions
+        src.truncate(base + 1 + accepted)
+            .map_err(EngineError::model)?;
+    }
+    out.time.total = start.elapsed();
+    Ok(out)
+}
+
+fn record_draft(stats: &mut SpecStats, adapt: &mut Adaptive, drafted: usize, accepted: usize) {
+    if drafted > 0 {
+        stats.verifications += 1;
+        stats.drafted += drafted;
+        stats.accepted += accepted;
+    }
+    adapt.observe(drafted, accepted);
 }
 
 /// How a beam hypothesis ended.

@@ -48,6 +48,20 @@ pub trait LogitsSource: Sized {
     fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>>;
     /// Feeds one token and returns the raw logits after it.
     fn decode_one(&mut self, token: u32) -> Result<Vec<f32>>;
+    /// Feeds `ids` (at least one) and returns the raw logits after each of them, row after row
+    /// (`ids.len() · vocab_size()` values): verifying a speculative draft. Each row equals what
+    /// [`LogitsSource::decode_one`] would give at that position. The default feeds them one
+    /// by one; a batched source does it in one pass.
+    fn extend_all(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(ModelError::new("extend_all needs at least one id"));
+        }
+        let mut out = Vec::with_capacity(ids.len() * self.vocab_size());
+        for &t in ids {
+            out.extend(self.decode_one(t)?);
+        }
+        Ok(out)
+    }
     /// A new branch with the same prefix; feeding one branch never changes the other.
     fn fork(&self) -> Result<Self>;
     /// Rolls the sequence back to its first `len` positions (`len ≤ self.len()`).

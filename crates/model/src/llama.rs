@@ -826,6 +826,10 @@ impl LogitsSource for LlamaSource {
         self.run(&[token], LogitRows::Last)
     }
 
+    fn extend_all(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.run(ids, LogitRows::All)
+    }
+
     fn fork(&self) -> Result<Self> {
         Ok(self.clone())
     }

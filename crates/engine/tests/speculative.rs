@@ -1,0 +1,156 @@
+//! Speculative decoding in `exact` mode on the real model (SmolLM2-135M-Instruct, from the test
+//! data): with prompt lookup drafting, every sequence's tokens, step records and finish reason
+//! equal plain decoding's, over seeds, temperatures, pipelines, penalties, a JSON-schema
+//! constraint, stop strings and output limits, and drafts are accepted where the output copies
+//! the prompt.
+
+use std::sync::Arc;
+
+use nextok_core::SamplingParams;
+use nextok_engine::solo::{run_sequence, SoloOptions, SoloOutput};
+use nextok_engine::speculative::SpecOptions;
+use nextok_engine::{
+    ConstraintSpec, Engine, EngineConfig, GenerateRequest, PipelineChoice, Prompt,
+};
+use nextok_model::{LogitsSource, Model, Requant};
+
+fn model() -> Option<Arc<Model>> {
+    let path = nextok_testdata::optional(nextok_testdata::SMOLLM2)?;
+    static M: std::sync::OnceLock<Arc<Model>> = std::sync::OnceLock::new();
+    Some(
+        M.get_or_init(|| Arc::new(Model::load(&path, Requant::Keep).expect("model loads")))
+            .clone(),
+    )
+}
+
+/// A prompt whose answer copies from it.
+const COPY: &str = "<|im_start|>user\nRepeat this list exactly, one item per line:\napple pie\nbanana bread\ncherry tart\ndate cake\nelderberry jam\nfig roll<|im_end|>\n<|im_start|>assistant\n";
+
+fn run(
+    engine: &Engine,
+    model: &Model,
+    req: &GenerateRequest,
+    spec: Option<SpecOptions>,
+) -> SoloOutput {
+    let p = engine.prepare(req).expect("request prepares");
+    let mut src = model.source();
+    let row = src.prefill(&p.info.prompt_ids).expect("prefill");
+    run_sequence(
+        model,
+        &p.sampler,
+        src,
+        &p.info.prompt_ids,
+        row,
+        p.info.seeds[0],
+        &SoloOptions {
+            record: Some(4),
+            constraint: p.constraint.clone(),
+            overlap: false,
+            speculative: spec,
+        },
+    )
+    .expect("decodes")
+}
+
+fn same(engine: &Engine, model: &Model, req: &GenerateRequest, what: &str) -> SoloOutput {
+    let plain = run(engine, model, req, None);
+    for max_draft in [1, 5] {
+        let spec = SpecOptions {
+            max_draft,
+            ..Default::default()
+        };
+        let fast = run(engine, model, req, Some(spec));
+        assert_eq!(
+            fast.tokens, plain.tokens,
+            "{what}: tokens (draft {max_draft})"
+        );
+        assert_eq!(
+            fast.finish, plain.finish,
+            "{what}: finish (draft {max_draft})"
+        );
+        assert_eq!(
+            serde_json::to_string(&fast.records).unwrap(),
+            serde_json::to_string(&plain.records).unwrap(),
+            "{what}: step records (draft {max_draft})"
+        );
+        if max_draft == 5 {
+            return fast;
+        }
+    }
+    unreachable!()
+}
+
+fn request(prompt: &str, params: SamplingParams) -> GenerateRequest {
+    let mut r = GenerateRequest::new(Prompt::Text(prompt.to_string()));
+    r.params = params;
+    r
+}
+
+#[test]
+fn speculation_changes_nothing_but_the_time() {
+    let Some(model) = model() else {
+        eprintln!("skipped: the default model is not in the test data");
+        return;
+    };
+    let engine = Engine::new(model.clone(), EngineConfig::default()).unwrap();
+
+    // greedy copying: drafts are accepted
+    let greedy = SamplingParams {
+        temperature: Some(0.0),
+        max_tokens: Some(40),
+        seed: Some(1),
+        ..Default::default()
+    };
+    let out = same(
+        &engine,
+        &model,
+        &request(COPY, greedy.clone()),
+        "greedy copy",
+    );
+    assert!(
+        out.spec.accepted > 0,
+        "copying accepts drafts: {:?}",
+        out.spec
+    );
+
+    // sampled, several seeds and pipelines, penalties (which see only accepted tokens)
+    for seed in 0..4 {
+        let p = SamplingParams {
+            temperature: Some(0.8),
+            top_p: Some(0.95),
+            presence_penalty: Some(0.3),
+            max_tokens: Some(24),
+            seed: Some(seed),
+            ..Default::default()
+        };
+        let mut r = request(COPY, p);
+        if seed % 2 == 1 {
+            r.pipeline = PipelineChoice::Preset(nextok_core::Preset::LlamaCpp);
+        }
+        same(&engine, &model, &r, &format!("sampled seed {seed}"));
+    }
+
+    // a stop string that the copy reaches, and a short output limit
+    let mut p = greedy.clone();
+    p.stop = vec!["cherry".into()];
+    same(&engine, &model, &request(COPY, p), "stop string");
+    let mut p = greedy.clone();
+    p.max_tokens = Some(3);
+    same(&engine, &model, &request(COPY, p), "max_tokens 3");
+
+    // a JSON-schema constraint (the mask applies at every drafted position)
+    let mut r = request(
+        "<|im_start|>user\nGive me a person as JSON: name Ada, age 36.<|im_end|>\n<|im_start|>assistant\n",
+        SamplingParams {
+            temperature: Some(0.7),
+            max_tokens: Some(30),
+            seed: Some(5),
+            ..Default::default()
+        },
+    );
+    r.constraint = Some(ConstraintSpec::JsonSchema {
+        schema: serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}),
+        options: Default::default(),
+    });
+    same(&engine, &model, &r, "json schema");
+}
