@@ -17,8 +17,8 @@ use serde::Serialize;
 /// Arguments of `nextok bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// What to benchmark: `sampler` (synthetic rows, no model), `decode` or `engine` (the real
-    /// model).
+    /// What to benchmark: `sampler` (synthetic rows, no model), `decode`, `engine` or
+    /// `speculative` (the real model).
     pub what: String,
     /// `decode`: a llama-architecture GGUF file (default: the default model, fetched once).
     #[arg(long)]
@@ -146,11 +146,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         "sampler" => {}
         "decode" => return crate::bench_decode::run(&args),
         "engine" => return crate::bench_engine::run(&args),
-        other => {
-            return Err(format!(
-                "unknown benchmark `{other}` (expected `sampler` or `decode`)"
-            ))
-        }
+        "speculative" => return crate::bench_speculative::run(&args),
+        other => return Err(format!(
+            "unknown benchmark `{other}` (expected `sampler`, `decode`, `engine` or `speculative`)"
+        )),
     }
     let vocabs: Vec<usize> = if args.vocab.is_empty() {
         VOCAB_SIZES.to_vec()

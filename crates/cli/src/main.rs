@@ -14,6 +14,7 @@
 mod bench;
 mod bench_decode;
 mod bench_engine;
+mod bench_speculative;
 mod constrain;
 mod explain;
 mod generate;

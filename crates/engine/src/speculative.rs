@@ -38,8 +38,8 @@ pub struct NgramDrafter {
 impl Default for NgramDrafter {
     fn default() -> Self {
         NgramDrafter {
-            max_ngram: 3,
-            min_ngram: 1,
+            max_ngram: 4,
+            min_ngram: 2,
         }
     }
 }
@@ -125,12 +125,17 @@ pub struct Adaptive {
     k: usize,
     misses: usize,
     pause: usize,
+    /// Length of the next pause: doubles with every pause, back to [`PAUSE_STEPS`] once a
+    /// draft is accepted.
+    next_pause: usize,
 }
 
 /// Drafts rejected at their first token in a row before drafting pauses.
 const MISSES_BEFORE_PAUSE: usize = 3;
-/// Steps drafting pauses for.
+/// Steps the first pause lasts.
 const PAUSE_STEPS: usize = 8;
+/// The longest pause.
+const MAX_PAUSE_STEPS: usize = 128;
 
 impl Adaptive {
     /// Starts at `max` tokens.
@@ -140,6 +145,7 @@ impl Adaptive {
             k: max,
             misses: 0,
             pause: 0,
+            next_pause: PAUSE_STEPS,
         }
     }
 
@@ -157,20 +163,23 @@ impl Adaptive {
         if drafted == 0 {
             return;
         }
-        if accepted == drafted {
-            self.k = (self.k + 1).min(self.max);
-            self.misses = 0;
-        } else if accepted == 0 {
+        if accepted == 0 {
             self.k = (self.k / 2).max(1);
             self.misses += 1;
             if self.misses >= MISSES_BEFORE_PAUSE {
                 self.misses = 0;
-                self.pause = PAUSE_STEPS;
+                self.pause = self.next_pause;
+                self.next_pause = (self.next_pause * 2).min(MAX_PAUSE_STEPS);
             }
-        } else {
-            self.k = accepted.max(1);
-            self.misses = 0;
+            return;
         }
+        self.misses = 0;
+        self.next_pause = PAUSE_STEPS;
+        self.k = if accepted == drafted {
+            (self.k + 1).min(self.max)
+        } else {
+            accepted
+        };
     }
 }
 
@@ -180,7 +189,10 @@ mod tests {
 
     #[test]
     fn ngram_proposes_what_followed_the_latest_match() {
-        let mut d = NgramDrafter::default();
+        let mut d = NgramDrafter {
+            max_ngram: 3,
+            min_ngram: 1,
+        };
         let mut out = Vec::new();
         // "1 2 3 4 5 … 1 2 3" → the longest suffix (2 3 after … 1) matched at 1..3 → 4 5
         d.draft(&[1, 2, 3, 4, 5, 9, 1, 2, 3], 2, &mut out);
@@ -205,6 +217,24 @@ mod tests {
         assert_eq!(a.next_len(), 4);
         a.observe(4, 1);
         assert_eq!(a.next_len(), 1);
+        a.observe(1, 1);
+        assert_eq!(a.next_len(), 2);
+        for _ in 0..MISSES_BEFORE_PAUSE {
+            let k = a.next_len();
+            a.observe(k, 0);
+        }
+        for _ in 0..PAUSE_STEPS {
+            assert_eq!(a.next_len(), 0);
+        }
+        assert_eq!(a.next_len(), 1);
+        // the next pause is twice as long, until a draft is accepted
+        for _ in 0..MISSES_BEFORE_PAUSE {
+            let k = a.next_len();
+            a.observe(k, 0);
+        }
+        for _ in 0..2 * PAUSE_STEPS {
+            assert_eq!(a.next_len(), 0);
+        }
         a.observe(1, 1);
         assert_eq!(a.next_len(), 2);
         for _ in 0..MISSES_BEFORE_PAUSE {
