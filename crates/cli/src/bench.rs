@@ -147,9 +147,11 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         "decode" => return crate::bench_decode::run(&args),
         "engine" => return crate::bench_engine::run(&args),
         "speculative" => return crate::bench_speculative::run(&args),
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "unknown benchmark `{other}` (expected `sampler`, `decode`, `engine` or `speculative`)"
-        )),
+        ))
+        }
     }
     let vocabs: Vec<usize> = if args.vocab.is_empty() {
         VOCAB_SIZES.to_vec()

@@ -334,6 +334,7 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), String> {
             }),
             records: record,
             ledger_step: a.ledger,
+            speculative: None,
         },
         source,
     ))

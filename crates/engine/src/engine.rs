@@ -67,6 +67,10 @@ pub struct EngineStats {
     pub cached_prompt_tokens: u64,
     /// Generated tokens, since start.
     pub completion_tokens: u64,
+    /// Tokens drafted by speculative decoding and verified.
+    pub draft_tokens: u64,
+    /// Drafted tokens accepted.
+    pub accepted_draft_tokens: u64,
     /// Forward passes run, since start.
     pub iterations: u64,
 }
@@ -98,6 +102,8 @@ pub(crate) struct Inner {
     pub(crate) prompt_tokens: AtomicU64,
     pub(crate) cached_tokens: AtomicU64,
     pub(crate) completion_tokens: AtomicU64,
+    pub(crate) draft_tokens: AtomicU64,
+    pub(crate) accepted_draft_tokens: AtomicU64,
     pub(crate) iterations: AtomicU64,
 }
 
@@ -167,6 +173,8 @@ impl Engine {
             prompt_tokens: AtomicU64::new(0),
             cached_tokens: AtomicU64::new(0),
             completion_tokens: AtomicU64::new(0),
+            draft_tokens: AtomicU64::new(0),
+            accepted_draft_tokens: AtomicU64::new(0),
             iterations: AtomicU64::new(0),
         });
         let run = inner.clone();
@@ -202,6 +210,8 @@ impl Engine {
             prompt_tokens: i.prompt_tokens.load(Ordering::Relaxed),
             cached_prompt_tokens: i.cached_tokens.load(Ordering::Relaxed),
             completion_tokens: i.completion_tokens.load(Ordering::Relaxed),
+            draft_tokens: i.draft_tokens.load(Ordering::Relaxed),
+            accepted_draft_tokens: i.accepted_draft_tokens.load(Ordering::Relaxed),
             iterations: i.iterations.load(Ordering::Relaxed),
         }
     }

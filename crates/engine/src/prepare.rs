@@ -46,6 +46,8 @@ pub struct Prepared {
     pub records: Option<usize>,
     /// The ledger step asked for.
     pub ledger_step: Option<u64>,
+    /// Speculative decoding asked for.
+    pub speculative: Option<crate::speculative::SpecOptions>,
 }
 
 impl ModelShared {
@@ -280,6 +282,7 @@ impl ModelShared {
             logprobs: req.logprobs,
             records: req.records,
             ledger_step: req.ledger_step,
+            speculative: req.speculative,
         })
     }
 }

@@ -77,6 +77,10 @@ pub struct GenerateRequest {
     pub records: Option<usize>,
     /// Send the full ledger ([`Event::Ledger`]) of this step (0-based) of every sequence.
     pub ledger_step: Option<u64>,
+    /// Speculate with prompt lookup, `exact` acceptance: the same tokens, records and events
+    /// as without, fewer forward passes where drafts are accepted
+    /// ([`crate::speculative`]).
+    pub speculative: Option<crate::speculative::SpecOptions>,
 }
 
 impl Default for GenerateRequest {
@@ -90,6 +94,7 @@ impl Default for GenerateRequest {
             logprobs: None,
             records: None,
             ledger_step: None,
+            speculative: None,
         }
     }
 }

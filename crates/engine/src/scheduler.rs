@@ -29,13 +29,14 @@ use rayon::prelude::*;
 use crate::engine::{Inner, ReqCtx};
 use crate::error::{EngineError, ErrorKind};
 use crate::request::{Event, Timing, TokenLogprobs, Usage};
+use crate::speculative::{Adaptive, Drafter, NgramDrafter};
 
 enum Phase {
     /// Prompt positions `0..done` are cached.
     Prefill { done: usize },
     /// Waits for the first sequence of its request to finish the prompt, then forks it.
     AwaitFork,
-    /// `next` is the token to feed.
+    /// `feed` holds the token to feed (and a draft after it, while one is verified).
     Decode,
 }
 
@@ -47,9 +48,26 @@ struct Seq {
     stream: nextok_core::text::TextStream,
     kv: SeqKv,
     phase: Phase,
-    next: [u32; 1],
+    /// The selected token not yet fed, then this iteration's draft.
+    feed: Vec<u32>,
     generated: usize,
-    out: Option<std::result::Result<StepOut, EngineError>>,
+    /// This iteration's steps (several when a draft was accepted).
+    outs: Vec<StepOut>,
+    /// This iteration's failure.
+    err: Option<EngineError>,
+    /// Speculative decoding's per-sequence part.
+    spec: Option<SpecSeq>,
+    /// Drafted tokens verified, and accepted, in this iteration.
+    drafted: usize,
+    accepted: usize,
+}
+
+/// A speculating sequence's drafter, draft length and token history (prompt and output).
+struct SpecSeq {
+    drafter: NgramDrafter,
+    adapt: Adaptive,
+    history: Vec<u32>,
+    draft: Vec<u32>,
 }
 
 struct StepOut {
@@ -205,9 +223,18 @@ impl Scheduler {
                 } else {
                     Phase::AwaitFork
                 },
-                next: [0],
+                feed: Vec::with_capacity(1 + r.prepared.speculative.map_or(0, |o| o.max_draft)),
                 generated: 0,
-                out: None,
+                outs: Vec::new(),
+                err: None,
+                spec: r.prepared.speculative.map(|o| SpecSeq {
+                    drafter: o.ngram,
+                    adapt: Adaptive::new(o.max_draft),
+                    history: prompt.clone(),
+                    draft: Vec::with_capacity(o.max_draft),
+                }),
+                drafted: 0,
+                accepted: 0,
             });
         }
         inner
@@ -313,6 +340,27 @@ impl Scheduler {
                 used += 1;
             }
         }
+        // drafts of speculating sequences, in the budget decode rows leave
+        let ctx = self.inner.shared.model.weights.config.context_length;
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if !matches!(s.phase, Phase::Decode) {
+                continue;
+            }
+            s.feed.truncate(1);
+            let Some(sp) = &mut s.spec else {
+                continue;
+            };
+            let room = ctx.saturating_sub(s.kv.len() + 2);
+            let k = sp
+                .adapt
+                .next_len()
+                .min(room)
+                .min(budget.saturating_sub(used));
+            sp.drafter.draft(&sp.history, k, &mut sp.draft);
+            s.feed.extend_from_slice(&sp.draft);
+            plan[i] += sp.draft.len();
+            used += sp.draft.len();
+        }
         for (i, s) in self.running.iter().enumerate() {
             if let Phase::Prefill { done } = s.phase {
                 let left = s.req.prepared.info.prompt_ids.len() - done;
@@ -333,7 +381,7 @@ impl Scheduler {
                 req,
                 kv,
                 phase,
-                next,
+                feed,
                 state,
                 ..
             } = s;
@@ -342,7 +390,12 @@ impl Scheduler {
                     if state.grammar().is_some_and(|g| g.is_active()) {
                         preps.push((&req.prepared.sampler, &*state));
                     }
-                    (&next[..], LogitRows::Last)
+                    let rows = if feed.len() > 1 {
+                        LogitRows::All
+                    } else {
+                        LogitRows::Last
+                    };
+                    (&feed[..], rows)
                 }
                 Phase::Prefill { done } => {
                     let ids = &req.prepared.info.prompt_ids;
@@ -370,7 +423,14 @@ impl Scheduler {
                     .find_any(|r| r.is_err())
             },
         );
-        let wanted: Vec<bool> = batch.iter().map(|b| b.logits != LogitRows::None).collect();
+        let nrows: Vec<usize> = batch
+            .iter()
+            .map(|b| match b.logits {
+                LogitRows::None => 0,
+                LogitRows::Last => 1,
+                LogitRows::All => b.tokens.len(),
+            })
+            .collect();
         drop(batch);
         drop(preps);
         if let Err(e) = fwd {
@@ -388,7 +448,8 @@ impl Scheduler {
         let _ = prep;
         // 3. which rows have logits; prompts that completed; forks
         let vocab = self.inner.shared.model.weights.config.vocab_size;
-        let mut row_of: Vec<Option<usize>> = vec![None; self.running.len()];
+        // (first row, rows) of each sequence's logits
+        let mut row_of: Vec<Option<(usize, usize)>> = vec![None; self.running.len()];
         let mut r = 0;
         let mut completed: Vec<usize> = Vec::new();
         for (k, &i) in owner.iter().enumerate() {
@@ -400,9 +461,9 @@ impl Scheduler {
                     completed.push(i);
                 }
             }
-            if wanted[k] {
-                row_of[i] = Some(r);
-                r += 1;
+            if nrows[k] > 0 {
+                row_of[i] = Some((r, nrows[k]));
+                r += nrows[k];
             }
         }
         for &i in &completed {
@@ -419,16 +480,19 @@ impl Scheduler {
             let ids = Arc::new(req.prepared.info.prompt_ids.clone());
             self.remember(ids, kv);
         }
-        // 4. sample every row, in parallel
+        // 4. sample every sequence, in parallel; a speculating sequence steps through its rows
+        //    while its selections agree with the draft
         let logits = &self.logits;
-        let ctx = self.inner.shared.model.weights.config.context_length;
         self.running
             .par_iter_mut()
             .zip(row_of.par_iter())
             .for_each(|(s, row)| {
-                if let Some(r) = row {
-                    let row = &logits[r * vocab..(r + 1) * vocab];
-                    s.out = Some(s.sample(row, ctx));
+                s.outs.clear();
+                s.err = None;
+                s.drafted = 0;
+                s.accepted = 0;
+                if let Some((r0, count)) = *row {
+                    s.step_rows(&logits[r0 * vocab..(r0 + count) * vocab], count, ctx);
                 }
             });
         // 5. events, finishes
@@ -436,59 +500,64 @@ impl Scheduler {
         let mut finished: Vec<(u64, usize)> = Vec::new();
         let mut failed: Vec<(Arc<ReqCtx>, EngineError)> = Vec::new();
         let mut sampled = 0u64;
+        let (mut drafted, mut accepted) = (0u64, 0u64);
         for s in self.running.iter_mut() {
-            let Some(out) = s.out.take() else {
-                continue;
-            };
+            drafted += s.drafted as u64;
+            accepted += s.accepted as u64;
             let id = s.req.prepared.info.id;
-            let out = match out {
-                Ok(o) => o,
-                Err(e) => {
-                    if !failed.iter().any(|(r, _)| Arc::ptr_eq(r, &s.req)) {
-                        failed.push((s.req.clone(), e));
-                    }
-                    continue;
+            if let Some(e) = s.err.take() {
+                if !failed.iter().any(|(r, _)| Arc::ptr_eq(r, &s.req)) {
+                    failed.push((s.req.clone(), e));
                 }
-            };
-            sampled += 1;
-            let tx = &s.req.tx;
-            if let Some(l) = out.ledger {
-                let _ = tx.send(Event::Ledger {
-                    seq: s.index,
-                    explanation: l,
-                });
+                continue;
             }
-            if let Some(rec) = out.record {
-                let _ = tx.send(Event::Record {
+            for out in s.outs.drain(..) {
+                sampled += 1;
+                let tx = &s.req.tx;
+                if let Some(l) = out.ledger {
+                    let _ = tx.send(Event::Ledger {
+                        seq: s.index,
+                        explanation: l,
+                    });
+                }
+                if let Some(rec) = out.record {
+                    let _ = tx.send(Event::Record {
+                        seq: s.index,
+                        record: rec,
+                    });
+                }
+                let _ = tx.send(Event::Token {
                     seq: s.index,
-                    record: rec,
+                    id: out.token,
+                    text: out.text,
+                    logprobs: out.logprobs,
                 });
-            }
-            let _ = tx.send(Event::Token {
-                seq: s.index,
-                id: out.token,
-                text: out.text,
-                logprobs: out.logprobs,
-            });
-            s.generated += 1;
-            if let Some(p) = self.progress.get_mut(&id) {
-                p.usage.completion_tokens += 1;
-                p.first_token.get_or_insert(now);
-            }
-            if let Some(reason) = out.finish {
-                let text = s.stream.finish();
-                let _ = tx.send(Event::Finish {
-                    seq: s.index,
-                    reason,
-                    text,
-                    tokens: s.generated,
-                });
-                finished.push((id, s.index));
+                s.generated += 1;
+                if let Some(p) = self.progress.get_mut(&id) {
+                    p.usage.completion_tokens += 1;
+                    p.first_token.get_or_insert(now);
+                }
+                if let Some(reason) = out.finish {
+                    let text = s.stream.finish();
+                    let _ = tx.send(Event::Finish {
+                        seq: s.index,
+                        reason,
+                        text,
+                        tokens: s.generated,
+                    });
+                    finished.push((id, s.index));
+                }
             }
         }
         self.inner
             .completion_tokens
             .fetch_add(sampled, Ordering::Relaxed);
+        self.inner
+            .draft_tokens
+            .fetch_add(drafted, Ordering::Relaxed);
+        self.inner
+            .accepted_draft_tokens
+            .fetch_add(accepted, Ordering::Relaxed);
         for (req, e) in failed {
             self.fail(&req, e);
         }
@@ -552,8 +621,66 @@ impl Scheduler {
 }
 
 impl Seq {
-    /// One step of this sequence on its logits row.
-    fn sample(&mut self, row: &[f32], ctx: usize) -> std::result::Result<StepOut, EngineError> {
+    /// Steps through `count` rows of logits (`count > 1`: the pending token and a draft were
+    /// fed): each row's selection is an output; the next row is used only while the selection
+    /// equals the drafted token that row was computed after. Then the cache keeps the
+    /// positions of the accepted tokens and the last selection becomes the pending token.
+    fn step_rows(&mut self, rows: &[f32], count: usize, ctx: usize) {
+        let vocab = rows.len() / count.max(1);
+        let mut accepted = 0;
+        let mut last = None;
+        for j in 0..count {
+            // the position the token selected now would be fed at
+            let fed_at = self.kv.len() - (count - 1 - j);
+            match self.sample(&rows[j * vocab..(j + 1) * vocab], fed_at, ctx) {
+                Err(e) => {
+                    self.err = Some(e);
+                    return;
+                }
+                Ok(o) => {
+                    let (token, finished) = (o.token, o.finish.is_some());
+                    self.outs.push(o);
+                    if let Some(sp) = &mut self.spec {
+                        sp.history.push(token);
+                    }
+                    last = Some(token);
+                    if finished {
+                        break;
+                    }
+                    if j + 1 < count && self.feed.get(j + 1) == Some(&token) {
+                        accepted += 1;
+                        continue;
+                    }
+                    break;
+                }
+            }
+        }
+        if count > 1 {
+            self.drafted = count - 1;
+            self.accepted = accepted;
+            if let Some(sp) = &mut self.spec {
+                sp.adapt.observe(count - 1, accepted);
+            }
+            let keep = self.kv.len() - (count - 1 - accepted);
+            if let Err(e) = self.kv.truncate(keep) {
+                self.err = Some(EngineError::model(e));
+                return;
+            }
+        }
+        if let Some(t) = last {
+            self.feed.clear();
+            self.feed.push(t);
+        }
+    }
+
+    /// One step of this sequence on its logits row; the selected token would be fed at
+    /// position `fed_at`.
+    fn sample(
+        &mut self,
+        row: &[f32],
+        fed_at: usize,
+        ctx: usize,
+    ) -> std::result::Result<StepOut, EngineError> {
         let p = &self.req.prepared;
         let sampler = &p.sampler;
         let ledger = match p.ledger_step {
@@ -606,9 +733,7 @@ impl Seq {
             sampler.visible_bytes(res.token),
             self.state.stop_state().hit.as_ref(),
         );
-        self.next = [res.token];
-        // the token just selected is fed at position `kv.len()`
-        let ctx_full = self.kv.len() >= ctx;
+        let ctx_full = fed_at >= ctx;
         let finish = match res.finish {
             Some(r) => Some(Some(r)),
             None if ctx_full => Some(None),

@@ -138,6 +138,7 @@ pub fn replay_request(h: &TraceHeader) -> Result<GenerateRequest> {
         logprobs: None,
         records: Some(h.candidates),
         ledger_step: None,
+        speculative: None,
     })
 }
 

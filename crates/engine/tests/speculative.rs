@@ -154,3 +154,73 @@ fn speculation_changes_nothing_but_the_time() {
     });
     same(&engine, &model, &r, "json schema");
 }
+
+/// Tokens, text, finish reasons and records (as JSON) of every sequence of a completion.
+fn outcome(c: &nextok_engine::Completion) -> Vec<(Vec<u32>, String, String, String)> {
+    c.sequences
+        .iter()
+        .map(|s| {
+            (
+                s.tokens.clone(),
+                s.text.clone(),
+                format!("{:?}", s.finish),
+                serde_json::to_string(&s.records).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_engine_speculates_in_its_batches_with_the_same_output() {
+    let Some(model) = model() else {
+        eprintln!("skipped: the default model is not in the test data");
+        return;
+    };
+    let engine = Engine::new(model.clone(), EngineConfig::default()).unwrap();
+    let mut reqs = Vec::new();
+    for (i, temp) in [0.0f32, 0.8, 0.0, 0.7].into_iter().enumerate() {
+        let mut r = request(
+            COPY,
+            SamplingParams {
+                temperature: Some(temp),
+                top_p: Some(0.95),
+                max_tokens: Some(20 + 6 * i as u64),
+                seed: Some(i as u64),
+                ..Default::default()
+            },
+        );
+        r.records = Some(3);
+        if i == 2 {
+            r.n = 2;
+        }
+        if i == 3 {
+            r.params.stop = vec!["date".into()];
+        }
+        reqs.push(r);
+    }
+    let plain: Vec<_> = reqs
+        .iter()
+        .map(|r| outcome(&engine.generate(r.clone()).expect("plain run")))
+        .collect();
+    // all together, speculating
+    let before = engine.stats();
+    let handles: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.speculative = Some(SpecOptions::default());
+            engine.submit(r).expect("submits")
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let mut h = h;
+        let got = outcome(&h.collect_all().expect("speculative run"));
+        assert_eq!(got, plain[i], "request {i}");
+    }
+    let after = engine.stats();
+    assert!(
+        after.accepted_draft_tokens > before.accepted_draft_tokens,
+        "the copy prompt accepts drafts: {after:?}"
+    );
+    assert!(after.draft_tokens >= after.accepted_draft_tokens);
+}
