@@ -24,6 +24,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use nextok_engine::speculative::SpecOptions;
+
 use nextok_constraint::ConstraintSpec;
 use nextok_core::{FinishReason, Layer, PipelineConfig, Preset, SamplingParams, StopConfig};
 use nextok_engine::solo::BeamEnd;
@@ -207,6 +209,39 @@ pub struct GenerateArgs {
     /// Beam search length penalty `α` in `logprob / len^α`.
     #[arg(long, default_value_t = 1.0)]
     pub length_penalty: f64,
+    /// Speculative decoding, `ngram` or `ngram:K`: prompt-lookup drafts of at most K tokens
+    /// (default 5), accepted only where the sampler selects the drafted token itself, so the
+    /// output and the trace are exactly those of plain decoding.
+    #[arg(long)]
+    pub speculative: Option<String>,
+}
+
+/// `--speculative`'s value.
+fn speculative(v: Option<&str>) -> Result<Option<SpecOptions>, String> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    let (kind, k) = match v.split_once(':') {
+        Some((kind, k)) => (kind, Some(k)),
+        None => (v, None),
+    };
+    if kind != "ngram" {
+        return Err(format!(
+            "--speculative: unknown drafter `{kind}` (expected `ngram` or `ngram:K`)"
+        ));
+    }
+    let mut o = SpecOptions::default();
+    if let Some(k) = k {
+        o.max_draft = match k.parse::<usize>() {
+            Ok(k) if (1..=32).contains(&k) => k,
+            _ => {
+                return Err(format!(
+                    "--speculative: the draft length `{k}` must be a whole number from 1 to 32"
+                ))
+            }
+        };
+    }
+    Ok(Some(o))
 }
 
 /// Arguments of `nextok replay`.
@@ -334,7 +369,7 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), String> {
             }),
             records: record,
             ledger_step: a.ledger,
-            speculative: None,
+            speculative: speculative(a.speculative.as_deref())?,
         },
         source,
     ))
@@ -362,6 +397,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
             (a.logprobs.is_some(), "--logprobs"),
             (a.ledger.is_some(), "--ledger"),
             (a.n > 1, "-n"),
+            (a.speculative.is_some(), "--speculative"),
         ]
         .iter()
         .filter(|c| c.0)
@@ -570,6 +606,15 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         total.saturating_sub(n),
         total.saturating_sub(n) as f64 / decode.max(1e-9)
     );
+    let st = engine.stats();
+    if a.speculative.is_some() {
+        eprintln!(
+            "nextok: speculative: {} drafted tokens, {} accepted ({:.0} %)",
+            st.draft_tokens,
+            st.accepted_draft_tokens,
+            100.0 * st.accepted_draft_tokens as f64 / (st.draft_tokens.max(1)) as f64
+        );
+    }
     Ok(())
 }
 

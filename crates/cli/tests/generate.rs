@@ -422,3 +422,44 @@ fn bench_sampler_runs_on_a_real_logits_row() {
         assert!(s["nextok_ns"].as_f64().unwrap() > 0.0);
     }
 }
+
+#[test]
+fn speculative_decoding_prints_and_traces_what_plain_decoding_does() {
+    let Some(m) = model() else { return };
+    let prompt = "<|im_start|>user\nRepeat exactly: red apple, green pear, red apple, green pear, red apple, green pear.<|im_end|>\n<|im_start|>assistant\n";
+    let run = |extra: &[&str], trace: &str| {
+        let t = tmp(trace);
+        let mut args = vec![
+            "generate",
+            prompt,
+            "--temperature",
+            "0.6",
+            "--seed",
+            "9",
+            "--max-tokens",
+            "40",
+            "--trace",
+            t.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = nextok(&m, &args);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        // step records apart from the header (which records the same request either way)
+        let steps: Vec<Value> = trace_lines(&t).into_iter().skip(1).collect();
+        (text(&o.stdout), steps, text(&o.stderr))
+    };
+    let (plain, plain_steps, _) = run(&[], "plain.jsonl");
+    let (fast, fast_steps, err) = run(&["--speculative", "ngram:4"], "spec.jsonl");
+    assert_eq!(fast, plain);
+    assert_eq!(fast_steps, plain_steps);
+    assert!(err.contains("speculative:"), "{err}");
+    for bad in ["lookahead", "ngram:0", "ngram:x"] {
+        let o = nextok(&m, &["generate", "hi", "--speculative", bad]);
+        assert!(!o.status.success());
+        assert!(
+            text(&o.stderr).contains("--speculative"),
+            "{}",
+            text(&o.stderr)
+        );
+    }
+}
