@@ -7,14 +7,17 @@
 //! * **chat** — free writing (temperature 0.8), where prompt lookup rarely guesses right: the
 //!   adaptive draft length must keep speculation from costing time.
 //!
+//! With a draft model: the default model re-quantised to Q8_0 as the target, drafted by the
+//! same model as shipped (Q4_1), greedy drafts.
+//!
 //! Every speculative run must return exactly the plain run's tokens (checked); the report gives
 //! decode tokens/s of both, the ratio, the acceptance rate and the mean accepted draft length.
 
 use std::sync::Arc;
 
 use nextok_core::SamplingParams;
-use nextok_engine::solo::{run_sequence, SoloOptions, SoloOutput};
-use nextok_engine::speculative::SpecOptions;
+use nextok_engine::solo::{run_sequence, run_sequence_drafted, SoloOptions, SoloOutput};
+use nextok_engine::speculative::{ModelDrafter, SpecOptions};
 use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
 use nextok_model::{LogitsSource, Model, Requant};
 use serde::Serialize;
@@ -66,24 +69,35 @@ fn once(
     model: &Model,
     req: &GenerateRequest,
     spec: Option<SpecOptions>,
+    draft: Option<&Model>,
 ) -> Result<SoloOutput, String> {
     let p = engine.prepare(req).map_err(|e| e.to_string())?;
     let mut src = model.source();
     let row = src.prefill(&p.info.prompt_ids).map_err(|e| e.to_string())?;
-    run_sequence(
-        model,
-        &p.sampler,
-        src,
-        &p.info.prompt_ids,
-        row,
-        p.info.seeds[0],
-        &SoloOptions {
-            record: None,
-            constraint: p.constraint.clone(),
-            overlap: true,
-            speculative: spec,
-        },
-    )
+    let o = SoloOptions {
+        record: None,
+        constraint: p.constraint.clone(),
+        overlap: true,
+        speculative: spec,
+    };
+    let (prompt, seed) = (&p.info.prompt_ids, p.info.seeds[0]);
+    match (draft, spec) {
+        (Some(d), Some(spec)) => {
+            let mut drafter = ModelDrafter::new(d, model).map_err(|e| e.to_string())?;
+            run_sequence_drafted(
+                model,
+                &p.sampler,
+                src,
+                prompt,
+                row,
+                seed,
+                &o,
+                spec,
+                &mut drafter,
+            )
+        }
+        _ => run_sequence(model, &p.sampler, src, prompt, row, seed, &o),
+    }
     .map_err(|e| e.to_string())
 }
 
@@ -91,8 +105,15 @@ fn once(
 pub fn run(args: &BenchArgs) -> Result<(), String> {
     let path = generate::model_path(args.model.as_deref())?;
     let mut rows = Vec::new();
-    for (quant, requant) in [("q4_1", Requant::Keep), ("q8_0", Requant::Q8_0)] {
-        let model = Arc::new(generate::load_model(&path, requant)?);
+    let q4 = Arc::new(generate::load_model(&path, Requant::Keep)?);
+    let q8 = Arc::new(generate::load_model(&path, Requant::Q8_0)?);
+    // (label, target, draft model: None for prompt lookup)
+    let setups: [(&str, &Arc<Model>, Option<&Model>); 3] = [
+        ("q4_1", &q4, None),
+        ("q8_0", &q8, None),
+        ("q8_0+draft_q4_1", &q8, Some(&q4)),
+    ];
+    for (quant, model, draft) in setups {
         let engine =
             Engine::new(model.clone(), EngineConfig::default()).map_err(|e| e.to_string())?;
         for name in ["copy_greedy", "copy_sampled", "chat"] {
@@ -102,8 +123,8 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             let mut last = None;
             let mut tokens = 0;
             for _ in 0..args.reps.max(1) {
-                let plain = once(&engine, &model, &req, None)?;
-                let spec = once(&engine, &model, &req, Some(SpecOptions::default()))?;
+                let plain = once(&engine, model, &req, None, None)?;
+                let spec = once(&engine, model, &req, Some(SpecOptions::default()), draft)?;
                 identical &= plain.tokens == spec.tokens && plain.finish == spec.finish;
                 // per token, the fastest repetition of each (the other core is then free)
                 best_plain = best_plain.min(plain.time.total.as_secs_f64());
@@ -127,7 +148,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             };
             if !args.json {
                 println!(
-                    "{:<5} {:<13} {:>4} tokens  plain {:>6.1} tok/s  speculative {:>6.1} tok/s  x{:.2}  identical {}  acceptance {:.2}  mean accepted {:.2} ({} drafts)",
+                    "{:<15} {:<13} {:>4} tokens  plain {:>6.1} tok/s  speculative {:>6.1} tok/s  x{:.2}  identical {}  acceptance {:.2}  mean accepted {:.2} ({} drafts)",
                     row.quant,
                     row.task,
                     row.tokens,

@@ -17,7 +17,7 @@ use nextok_model::{LogitsSource, Model};
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::request::GenerateRequest;
-use crate::speculative::{Adaptive, Drafter, NgramDrafter, SpecOptions, SpecStats};
+use crate::speculative::{Adaptive, Drafter, SpecOptions, SpecStats};
 
 /// Options of [`run_sequence`].
 #[derive(Debug, Clone, Default)]
@@ -82,7 +82,19 @@ pub fn run_sequence<S: LogitsSource + Send>(
     }
     let mut ws = sampler.new_workspace();
     if let Some(spec) = o.speculative {
-        return run_speculative(model, sampler, src, prompt, first_row, state, ws, o, spec);
+        let mut drafter = spec.ngram;
+        return run_speculative(
+            model,
+            sampler,
+            src,
+            prompt,
+            first_row,
+            state,
+            ws,
+            o,
+            spec,
+            &mut drafter,
+        );
     }
     let mut row = first_row;
     let mut out = SoloOutput::default();
@@ -138,6 +150,31 @@ pub fn run_sequence<S: LogitsSource + Send>(
     Ok(out)
 }
 
+/// [`run_sequence`] speculating with `drafter` (for example a [`crate::speculative::ModelDrafter`])
+/// and at most `spec.max_draft` tokens per draft (`o.speculative` is ignored); `exact`
+/// acceptance, so the output equals plain decoding's.
+#[allow(clippy::too_many_arguments)]
+pub fn run_sequence_drafted<S: LogitsSource + Send>(
+    model: &Model,
+    sampler: &Sampler,
+    src: S,
+    prompt: &[u32],
+    first_row: Vec<f32>,
+    seed: u64,
+    o: &SoloOptions,
+    spec: SpecOptions,
+    drafter: &mut dyn Drafter,
+) -> Result<SoloOutput> {
+    let mut state = sampler.new_state(prompt, seed).map_err(EngineError::core)?;
+    if let Some(c) = &o.constraint {
+        state.set_grammar(Box::new(c.start()));
+    }
+    let ws = sampler.new_workspace();
+    run_speculative(
+        model, sampler, src, prompt, first_row, state, ws, o, spec, drafter,
+    )
+}
+
 /// One sampler step on `row` (recorded when asked).
 fn step_once(
     sampler: &Sampler,
@@ -172,12 +209,12 @@ fn run_speculative<S: LogitsSource + Send>(
     mut ws: nextok_core::support::Workspace,
     o: &SoloOptions,
     spec: SpecOptions,
+    drafter: &mut dyn Drafter,
 ) -> Result<SoloOutput> {
     let mut out = SoloOutput::default();
     let ctx = model.weights.config.context_length;
     let vocab = src.vocab_size();
     let start = Instant::now();
-    let mut drafter: NgramDrafter = spec.ngram;
     let mut adapt = Adaptive::new(spec.max_draft);
     let mut history: Vec<u32> = prompt.to_vec();
     let mut draft: Vec<u32> = Vec::with_capacity(spec.max_draft);

@@ -69,6 +69,105 @@ impl Drafter for NgramDrafter {
     }
 }
 
+/// A draft model: a smaller (or more coarsely quantised) model with the target's vocabulary,
+/// proposing its greedy continuation. It keeps its own cache in step with the context: each
+/// draft cuts it back to the longest prefix it shares with the context, feeds the rest, then
+/// decodes `k` tokens greedily (raw logits, lowest id on ties).
+pub struct ModelDrafter {
+    src: nextok_model::LlamaSource,
+    /// The tokens `src` has been fed, in order.
+    fed: Vec<u32>,
+}
+
+impl std::fmt::Debug for ModelDrafter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelDrafter")
+            .field("fed", &self.fed.len())
+            .finish()
+    }
+}
+
+impl ModelDrafter {
+    /// A drafter from `draft` for a `target` model; refused unless both vocabularies hold the
+    /// same tokens (the same bytes for every id).
+    pub fn new(
+        draft: &nextok_model::Model,
+        target: &nextok_model::Model,
+    ) -> crate::Result<ModelDrafter> {
+        let (a, b) = (&draft.vocab.bytes, &target.vocab.bytes);
+        if a.len() != b.len() {
+            return Err(crate::EngineError::invalid(
+                "draft_model",
+                format!(
+                    "its vocabulary has {} tokens, the target's {}",
+                    a.len(),
+                    b.len()
+                ),
+            ));
+        }
+        if let Some(id) = (0..a.len() as u32).find(|&i| a.get(i) != b.get(i)) {
+            return Err(crate::EngineError::invalid(
+                "draft_model",
+                format!("token {id} differs from the target's: the vocabularies do not match"),
+            ));
+        }
+        Ok(ModelDrafter {
+            src: draft.source(),
+            fed: Vec::new(),
+        })
+    }
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl Drafter for ModelDrafter {
+    fn draft(&mut self, context: &[u32], k: usize, out: &mut Vec<u32>) {
+        use nextok_model::LogitsSource;
+        out.clear();
+        if k == 0 || context.is_empty() {
+            return;
+        }
+        // the shared prefix, keeping at least the last context token to feed (its logits give
+        // the first draft token)
+        let common = self
+            .fed
+            .iter()
+            .zip(context)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(context.len() - 1);
+        if self.src.truncate(common).is_err() {
+            self.fed.clear();
+            let _ = self.src.truncate(0);
+        }
+        self.fed.truncate(self.src.len());
+        let Ok(row) = self.src.prefill(&context[self.fed.len()..]) else {
+            return;
+        };
+        self.fed.extend_from_slice(&context[self.fed.len()..]);
+        let mut t = argmax(&row);
+        for i in 0..k {
+            out.push(t);
+            if i + 1 == k {
+                break;
+            }
+            let Ok(row) = self.src.decode_one(t) else {
+                return;
+            };
+            self.fed.push(t);
+            t = argmax(&row);
+        }
+    }
+}
+
 /// Options of speculative decoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpecOptions {

@@ -224,3 +224,57 @@ fn the_engine_speculates_in_its_batches_with_the_same_output() {
     );
     assert!(after.draft_tokens >= after.accepted_draft_tokens);
 }
+
+#[test]
+fn a_draft_model_changes_nothing_but_the_time() {
+    let Some(model) = model() else {
+        eprintln!("skipped: the default model is not in the test data");
+        return;
+    };
+    let engine = Engine::new(model.clone(), EngineConfig::default()).unwrap();
+    for (temp, seed) in [(0.0f32, 1u64), (0.8, 2)] {
+        let req = request(
+            COPY,
+            SamplingParams {
+                temperature: Some(temp),
+                top_p: Some(0.95),
+                max_tokens: Some(24),
+                seed: Some(seed),
+                ..Default::default()
+            },
+        );
+        let plain = run(&engine, &model, &req, None);
+        let p = engine.prepare(&req).unwrap();
+        let mut src = model.source();
+        let row = src.prefill(&p.info.prompt_ids).unwrap();
+        // the model drafting for itself: greedy drafts
+        let mut drafter = nextok_engine::speculative::ModelDrafter::new(&model, &model).unwrap();
+        let fast = nextok_engine::solo::run_sequence_drafted(
+            &model,
+            &p.sampler,
+            src,
+            &p.info.prompt_ids,
+            row,
+            p.info.seeds[0],
+            &SoloOptions {
+                record: Some(4),
+                constraint: None,
+                overlap: false,
+                speculative: None,
+            },
+            SpecOptions::default(),
+            &mut drafter,
+        )
+        .unwrap();
+        assert_eq!(fast.tokens, plain.tokens, "temperature {temp}");
+        assert_eq!(
+            serde_json::to_string(&fast.records).unwrap(),
+            serde_json::to_string(&plain.records).unwrap()
+        );
+        if temp == 0.0 {
+            // greedy drafts of the very model are all accepted
+            assert_eq!(fast.spec.accepted, fast.spec.drafted, "{:?}", fast.spec);
+            assert!(fast.spec.accepted > 0);
+        }
+    }
+}
