@@ -38,6 +38,7 @@ pub mod request;
 pub mod rng;
 pub mod sampler;
 pub mod select;
+pub mod speculative;
 pub mod state;
 pub mod stop;
 pub mod support;
