@@ -389,7 +389,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
             .stop;
         for (i, h) in hyps.iter().enumerate() {
             if i == 0 {
-                println!("{}", h.text);
+                outln!("{}", h.text);
             }
             let finish = match &h.end {
                 BeamEnd::Eos => "eos".to_string(),
@@ -446,12 +446,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         let b = model.vocab.token(t).unwrap_or(&[]);
         format!("{:?}", String::from_utf8_lossy(b))
     };
-    let stdout = std::io::stdout();
-    let print_out = |s: &str| {
-        let mut lock = stdout.lock();
-        let _ = lock.write_all(s.as_bytes());
-        let _ = lock.flush();
-    };
+    let print_out = |s: &str| out!("{s}");
     if n > 1 {
         eprintln!("nextok: sequence 0 (seed {})", info.seeds[0]);
     }
@@ -513,7 +508,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
                     let Some((reason, tokens)) = pending[current].finish else {
                         break;
                     };
-                    println!();
+                    outln!();
                     match (&pending[current].ledger, a.ledger) {
                         (Some(l), Some(k)) => eprintln!("nextok: the ledger of step {k}:\n{l}"),
                         (None, Some(k)) => {

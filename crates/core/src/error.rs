@@ -193,7 +193,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// `root` names the document when the failure is at its top level.
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(s: &str, root: &str) -> Result<T> {
     let de = &mut serde_json::Deserializer::from_str(s);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let field = if path.is_empty() || path == "." {
             root.to_string()
@@ -201,5 +201,9 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(s: &str, root: &str) ->
             path
         };
         Error::parse(field, e.into_inner().to_string())
-    })
+    })?;
+    // one document: anything but whitespace after it is an error, not ignored
+    de.end()
+        .map_err(|e| Error::parse(root, format!("trailing data after the JSON document: {e}")))?;
+    Ok(value)
 }

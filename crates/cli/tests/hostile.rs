@@ -1,0 +1,116 @@
+//! Hostile and careless input through the `nextok` binary: every case ends in a one-line error
+//! (exit 2) or a normal end, never a panic, an abort or a hang.
+
+use std::io::{Read, Write};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::{json, Value};
+
+fn nextok_stdin(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nextok"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn nextok");
+    let mut input = child.stdin.take().unwrap();
+    let data = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&data);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    out
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Exit status 2 with one line on stderr containing every needle, and no panic.
+fn fails_with(o: &Output, needles: &[&str]) {
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` not in: {err}");
+    }
+}
+
+fn explain(req: &Value) -> Output {
+    nextok_stdin(&["explain", "-"], req.to_string().as_bytes())
+}
+
+#[test]
+fn a_huge_token_name_is_cut_and_control_characters_are_escaped() {
+    let long = "a".repeat(65_536);
+    let req = json!({"logits": [1.0, 2.0, 0.5], "tokens": [long, "b\n\u{1b}[31mred", "c"]});
+    let o = explain(&req);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(!out.contains('\u{1b}'), "{out}");
+    assert!(out.contains("b\\n\\u{1b}[31mred"), "{out}");
+    // every row fits the cut name: no line holds the whole name
+    assert!(out.lines().all(|l| l.chars().count() < 200), "{out}");
+    assert!(out.contains('…'), "{out}");
+    assert!(out.contains("selected b\\n\\u{1b}[31mred (id 1)"), "{out}");
+}
+
+#[test]
+fn trailing_data_after_a_request_is_refused() {
+    let o = nextok_stdin(&["explain", "-"], b"{\"logits\": [1, 2]} {\"logits\": [3]}");
+    fails_with(&o, &["request", "trailing"]);
+    // whitespace after the document is fine
+    let o = nextok_stdin(&["explain", "-"], b"{\"logits\": [1, 2]}\n\n  ");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+}
+
+#[test]
+fn logits_outside_the_f32_range_are_refused_in_both_directions() {
+    for v in [1e39, -1e39] {
+        let o = explain(&json!({"logits": [v, 2.0]}));
+        fails_with(&o, &["logits[0]", "f32 range"]);
+    }
+    // the largest finite f32 is a logit like any other
+    let o = explain(&json!({"logits": [-3.4028235e38, 2.0]}));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // a wrong type names the element and what is expected, not an internal type
+    let o = explain(&json!({"logits": [1.0, true]}));
+    fails_with(&o, &["logits[1]", "expected a number"]);
+    assert!(!text(&o.stderr).contains("untagged"));
+}
+
+#[test]
+fn a_closed_pipe_is_a_normal_end() {
+    // an output far larger than a pipe's buffer; the reader takes one line and goes away
+    let req = json!({"logits": vec![0.0; 50_000]});
+    for args in [&["explain", "--json", "-"][..], &["explain", "-"][..]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nextok"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(req.to_string().as_bytes())
+            .unwrap();
+        let mut first = [0u8; 16];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut first)
+            .unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let err = text(&o.stderr);
+        assert!(o.status.success(), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+}
