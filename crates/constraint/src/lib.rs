@@ -388,6 +388,12 @@ impl ConstraintEngine {
     ) -> Result<Arc<CompiledConstraint>, ConstraintError> {
         let t0 = std::time::Instant::now();
         let hash = spec.hash();
+        let own_dfa = match spec {
+            ConstraintSpec::Regex { pattern } => {
+                ByteDfa::build(pattern, self.limits.max_dfa_states)
+            }
+            _ => None,
+        };
         let backend = match spec {
             ConstraintSpec::Choice { choices } => {
                 let t = ChoiceTrie::new(choices, self.limits.max_states)?;
@@ -397,10 +403,8 @@ impl ConstraintEngine {
                     self.limits.mask_cache_bytes,
                 ))
             }
-            ConstraintSpec::Regex { pattern }
-                if ByteDfa::build(pattern, self.limits.max_dfa_states).is_some() =>
-            {
-                let d = ByteDfa::build(pattern, self.limits.max_dfa_states).expect("built above");
+            ConstraintSpec::Regex { pattern } if own_dfa.is_some() => {
+                let d = own_dfa.expect("matched above");
                 Backend::Own(Machine::dfa(d, &self.vocab, self.limits.mask_cache_bytes))
             }
             _ => {

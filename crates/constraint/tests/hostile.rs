@@ -122,3 +122,40 @@ fn deeply_nested_groups_are_refused() {
     let gbnf = format!("root ::= {}\"a\"{}", "(".repeat(20), ")".repeat(20));
     e.compile(&ConstraintSpec::Gbnf { gbnf }).unwrap();
 }
+
+#[test]
+fn errors_say_what_is_wrong() {
+    let e = engine();
+    // a regex parse error keeps its whole text, not just "regex parse error:"
+    let m = e
+        .compile(&ConstraintSpec::Regex {
+            pattern: "a(b".into(),
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(m.contains("unclosed group"), "{m}");
+    // a cycle without a base case is named, in grammars and schemas alike
+    for spec in [
+        ConstraintSpec::Gbnf {
+            gbnf: "root ::= x\nx ::= root".into(),
+        },
+        ConstraintSpec::Grammar {
+            lark: "start: start".into(),
+        },
+        ConstraintSpec::JsonSchema {
+            schema: json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}),
+            options: Default::default(),
+        },
+    ] {
+        let err = e.compile(&spec).unwrap_err();
+        assert_eq!(err.code(), "unsatisfiable", "{err}");
+        assert!(err.to_string().contains("cycle"), "{err}");
+        assert!(!err.to_string().contains("NoExtensionBias"), "{err}");
+    }
+    // a huge bounded repetition compiles quickly (nextok's own automaton gives up early)
+    let t = std::time::Instant::now();
+    let _ = e.compile(&ConstraintSpec::Regex {
+        pattern: "a{99999999}".into(),
+    });
+    assert!(t.elapsed().as_secs() < 10, "{:?}", t.elapsed());
+}
