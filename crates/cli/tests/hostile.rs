@@ -114,3 +114,57 @@ fn a_closed_pipe_is_a_normal_end() {
         assert!(err.is_empty(), "{args:?}: {err}");
     }
 }
+
+fn tiny_tokenizer_file() -> String {
+    let json = json!({
+        "version": "1.0",
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+                          "use_regex": false},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+                    "use_regex": false},
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}
+    });
+    let dir = std::env::temp_dir().join(format!("nextok-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("tokenizer.json");
+    std::fs::write(&p, json.to_string()).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+#[test]
+fn an_absurd_vocabulary_size_is_refused_before_allocating() {
+    let t = tiny_tokenizer_file();
+    let o = nextok_stdin(
+        &["vocab", "--tokenizer", &t, "--vocab-size", "4000000000"],
+        b"",
+    );
+    fails_with(&o, &["vocab_size", "limit"]);
+    // a padded vocabulary within the limit works, and a closed pipe ends it normally
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nextok"))
+        .args([
+            "vocab",
+            "--tokenizer",
+            &t,
+            "--vocab-size",
+            "100000",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 1];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(!text(&o.stderr).contains("panicked"));
+}

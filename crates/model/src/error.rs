@@ -16,9 +16,8 @@ impl ModelError {
         let is_frame = |l: &str| {
             let t = l.trim_start();
             t.starts_with("Stack backtrace")
-                || t.split_once(": ").is_some_and(|(n, _)| {
-                    !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
-                })
+                || t.split_once(": ")
+                    .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
         };
         let lines: Vec<&str> = message
             .lines()
