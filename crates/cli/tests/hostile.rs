@@ -168,3 +168,23 @@ fn an_absurd_vocabulary_size_is_refused_before_allocating() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(!text(&o.stderr).contains("panicked"));
 }
+
+#[test]
+fn an_empty_support_without_a_constraint_is_not_called_a_constraint_error() {
+    let o = explain(&json!({"logits": ["-inf", "-inf"]}));
+    fails_with(&o, &["empty support"]);
+    assert!(
+        !text(&o.stderr).contains("constraint"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn a_finished_history_does_not_step() {
+    let o = explain(&json!({"logits": [1.0, 0.0], "eos_token_ids": [1], "selected_ids": [0, 1]}));
+    fails_with(&o, &["finished"]);
+    let o =
+        explain(&json!({"logits": [1.0, 0.0], "selected_ids": [0], "params": {"max_tokens": 1}}));
+    fails_with(&o, &["finished"]);
+}

@@ -175,8 +175,14 @@ impl fmt::Display for Error {
                     "invalid `{field}`: token id {token} is outside 0..{vocab_size}"
                 )
             }
-            ErrorKind::EmptySupport { stage } => {
+            ErrorKind::EmptySupport { stage } if stage == "grammar_mask" => {
                 write!(f, "constraint error: empty support after `{stage}`: no selectable token left (sampler not called)")
+            }
+            ErrorKind::EmptySupport { stage } => {
+                write!(
+                    f,
+                    "empty support after `{stage}`: no selectable token left (sampler not called)"
+                )
             }
             ErrorKind::AlreadyFinished => write!(f, "the sequence has already finished"),
             ErrorKind::Parse { field, reason } => write!(f, "invalid `{field}`: {reason}"),

@@ -225,7 +225,25 @@ impl StepRequest {
             }
             _ => (Draw::Stream, self.params.seed.unwrap_or(0)),
         };
-        let state = sampler.state_with_history(&self.prompt_ids, &self.selected_ids, seed)?;
+        // the history goes through the §3.10 transition, terminal checks included: a token after
+        // the one that finished the sequence is an error naming it, and a history that has
+        // finished (EOS, a stop token or string, `max_tokens`) leaves a finished state, whose step
+        // fails with `already_finished`
+        let mut state = sampler.state_with_history(&self.prompt_ids, &[], seed)?;
+        for (i, &t) in self.selected_ids.iter().enumerate() {
+            if state.is_finished() {
+                return Err(Error::contradiction(
+                    format!("selected_ids[{i}]"),
+                    "the sequence had already finished before this token",
+                ));
+            }
+            sampler.commit(&mut state, t).map_err(|e| match e.kind() {
+                crate::ErrorKind::TokenOutOfRange {
+                    token, vocab_size, ..
+                } => Error::out_of_range(format!("selected_ids[{i}]"), *token, *vocab_size),
+                _ => e,
+            })?;
+        }
         Ok((sampler, state, draw))
     }
 
