@@ -307,6 +307,30 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), String> {
     let (pipeline, source) = match a.pipeline.parse::<Preset>() {
         Ok(p) => (PipelineChoice::Preset(p), a.pipeline.clone()),
         Err(_) => {
+            // a pipeline file carries its own processors: a sampling flag would be ignored
+            let conflicts: Vec<&str> = [
+                (a.temperature.is_some(), "--temperature"),
+                (a.top_k.is_some(), "--top-k"),
+                (a.top_p.is_some(), "--top-p"),
+                (a.min_p.is_some(), "--min-p"),
+                (a.typical_p.is_some(), "--typical-p"),
+                (a.presence_penalty.is_some(), "--presence-penalty"),
+                (a.frequency_penalty.is_some(), "--frequency-penalty"),
+                (a.repetition_penalty.is_some(), "--repetition-penalty"),
+                (!a.logit_bias.is_empty(), "--logit-bias"),
+                (a.min_tokens.is_some(), "--min-tokens"),
+            ]
+            .iter()
+            .filter(|c| c.0)
+            .map(|c| c.1)
+            .collect();
+            if !conflicts.is_empty() {
+                return Err(format!(
+                    "--pipeline `{}` (a pipeline file) cannot be combined with {}: the file's processors set them",
+                    a.pipeline,
+                    conflicts.join(", ")
+                ));
+            }
             let text = std::fs::read_to_string(&a.pipeline).map_err(|e| {
                 format!(
                     "--pipeline `{}`: not a preset and cannot read: {e}",
@@ -373,10 +397,11 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
             ));
         }
     }
+    // the flags are checked before the model is loaded
+    let (req, source) = request(&a)?;
     let path = model_path(a.model.as_deref())?;
     let requant: Requant = a.requant.into();
     let model = Arc::new(load_model(&path, requant)?);
-    let (req, source) = request(&a)?;
     let engine = Engine::new(model.clone(), EngineConfig::default()).map_err(|e| e.to_string())?;
     if let Some(b) = a.beam_width {
         let hyps = engine

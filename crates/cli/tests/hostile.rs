@@ -188,3 +188,52 @@ fn a_finished_history_does_not_step() {
         explain(&json!({"logits": [1.0, 0.0], "selected_ids": [0], "params": {"max_tokens": 1}}));
     fails_with(&o, &["finished"]);
 }
+
+#[test]
+fn a_pipeline_file_with_sampling_flags_is_a_conflict() {
+    let dir = std::env::temp_dir().join(format!("nextok-hostile-p-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("pipeline.json");
+    std::fs::write(
+        &p,
+        r#"{"format_version": 1, "processors": [{"type": "temperature", "version": 1, "temperature": 0}], "selector": {"type": "greedy"}}"#,
+    )
+    .unwrap();
+    let p = p.to_string_lossy().into_owned();
+    // checked before any model is loaded
+    let o = nextok_stdin(
+        &[
+            "generate",
+            "hi",
+            "--pipeline",
+            &p,
+            "--temperature",
+            "0.5",
+            "--top-k",
+            "3",
+            "--model",
+            "no-such.gguf",
+        ],
+        b"",
+    );
+    fails_with(&o, &["--temperature", "--top-k", "pipeline"]);
+    // trailing data after the pipeline document is refused
+    let q = dir.join("trailing.json");
+    std::fs::write(
+        &q,
+        r#"{"format_version": 1, "processors": [], "selector": {"type": "greedy"}} {}"#,
+    )
+    .unwrap();
+    let o = nextok_stdin(
+        &[
+            "generate",
+            "hi",
+            "--pipeline",
+            &q.to_string_lossy(),
+            "--model",
+            "no-such.gguf",
+        ],
+        b"",
+    );
+    fails_with(&o, &["trailing"]);
+}
