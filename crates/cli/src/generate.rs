@@ -214,7 +214,8 @@ pub struct GenerateArgs {
 pub struct ReplayArgs {
     /// A trace written by `nextok generate --trace`.
     pub file: PathBuf,
-    /// The model file (default: the recorded one if it exists, else the default model).
+    /// The model file (default: the recorded file name, looked for in the trace's directory,
+    /// else the default model); its SHA-256 must be the recorded one.
     #[arg(long)]
     pub model: Option<PathBuf>,
 }
@@ -687,16 +688,29 @@ pub fn run_replay(a: ReplayArgs) -> Result<(), String> {
     let text =
         std::fs::read_to_string(&a.file).map_err(|e| format!("`{}`: {e}", a.file.display()))?;
     let (header, recorded) = trace::parse(&text).map_err(|e| e.to_string())?;
-    let path = model_path(a.model.as_deref())?;
+    // the header is checked before any model is loaded
+    let req = trace::replay_request(&header).map_err(|e| e.to_string())?;
     let requant = header.requant().map_err(|e| e.to_string())?;
+    // the recorded model file (a name, looked for beside the trace), else the default model
+    let recorded_file = Path::new(&header.model_file)
+        .file_name()
+        .map(|f| a.file.parent().unwrap_or(Path::new(".")).join(f))
+        .filter(|p| p.is_file());
+    let path = match (&a.model, recorded_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(p)) => p,
+        (None, None) => model_path(None)?,
+    };
     let model = Arc::new(load_model(&path, requant)?);
     if model.sha256 != header.model_sha256 {
         return Err(format!(
-            "the model's SHA-256 is {}, the trace was recorded with {}",
-            model.sha256, header.model_sha256
+            "the model `{}` has SHA-256 {}; the trace was recorded with `{}`, SHA-256 {}",
+            path.display(),
+            model.sha256,
+            header.model_file,
+            header.model_sha256
         ));
     }
-    let req = trace::replay_request(&header).map_err(|e| e.to_string())?;
     let engine = Engine::new(model, EngineConfig::default()).map_err(|e| e.to_string())?;
     let p = engine.prepare(&req).map_err(|e| e.to_string())?;
     if p.info.pipeline_hash != header.pipeline_hash {

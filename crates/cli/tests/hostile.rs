@@ -237,3 +237,59 @@ fn a_pipeline_file_with_sampling_flags_is_a_conflict() {
     );
     fails_with(&o, &["trailing"]);
 }
+
+#[test]
+fn replay_refuses_an_edited_header() {
+    let Some(m) = nextok_testdata::require(nextok_testdata::SMOLLM2) else {
+        return;
+    };
+    let m = m.to_string_lossy().into_owned();
+    let dir = std::env::temp_dir().join(format!("nextok-hostile-r-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = dir.join("run.jsonl");
+    let o = nextok_stdin(
+        &[
+            "generate",
+            "Hello",
+            "--temperature",
+            "0.8",
+            "--max-tokens",
+            "3",
+            "--seed",
+            "5",
+            "--trace",
+            &t.to_string_lossy(),
+            "--model",
+            &m,
+        ],
+        b"",
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let lines: Vec<String> = std::fs::read_to_string(&t)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    let edit = |f: &dyn Fn(&mut Value)| {
+        let mut h: Value = serde_json::from_str(&lines[0]).unwrap();
+        f(&mut h);
+        let p = dir.join("edited.jsonl");
+        let mut body = vec![h.to_string()];
+        body.extend(lines[1..].iter().cloned());
+        std::fs::write(&p, body.join("\n") + "\n").unwrap();
+        nextok_stdin(&["replay", &p.to_string_lossy(), "--model", &m], b"")
+    };
+    // a changed temperature would be silently ignored (the recorded pipeline runs)
+    let o = edit(&|h| h["params"]["temperature"] = json!(0.2));
+    fails_with(&o, &["params", "pipeline"]);
+    // so would a changed stop condition
+    let o = edit(&|h| h["params"]["max_tokens"] = json!(2));
+    fails_with(&o, &["params", "stop"]);
+    // another model file is named with the recorded one
+    let o = edit(&|h| h["model_sha256"] = json!("00"));
+    assert_eq!(o.status.code(), Some(2));
+    let err = text(&o.stderr);
+    let last = err.trim_end().lines().last().unwrap_or("");
+    assert!(last.starts_with("error: ") && last.contains("SHA-256"), "{err}");
+    assert!(last.contains("SmolLM2-135M-Instruct.Q4_1.gguf"), "{err}");
+}
