@@ -290,6 +290,9 @@ fn replay_refuses_an_edited_header() {
     assert_eq!(o.status.code(), Some(2));
     let err = text(&o.stderr);
     let last = err.trim_end().lines().last().unwrap_or("");
-    assert!(last.starts_with("error: ") && last.contains("SHA-256"), "{err}");
+    assert!(
+        last.starts_with("error: ") && last.contains("SHA-256"),
+        "{err}"
+    );
     assert!(last.contains("SmolLM2-135M-Instruct.Q4_1.gguf"), "{err}");
 }
