@@ -140,6 +140,15 @@ fn check(p: &SamplingParams, preset: Preset) -> Result<Checked> {
         }
     }
     let repetition = p.repetition_penalty.unwrap_or(1.0);
+    if let Some(n) = p.no_repeat_ngram_size {
+        use crate::processors::no_repeat_ngram::MAX_NGRAM_SIZE;
+        if n > MAX_NGRAM_SIZE {
+            return Err(Error::invalid(
+                "no_repeat_ngram_size",
+                format!("{n} is above the limit of {MAX_NGRAM_SIZE}"),
+            ));
+        }
+    }
     {
         use crate::processors::repetition::{MAX_PENALTY, MIN_PENALTY};
         if !repetition.is_finite() || !(MIN_PENALTY..=MAX_PENALTY).contains(&repetition) {
