@@ -296,3 +296,39 @@ fn replay_refuses_an_edited_header() {
     );
     assert!(last.contains("SmolLM2-135M-Instruct.Q4_1.gguf"), "{err}");
 }
+
+#[test]
+fn beam_width_is_bounded_by_a_limit_and_the_kv_budget() {
+    let Some(m) = nextok_testdata::require(nextok_testdata::SMOLLM2) else {
+        return;
+    };
+    let m = m.to_string_lossy().into_owned();
+    let last_line = |o: &Output| {
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        err.trim_end().lines().last().unwrap_or("").to_string()
+    };
+    let o = nextok_stdin(
+        &["generate", "hi", "--beam-width", "512", "--model", &m],
+        b"",
+    );
+    let l = last_line(&o);
+    assert!(l.contains("beam_width") && l.contains("64"), "{l}");
+    let t = std::time::Instant::now();
+    let o = nextok_stdin(
+        &[
+            "generate",
+            "hi",
+            "--beam-width",
+            "64",
+            "--max-tokens",
+            "8000",
+            "--model",
+            &m,
+        ],
+        b"",
+    );
+    let l = last_line(&o);
+    assert!(l.contains("beam_width") && l.contains("budget"), "{l}");
+    assert!(t.elapsed().as_secs() < 60);
+}
