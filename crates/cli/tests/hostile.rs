@@ -332,3 +332,18 @@ fn beam_width_is_bounded_by_a_limit_and_the_kv_budget() {
     assert!(l.contains("beam_width") && l.contains("budget"), "{l}");
     assert!(t.elapsed().as_secs() < 60);
 }
+
+#[test]
+fn field_paths_name_fields_not_internals() {
+    let o = explain(&json!({"logits": [1.0, 2.0], "params": {"logit_bias": {"x": 1}}}));
+    fails_with(&o, &["`params.logit_bias`", "key"]);
+    assert!(!text(&o.stderr).contains(".?"), "{}", text(&o.stderr));
+    let o = explain(
+        &json!({"logits": [1.0, 2.0], "pipeline": {"format_version": 1,
+        "processors": [{"type": "top_k", "top_k": "a"}], "selector": {"type": "greedy"}}}),
+    );
+    fails_with(&o, &["`pipeline.processors[0]`"]);
+    // an unreadable file names its path
+    let o = nextok_stdin(&["explain", "no-such-request.json"], b"");
+    fails_with(&o, &["no-such-request.json"]);
+}
