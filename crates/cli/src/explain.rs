@@ -138,19 +138,15 @@ pub fn write_ledger(
     vocab_size: usize,
 ) -> std::io::Result<()> {
     let rec = &o.record;
-    write!(s, "pipeline {}\n", o.pipeline_hash)?;
+    writeln!(s, "pipeline {}", o.pipeline_hash)?;
     let mut stages = rec.stages.iter();
     if let Some(raw) = stages.next() {
-        write!(
-            s,
-            "   0  {:<32} support {}\n",
-            "raw logits", raw.support_size
-        )?;
+        writeln!(s, "   0  {:<32} support {}", "raw logits", raw.support_size)?;
     }
     for (i, (p, st)) in rec.processors.iter().zip(stages).enumerate() {
-        write!(
+        writeln!(
             s,
-            "  {:>2}  {:<32} support {}\n",
+            "  {:>2}  {:<32} support {}",
             i + 1,
             format!("{} v{}", p.kind, p.version),
             st.support_size
@@ -179,23 +175,16 @@ pub fn write_ledger(
         .max()
         .unwrap_or(5)
         .max(5);
-    write!(
+    writeln!(
         s,
-        "{:<w$}  {:>9}  {:>7}  {:>12}  {:>4}  {:>15}  {:>10}  {}\n",
-        "token",
-        "raw logit",
-        "allowed",
-        "initial prob",
-        "kept",
-        "processed logit",
-        "final prob",
-        "selected"
+        "{:<w$}  {:>9}  {:>7}  {:>12}  {:>4}  {:>15}  {:>10}  selected",
+        "token", "raw logit", "allowed", "initial prob", "kept", "processed logit", "final prob",
     )?;
     for (t, name) in o.tokens.iter().zip(&names) {
         let r = &t.row;
-        write!(
+        writeln!(
             s,
-            "{:<w$}  {:>9.4}  {:>7}  {:>12.4}  {:>4}  {}  {:>10.4}  {}\n",
+            "{:<w$}  {:>9.4}  {:>7}  {:>12.4}  {:>4}  {}  {:>10.4}  {}",
             name,
             r.raw_logit,
             if r.allowed { "yes" } else { "no" },
@@ -211,9 +200,9 @@ pub fn write_ledger(
     } else {
         format!("{:?} … ({} ids)", &o.support[..16], o.support.len())
     };
-    write!(
+    writeln!(
         s,
-        "\nselected {} (id {}); support {support} of {vocab_size}\n",
+        "\nselected {} (id {}); support {support} of {vocab_size}",
         o.selected_token
             .as_deref()
             .map(display_name)
@@ -221,8 +210,8 @@ pub fn write_ledger(
         o.selected,
     )?;
     if o.tokens.len() < vocab_size {
-        write!(s,
-            "(rows: {} of the {vocab_size} tokens — the support's most probable, then the highest raw logits outside it)\n",
+        writeln!(s,
+            "(rows: {} of the {vocab_size} tokens — the support's most probable, then the highest raw logits outside it)",
             o.tokens.len()
         )?;
     }

@@ -302,11 +302,10 @@ impl StepRequest {
     }
 }
 
-/// Logits as numbers or `"-inf"` / `"inf"` / `"nan"` strings.
+/// Logits as JSON: numbers, or the strings `"-inf"`, `"inf"`, `"nan"`. A number outside the
+/// `f32` range (e.g. `1e39`) is refused rather than rounded to an infinity: `+1e39` would
+/// become a rejected `+inf` and `-1e39` a silent mask.
 mod logit_list {
-    //! Logits as JSON: numbers, or the strings `"-inf"`, `"inf"`, `"nan"`. A number outside the
-    //! `f32` range (e.g. `1e39`) is refused rather than rounded to an infinity: `+1e39` would
-    //! become a rejected `+inf` and `-1e39` a silent mask.
     use std::fmt;
 
     use serde::de::{self, SeqAccess, Visitor};

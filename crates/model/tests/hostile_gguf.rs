@@ -40,12 +40,12 @@ fn gguf(md: &[(String, G)], tensors: &[T]) -> Vec<u8> {
         out.extend_from_slice(&offset.to_le_bytes());
         offset += (t.data.len() as u64).div_ceil(32) * 32;
     }
-    while out.len() % 32 != 0 {
+    while !out.len().is_multiple_of(32) {
         out.push(0);
     }
     for t in tensors {
         out.extend_from_slice(&t.data);
-        while out.len() % 32 != 0 {
+        while !out.len().is_multiple_of(32) {
             out.push(0);
         }
     }
