@@ -194,6 +194,28 @@ impl StepRequest {
                 (cfg.clone(), stop)
             }
         };
+        // the constraint is declared once: a pipeline has a grammar mask exactly when the
+        // request has a constraint (never a constraint silently ignored, nor a mask with nothing
+        // to mask)
+        let has_mask = cfg
+            .processors
+            .iter()
+            .any(|p| matches!(p, crate::processors::ProcessorConfig::GrammarMask(_)));
+        match (self.params.constraint.is_some(), has_mask) {
+            (true, false) => {
+                return Err(Error::contradiction(
+                    "pipeline",
+                    "the request has a constraint but the pipeline has no grammar_mask processor",
+                ))
+            }
+            (false, true) => {
+                return Err(Error::contradiction(
+                    "pipeline",
+                    "the pipeline has a grammar_mask processor but the request no constraint",
+                ))
+            }
+            _ => {}
+        }
         let sampler = Sampler::new(cfg, vocab, stop)?;
         let (draw, seed) = match self.selector {
             Some(SelectorInput {
