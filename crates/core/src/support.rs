@@ -391,10 +391,23 @@ impl Workspace {
     pub(crate) fn max_abs_finite(&self) -> f32 {
         let mut m = 0.0f32;
         if self.dense {
+            // the top is cached; the bottom is a branch-free minimum over the unmasked entries
+            // (processed logits are never NaN or `+inf`)
+            let top = self.dense_max();
+            let mut lo = f32::INFINITY;
             for &x in &self.buf {
-                if x.is_finite() {
-                    m = m.max(x.abs());
-                }
+                let y = if x == f32::NEG_INFINITY {
+                    f32::INFINITY
+                } else {
+                    x
+                };
+                lo = if y < lo { y } else { lo };
+            }
+            if top.is_finite() {
+                m = top.abs();
+            }
+            if lo.is_finite() {
+                m = m.max(lo.abs());
             }
         } else {
             for c in &self.cands {

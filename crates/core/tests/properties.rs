@@ -440,7 +440,9 @@ fn hard_masks(cfg: &PipelineConfig, stop: &StopConfig, ctx: &Ctx) -> Masks {
             P::TopK(_) | P::TopP(_) | P::MinP(_) | P::TypicalP(_) => {
                 first_truncation.get_or_insert(i + 1);
             }
-            P::Temperature(t) if t.temperature == 0.0 => {
+            // `T = 0`, and a `T` so small that some `z / T` may leave the `f32` range (the
+            // logits here stay within ±1e5 after bias and penalties), keep only the argmax
+            P::Temperature(t) if t.temperature < 1e-30 => {
                 first_truncation.get_or_insert(i + 1);
             }
             _ => {}
@@ -548,11 +550,13 @@ fn naive_top_p(
             keep
         }
         top_p::Rule::AscendingTail => {
+            // in weight space: the tail's weights against (1 − p)·S (docs/semantics.md §3)
+            let bound = (1.0 - p) * s;
             let mut cum = 0.0f64;
             let mut removed = 0;
             for &id in order.iter().rev() {
-                cum += prob(id);
-                if cum <= 1.0 - p {
+                cum += exp_f32(z[id as usize] - m) as f64;
+                if cum <= bound {
                     removed += 1;
                 } else {
                     break;
