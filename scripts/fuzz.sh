@@ -81,7 +81,7 @@ PY
 
 for t in "${targets[@]}"; do
   echo "== $t ($secs s)"
-  cargo +nightly fuzz run --fuzz-dir fuzz "$t" "fuzz/corpus/$t" -- \
+  cargo +nightly fuzz run -O --fuzz-dir fuzz "$t" "fuzz/corpus/$t" -- \
     -max_total_time="$secs" -rss_limit_mb=4096 -timeout=20 -max_len=65536 2>&1 \
     | grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|ERROR|SUMMARY|panicked|Done [0-9]+ runs" || true
 done
