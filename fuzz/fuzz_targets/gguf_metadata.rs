@@ -6,7 +6,9 @@ use nextok_vocab::gguf::Gguf;
 use nextok_vocab::{LoadOptions, Vocabulary};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(g) = Gguf::from_bytes(data, "fuzz") else { return };
+    let Ok(g) = Gguf::from_bytes(data, "fuzz") else {
+        return;
+    };
     if let Ok(v) = Vocabulary::from_gguf(&g, "fuzz", &LoadOptions::default()) {
         let _ = v.token(0);
     }
