@@ -207,7 +207,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     };
     if args.json {
         let s = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-        println!("{s}");
+        outln!("{s}");
     } else {
         print_tables(&report);
     }
@@ -455,12 +455,12 @@ fn targets(steps: &[StepRow], batch: &[BatchRow]) -> Vec<Target> {
 }
 
 fn print_tables(r: &Report) {
-    println!(
+    outln!(
         "nextok bench sampler: {} interleaved iterations, {} caches, {} kernels, medians per step; {} threads available",
         r.iters, r.caches, r.kernels, r.threads_available
     );
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:>7}  {:<28} {:>7} {:>9} {:>10} {:>10} {:>12} {:>12} {:>10}",
         "vocab",
         "case",
@@ -478,7 +478,7 @@ fn print_tables(r: &Report) {
         } else {
             format!("{} [{}]", s.name, s.logits)
         };
-        println!(
+        outln!(
             "{:>7}  {:<28} {:>7} {:>9.2} {:>10.1} {:>10.2} {:>12.2} {:>12.1} {:>10.2}",
             s.vocab,
             name,
@@ -491,16 +491,16 @@ fn print_tables(r: &Report) {
             s.normaliser_over_floor
         );
     }
-    println!(
+    outln!(
         "norm/floor: the exact softmax normaliser alone (one exp_f32 and an f64 lane sum per \
          token), which a dense top-p must compute"
     );
-    println!();
-    println!(
+    outln!();
+    outln!(
         "batch of {BATCH_ROWS} rows, {} repetitions each alternating 1 and 2 threads: medians, then the fastest repetitions",
         r.batch_iters
     );
-    println!(
+    outln!(
         "{:>7}  {:<28} {:>15} {:>16} {:>6} {:>15} {:>16} {:>6}",
         "vocab",
         "case",
@@ -517,7 +517,7 @@ fn print_tables(r: &Report) {
         } else {
             Case::TopPOnly.name()
         };
-        println!(
+        outln!(
             "{:>7}  {:<28} {:>15.0} {:>16.0} {:>6.2} {:>15.0} {:>16.0} {:>6.2}",
             b.vocab,
             name,
@@ -530,10 +530,10 @@ fn print_tables(r: &Report) {
         );
     }
     if !r.targets.is_empty() {
-        println!();
-        println!("targets at V = {TARGET_VOCAB}");
+        outln!();
+        outln!("targets at V = {TARGET_VOCAB}");
         for t in &r.targets {
-            println!(
+            outln!(
                 "  {:<66} measured {:>7.2}  {}",
                 t.name,
                 t.measured,

@@ -275,21 +275,21 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         rows,
     };
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
         );
     } else {
-        println!(
+        outln!(
             "decode: {} ({} threads available, SIMD {}), {} tokens per run, {} runs per mode, medians",
             report.model, report.threads_available, report.simd, max_tokens, reps
         );
-        println!(
+        outln!(
             "| weights | mode | tokens/s | × unconstrained (paired) | × implied by added time | sampler step | µs/token | mask ahead (other thread) | µs/token | waited for mask |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|");
+        outln!("|---|---|---|---|---|---|---|---|---|---|");
         for r in &report.rows {
-            println!(
+            outln!(
                 "| {} | {} | {:.1} | {:.3} | {:.4} | {:.2} % | {:.0} | {:.2} % | {:.0} | {:.2} % |",
                 r.quant,
                 r.mode,

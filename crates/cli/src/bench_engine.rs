@@ -480,18 +480,18 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         llama_cpp,
     };
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
         );
         return Ok(());
     }
-    println!(
+    outln!(
         "engine: {} ({} threads, SIMD {}); workload: prompts 20-600 tokens, max_tokens 64-256 x {scale}, temperature 0.8, 1 in 4 JSON-schema constrained",
         report.model, report.threads, report.simd
     );
     for q in &report.quants {
-        println!(
+        outln!(
             "\n{}: baseline (one at a time, one-sequence loop) {:.1} tokens/s over {} requests; prefill of 512 tokens {:.0} tokens/s = {:.1}x single-stream decode ({:.1} tokens/s; one-sequence loop {:.1}, engine/loop {:.3})",
             q.quant,
             q.baseline_tokens_per_s,
@@ -502,27 +502,27 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             q.solo_loop_decode_tokens_per_s,
             q.engine_over_solo_single_stream
         );
-        println!(
+        outln!(
             "decode of 16 streams together: {:.1} tokens/s = {:.2}x single-stream decode",
             q.decode_16_streams_tokens_per_s,
             q.decode_16_streams_tokens_per_s / q.decode_tokens_per_s
         );
-        println!(
+        outln!(
             "repeated 500-token prompt (prefix cache): first token after {:.0} ms, then {:.1} ms ({:.0}x shorter)",
             q.prefix_repeat_ttft_first_ms,
             q.prefix_repeat_ttft_second_ms,
             q.prefix_repeat_ttft_first_ms / q.prefix_repeat_ttft_second_ms
         );
-        println!(
+        outln!(
             "single-stream decode at position 50: {:.1} tokens/s, at 1800: {:.1} ({:.2}x)",
             q.decode_at_50_tokens_per_s,
             q.decode_at_1800_tokens_per_s,
             q.decode_at_1800_tokens_per_s / q.decode_at_50_tokens_per_s
         );
-        println!("| concurrency | requests | output tokens | tokens/s | × baseline | requests/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        outln!("| concurrency | requests | output tokens | tokens/s | × baseline | requests/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |");
+        outln!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for l in &q.levels {
-            println!(
+            outln!(
                 "| {} | {} | {} | {:.1} | {:.2} | {:.2} | {:.0} | {:.0} | {:.1} | {:.1} |",
                 l.concurrency,
                 l.requests,
@@ -538,8 +538,8 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         }
     }
     if let Some(l) = &report.llama_cpp {
-        println!("\nllama.cpp on the same file (bench/peers/llama_cpp.sh):");
-        println!(
+        outln!("\nllama.cpp on the same file (bench/peers/llama_cpp.sh):");
+        outln!(
             "{}",
             serde_json::to_string_pretty(l).map_err(|e| e.to_string())?
         );

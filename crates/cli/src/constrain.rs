@@ -126,13 +126,13 @@ pub fn run(a: ConstrainArgs) -> Result<(), String> {
         if !allowed || state.commit(t).is_err() {
             let forced = state.forced_bytes();
             let count: u32 = mask.iter().map(|w| w.count_ones()).sum();
-            println!(
+            outln!(
                 "rejected: token {i} (id {t}, {:?}, bytes \"{}\") after \"{}\"",
                 name(t),
                 escape(v.token(t).unwrap_or(&[])),
                 escape(state.committed_bytes())
             );
-            println!(
+            outln!(
                 "expected: {count} allowed tokens; forced next bytes: \"{}\"",
                 escape(&forced)
             );
@@ -141,7 +141,7 @@ pub fn run(a: ConstrainArgs) -> Result<(), String> {
     }
     match state.status() {
         ConstraintStatus::Accepted | ConstraintStatus::OnlyEnd => {
-            println!(
+            outln!(
                 "accepted: {} tokens ({} engine, {})",
                 ids.len(),
                 compiled.engine(),
@@ -151,7 +151,7 @@ pub fn run(a: ConstrainArgs) -> Result<(), String> {
         }
         st => {
             let forced = state.forced_bytes();
-            println!(
+            outln!(
                 "rejected: end of text after {} tokens (status {st:?}); forced next bytes: \"{}\"",
                 ids.len(),
                 escape(&forced)

@@ -249,7 +249,8 @@ fn speculative(v: Option<&str>) -> Result<Option<SpecOptions>, String> {
 pub struct ReplayArgs {
     /// A trace written by `nextok generate --trace`.
     pub file: PathBuf,
-    /// The model file (default: the recorded one if it exists, else the default model).
+    /// The model file (default: the recorded file name, looked for in the trace's directory,
+    /// else the default model); its SHA-256 must be the recorded one.
     #[arg(long)]
     pub model: Option<PathBuf>,
 }
@@ -342,6 +343,30 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), String> {
     let (pipeline, source) = match a.pipeline.parse::<Preset>() {
         Ok(p) => (PipelineChoice::Preset(p), a.pipeline.clone()),
         Err(_) => {
+            // a pipeline file carries its own processors: a sampling flag would be ignored
+            let conflicts: Vec<&str> = [
+                (a.temperature.is_some(), "--temperature"),
+                (a.top_k.is_some(), "--top-k"),
+                (a.top_p.is_some(), "--top-p"),
+                (a.min_p.is_some(), "--min-p"),
+                (a.typical_p.is_some(), "--typical-p"),
+                (a.presence_penalty.is_some(), "--presence-penalty"),
+                (a.frequency_penalty.is_some(), "--frequency-penalty"),
+                (a.repetition_penalty.is_some(), "--repetition-penalty"),
+                (!a.logit_bias.is_empty(), "--logit-bias"),
+                (a.min_tokens.is_some(), "--min-tokens"),
+            ]
+            .iter()
+            .filter(|c| c.0)
+            .map(|c| c.1)
+            .collect();
+            if !conflicts.is_empty() {
+                return Err(format!(
+                    "--pipeline `{}` (a pipeline file) cannot be combined with {}: the file's processors set them",
+                    a.pipeline,
+                    conflicts.join(", ")
+                ));
+            }
             let text = std::fs::read_to_string(&a.pipeline).map_err(|e| {
                 format!(
                     "--pipeline `{}`: not a preset and cannot read: {e}",
@@ -410,10 +435,11 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
             ));
         }
     }
+    // the flags are checked before the model is loaded
+    let (req, source) = request(&a)?;
     let path = model_path(a.model.as_deref())?;
     let requant: Requant = a.requant.into();
     let model = Arc::new(load_model(&path, requant)?);
-    let (req, source) = request(&a)?;
     let engine = Engine::new(model.clone(), EngineConfig::default()).map_err(|e| e.to_string())?;
     if let Some(b) = a.beam_width {
         let hyps = engine
@@ -426,7 +452,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
             .stop;
         for (i, h) in hyps.iter().enumerate() {
             if i == 0 {
-                println!("{}", h.text);
+                outln!("{}", h.text);
             }
             let finish = match &h.end {
                 BeamEnd::Eos => "eos".to_string(),
@@ -483,12 +509,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         let b = model.vocab.token(t).unwrap_or(&[]);
         format!("{:?}", String::from_utf8_lossy(b))
     };
-    let stdout = std::io::stdout();
-    let print_out = |s: &str| {
-        let mut lock = stdout.lock();
-        let _ = lock.write_all(s.as_bytes());
-        let _ = lock.flush();
-    };
+    let print_out = |s: &str| out!("{s}");
     if n > 1 {
         eprintln!("nextok: sequence 0 (seed {})", info.seeds[0]);
     }
@@ -550,7 +571,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
                     let Some((reason, tokens)) = pending[current].finish else {
                         break;
                     };
-                    println!();
+                    outln!();
                     match (&pending[current].ledger, a.ledger) {
                         (Some(l), Some(k)) => eprintln!("nextok: the ledger of step {k}:\n{l}"),
                         (None, Some(k)) => {
@@ -713,16 +734,29 @@ pub fn run_replay(a: ReplayArgs) -> Result<(), String> {
     let text =
         std::fs::read_to_string(&a.file).map_err(|e| format!("`{}`: {e}", a.file.display()))?;
     let (header, recorded) = trace::parse(&text).map_err(|e| e.to_string())?;
-    let path = model_path(a.model.as_deref())?;
+    // the header is checked before any model is loaded
+    let req = trace::replay_request(&header).map_err(|e| e.to_string())?;
     let requant = header.requant().map_err(|e| e.to_string())?;
+    // the recorded model file (a name, looked for beside the trace), else the default model
+    let recorded_file = Path::new(&header.model_file)
+        .file_name()
+        .map(|f| a.file.parent().unwrap_or(Path::new(".")).join(f))
+        .filter(|p| p.is_file());
+    let path = match (&a.model, recorded_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(p)) => p,
+        (None, None) => model_path(None)?,
+    };
     let model = Arc::new(load_model(&path, requant)?);
     if model.sha256 != header.model_sha256 {
         return Err(format!(
-            "the model's SHA-256 is {}, the trace was recorded with {}",
-            model.sha256, header.model_sha256
+            "the model `{}` has SHA-256 {}; the trace was recorded with `{}`, SHA-256 {}",
+            path.display(),
+            model.sha256,
+            header.model_file,
+            header.model_sha256
         ));
     }
-    let req = trace::replay_request(&header).map_err(|e| e.to_string())?;
     let engine = Engine::new(model, EngineConfig::default()).map_err(|e| e.to_string())?;
     let p = engine.prepare(&req).map_err(|e| e.to_string())?;
     if p.info.pipeline_hash != header.pipeline_hash {

@@ -11,6 +11,35 @@
 //!   size, EOS, BOS and special ids, and the exact bytes of tokens.
 //! * `nextok tokenize --tokenizer FILE | --model FILE.gguf --text T [--json]` — ids and bytes.
 
+/// Writes to standard output; a closed pipe (the reader has gone, as in `nextok vocab --json |
+/// head -1`) ends the process normally, with status 0, and any other write error ends it with
+/// a one-line error. Every writer to standard output goes through here (`out!` / `outln!`).
+pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>, flush: bool) {
+    use std::io::Write;
+    let mut lock = std::io::stdout().lock();
+    let r = lock
+        .write_fmt(args)
+        .and_then(|()| if flush { lock.flush() } else { Ok(()) });
+    if let Err(e) = r {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write to standard output: {e}");
+        std::process::exit(2);
+    }
+}
+
+/// `print!` that ends the process normally on a closed pipe (see [`write_stdout`]); flushes.
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::write_stdout(format_args!($($arg)*), true) };
+}
+
+/// `println!` that ends the process normally on a closed pipe (see [`write_stdout`]).
+macro_rules! outln {
+    () => { $crate::write_stdout(format_args!("\n"), false) };
+    ($($arg:tt)*) => { $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*)), false) };
+}
+
 mod bench;
 mod bench_decode;
 mod bench_engine;
@@ -64,6 +93,8 @@ fn main() -> ExitCode {
         Cmd::Generate(a) => generate::run(*a),
         Cmd::Replay(a) => generate::run_replay(a),
     };
+    // what is still buffered goes out now (a closed pipe is a normal end here too)
+    write_stdout(format_args!(""), true);
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {

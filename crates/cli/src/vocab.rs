@@ -229,18 +229,18 @@ pub fn run_vocab(args: VocabArgs) -> Result<(), String> {
             "bytes_sha256": v.bytes_digest(),
             "tokens": ids.iter().map(|&i| token_json(&v, i)).collect::<Vec<_>>(),
         });
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
         );
         return Ok(());
     }
     let sp = &v.info.special_token_ids;
-    println!("source        {path}");
-    println!("tokens        {}", v.len());
-    println!("encoding      {}", encoding_name(v.byte_encoding));
-    println!("eos           {}", named(&v, &v.info.eos_token_ids));
-    println!(
+    outln!("source        {path}");
+    outln!("tokens        {}", v.len());
+    outln!("encoding      {}", encoding_name(v.byte_encoding));
+    outln!("eos           {}", named(&v, &v.info.eos_token_ids));
+    outln!(
         "bos           {}",
         v.bos.map_or("none".to_string(), |b| named(&v, &[b]))
     );
@@ -250,16 +250,16 @@ pub fn run_vocab(args: VocabArgs) -> Result<(), String> {
     } else {
         String::new()
     };
-    println!("special       {}: {}{more}", sp.len(), named(&v, shown));
-    println!("partial UTF-8 {partial} tokens are not valid UTF-8 on their own");
+    outln!("special       {}: {}{more}", sp.len(), named(&v, shown));
+    outln!("partial UTF-8 {partial} tokens are not valid UTF-8 on their own");
     if let Some(n) = strip_note(v.sequence_strip) {
-        println!("sequence rule {n}");
+        outln!("sequence rule {n}");
     }
-    println!("bytes sha256  {}", v.bytes_digest());
+    outln!("bytes sha256  {}", v.bytes_digest());
     if !ids.is_empty() {
-        println!();
+        outln!();
         for &id in &ids {
-            println!("{}", token_line(&v, id));
+            outln!("{}", token_line(&v, id));
         }
     }
     Ok(())
@@ -289,24 +289,24 @@ pub fn run_tokenize(args: TokenizeArgs) -> Result<(), String> {
             "bytes_hex": hex_compact(&v.decode(&ids).map_err(|e| e.to_string())?),
             "round_trip": exact,
         });
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
         );
         return Ok(());
     }
-    println!(
+    outln!(
         "{} tokens: {}",
         ids.len(),
         ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
     );
     for &id in &ids {
-        println!("{}", token_line(&v, id));
+        outln!("{}", token_line(&v, id));
     }
     if exact {
-        println!("the token bytes spell the text exactly");
+        outln!("the token bytes spell the text exactly");
     } else {
-        println!(
+        outln!(
             "the token bytes spell \"{}\", not the text (special tokens added, or characters the vocabulary cannot spell)",
             escape(&text_bytes)
         );

@@ -81,9 +81,12 @@ fn cli_runs_every_vector() {
                     1,
                     "{ctx}: one error line expected, got {stderr:?}"
                 );
-                let field = err["field"].as_str().unwrap();
-                // the field is named (top-level name, before any index)
-                let head = field.split(['[', '.']).next().unwrap();
+                // the field is named (top-level name, before any index); an error without a
+                // field (`already_finished`) says what happened
+                let head = match err["field"].as_str() {
+                    Some(field) => field.split(['[', '.']).next().unwrap(),
+                    None => "finished",
+                };
                 assert!(
                     lines[0].contains(head),
                     "{ctx}: error line {:?} does not name {head}",

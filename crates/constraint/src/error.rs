@@ -29,6 +29,13 @@ pub enum LimitKind {
     /// Number of states of a `choice` trie or a small-regex automaton
     /// ([`crate::Limits::max_states`]).
     States,
+    /// Number of rules of a GBNF or Lark grammar ([`crate::Limits::max_rules`]).
+    Rules,
+    /// Number of objects in a JSON schema ([`crate::Limits::max_schema_objects`]).
+    SchemaObjects,
+    /// Nesting depth of groups in a GBNF grammar ([`crate::gbnf::MAX_GROUP_NESTING`], the Lark
+    /// parser's own limit).
+    GroupNesting,
 }
 
 impl LimitKind {
@@ -43,6 +50,9 @@ impl LimitKind {
             LimitKind::StepItems => "step_max_items",
             LimitKind::ItemsInRow => "max_items_in_row",
             LimitKind::States => "max_states",
+            LimitKind::Rules => "max_rules",
+            LimitKind::SchemaObjects => "max_schema_objects",
+            LimitKind::GroupNesting => "max_group_nesting",
         }
     }
 }

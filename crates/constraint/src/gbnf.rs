@@ -15,9 +15,13 @@
 //! Not supported (an [`ConstraintError::Unsupported`] naming it): token references `<[id]>`,
 //! `<name>` and their negations `!<...>` (newer llama.cpp).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use crate::error::ConstraintError;
+use crate::error::{ConstraintError, LimitKind};
+
+/// Deepest nesting of groups `( ... )` accepted: the Lark parser that compiles the converted
+/// grammar refuses deeper nesting, and the converter's own recursion stays shallow.
+pub const MAX_GROUP_NESTING: usize = 30;
 
 /// Converts a GBNF grammar to a Lark grammar. Errors name the line and column.
 pub fn to_lark(src: &str) -> Result<String, ConstraintError> {
@@ -25,8 +29,10 @@ pub fn to_lark(src: &str) -> Result<String, ConstraintError> {
         s: src.as_bytes(),
         src,
         i: 0,
+        depth: 0,
     };
     let mut rules: Vec<(String, usize, String)> = Vec::new();
+    let mut defined: HashSet<String> = HashSet::new();
     loop {
         p.ws(true);
         if p.i >= p.s.len() {
@@ -40,7 +46,7 @@ pub fn to_lark(src: &str) -> Result<String, ConstraintError> {
         }
         p.ws(true);
         let body = p.alternates(false)?;
-        if rules.iter().any(|(n, _, _)| *n == name) {
+        if !defined.insert(name.clone()) {
             return Err(p.err(at, &format!("rule `{name}` is defined twice")));
         }
         rules.push((name, at, body));
@@ -49,7 +55,7 @@ pub fn to_lark(src: &str) -> Result<String, ConstraintError> {
             return Err(p.err(p.i, &format!("unexpected `{}`", p.peek_char())));
         }
     }
-    if !rules.iter().any(|(n, _, _)| n == "root") {
+    if !defined.contains("root") {
         return Err(ConstraintError::Syntax {
             input: "gbnf",
             place: "top level".into(),
@@ -58,7 +64,7 @@ pub fn to_lark(src: &str) -> Result<String, ConstraintError> {
     }
     // Map names and check references.
     let mut map: HashMap<String, String> = HashMap::new();
-    let mut used: Vec<String> = vec!["start".into()];
+    let mut used: HashSet<String> = HashSet::from(["start".to_string()]);
     for (n, _, _) in &rules {
         let lark = if n == "root" {
             "start".to_string()
@@ -84,7 +90,7 @@ pub fn to_lark(src: &str) -> Result<String, ConstraintError> {
             }
             s
         };
-        used.push(lark.clone());
+        used.insert(lark.clone());
         map.insert(n.clone(), lark);
     }
     let mut out = String::new();
@@ -114,6 +120,8 @@ struct P<'a> {
     s: &'a [u8],
     src: &'a str,
     i: usize,
+    /// Groups open at the current position.
+    depth: usize,
 }
 
 impl P<'_> {
@@ -272,9 +280,26 @@ impl P<'_> {
                     "/(?s:.)/".to_string()
                 }
                 b'(' => {
+                    if self.depth >= MAX_GROUP_NESTING {
+                        return Err(ConstraintError::Limit {
+                            limit: LimitKind::GroupNesting,
+                            message: match self.err(
+                                at,
+                                &format!("groups nested deeper than {MAX_GROUP_NESTING}"),
+                            ) {
+                                ConstraintError::Syntax { place, message, .. } => {
+                                    format!("{place}: {message}")
+                                }
+                                e => e.to_string(),
+                            },
+                        });
+                    }
                     self.i += 1;
                     self.ws(true);
-                    let inner = self.alternates(true)?;
+                    self.depth += 1;
+                    let inner = self.alternates(true);
+                    self.depth -= 1;
+                    let inner = inner?;
                     self.ws(true);
                     if !self.eat_str(")") {
                         return Err(self.err(at, "unclosed `(`"));

@@ -158,6 +158,14 @@ pub struct Limits {
     pub max_lexer_states: usize,
     /// llguidance: grammar size in symbols.
     pub max_grammar_size: usize,
+    /// Rules of a GBNF or Lark grammar. Compilation recurses along chains of rule references
+    /// (`r0 ::= r1`, `r1 ::= r2`, …), so the number of rules bounds its depth; checked before
+    /// compiling.
+    pub max_rules: usize,
+    /// Objects (subschemas and their keyword maps) in a JSON schema: compilation recurses along
+    /// `$ref` chains and nesting, so the object count bounds its depth; checked before
+    /// compiling.
+    pub max_schema_objects: usize,
 }
 
 impl Default for Limits {
@@ -174,8 +182,107 @@ impl Default for Limits {
             step_max_items: l.step_max_items,
             max_lexer_states: l.max_lexer_states,
             max_grammar_size: l.max_grammar_size,
+            max_rules: 5_000,
+            max_schema_objects: 20_000,
         }
     }
+}
+
+/// The stack of the thread that compiles a constraint: compilation (nextok's GBNF converter and
+/// llguidance's grammar and schema compilers) is recursive, and within [`Limits::max_rules`]
+/// and [`Limits::max_schema_objects`] it needs far less than this (measured: a chain of 10,000
+/// rules or 7,000 `$ref`s fits in a quarter of it). Only the pages touched are committed.
+pub const COMPILE_STACK_BYTES: usize = 256 << 20;
+
+/// Checks the size limits that bound the recursion depth of compiling `spec`.
+fn check_depth(spec: &ConstraintSpec, limits: &Limits) -> Result<(), ConstraintError> {
+    let (count, max, kind, what) = match spec {
+        ConstraintSpec::Grammar { lark } => (
+            lark_rule_count(lark),
+            limits.max_rules,
+            LimitKind::Rules,
+            "the grammar defines",
+        ),
+        ConstraintSpec::Gbnf { gbnf } => (
+            gbnf_rule_count(gbnf),
+            limits.max_rules,
+            LimitKind::Rules,
+            "the grammar defines",
+        ),
+        ConstraintSpec::JsonSchema { schema, .. } => (
+            object_count(schema, limits.max_schema_objects + 1),
+            limits.max_schema_objects,
+            LimitKind::SchemaObjects,
+            "the schema has",
+        ),
+        _ => return Ok(()),
+    };
+    if count > max {
+        let unit = match kind {
+            LimitKind::SchemaObjects => "objects",
+            _ => "rules",
+        };
+        let shown = if kind == LimitKind::SchemaObjects {
+            format!("more than {max}")
+        } else {
+            count.to_string()
+        };
+        return Err(ConstraintError::Limit {
+            limit: kind,
+            message: format!("{what} {shown} {unit}, the limit is {max}"),
+        });
+    }
+    Ok(())
+}
+
+/// Lines that start a Lark rule or terminal definition (`name:`, `?name:`, `NAME.2:`,
+/// `name{x}:`); continuation lines start with `|`.
+fn lark_rule_count(src: &str) -> usize {
+    src.lines()
+        .filter(|l| {
+            let l = l.trim_start().trim_start_matches(['?', '!']);
+            let name_end = l
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(l.len());
+            if name_end == 0 || l.starts_with(|c: char| c.is_ascii_digit()) {
+                return false;
+            }
+            let rest = &l[name_end..];
+            let rest = rest.trim_start_matches(|c: char| {
+                c == '.' || c == '-' || c.is_ascii_digit() || c == ' ' || c == '\t'
+            });
+            let rest = match rest.strip_prefix('{') {
+                Some(r) => r.split_once('}').map_or("", |x| x.1).trim_start(),
+                None => rest,
+            };
+            rest.starts_with(':')
+        })
+        .count()
+}
+
+/// Occurrences of `::=` (each GBNF rule has one).
+fn gbnf_rule_count(src: &str) -> usize {
+    src.matches("::=").count()
+}
+
+/// JSON objects in `v`, counting at most to `cap` (iterative: a deep value cannot overflow).
+fn object_count(v: &Value, cap: usize) -> usize {
+    let mut n = 0usize;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Object(m) => {
+                n += 1;
+                if n >= cap {
+                    return n;
+                }
+                stack.extend(m.values());
+            }
+            Value::Array(a) => stack.extend(a.iter()),
+            _ => {}
+        }
+    }
+    n
 }
 
 /// Compiles constraints for one vocabulary. Build once per tokenizer and share it.
@@ -250,13 +357,43 @@ impl ConstraintEngine {
         })
     }
 
-    /// Compiles a constraint.
+    /// Compiles a constraint, on a thread with a [`COMPILE_STACK_BYTES`] stack after checking
+    /// the limits that bound the depth of compilation ([`Limits::max_rules`],
+    /// [`Limits::max_schema_objects`]).
     pub fn compile(
+        &self,
+        spec: &ConstraintSpec,
+    ) -> Result<Arc<CompiledConstraint>, ConstraintError> {
+        check_depth(spec, &self.limits)?;
+        std::thread::scope(|s| {
+            match std::thread::Builder::new()
+                .name("nextok-compile".into())
+                .stack_size(COMPILE_STACK_BYTES)
+                .spawn_scoped(s, || self.compile_here(spec))
+            {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(ConstraintError::Engine {
+                        message: "the constraint compiler failed (panicked)".into(),
+                    })
+                }),
+                // no thread to be had: compile here (within the limits above)
+                Err(_) => self.compile_here(spec),
+            }
+        })
+    }
+
+    fn compile_here(
         &self,
         spec: &ConstraintSpec,
     ) -> Result<Arc<CompiledConstraint>, ConstraintError> {
         let t0 = std::time::Instant::now();
         let hash = spec.hash();
+        let own_dfa = match spec {
+            ConstraintSpec::Regex { pattern } => {
+                ByteDfa::build(pattern, self.limits.max_dfa_states)
+            }
+            _ => None,
+        };
         let backend = match spec {
             ConstraintSpec::Choice { choices } => {
                 let t = ChoiceTrie::new(choices, self.limits.max_states)?;
@@ -266,10 +403,8 @@ impl ConstraintEngine {
                     self.limits.mask_cache_bytes,
                 ))
             }
-            ConstraintSpec::Regex { pattern }
-                if ByteDfa::build(pattern, self.limits.max_dfa_states).is_some() =>
-            {
-                let d = ByteDfa::build(pattern, self.limits.max_dfa_states).expect("built above");
+            ConstraintSpec::Regex { pattern } if own_dfa.is_some() => {
+                let d = own_dfa.expect("matched above");
                 Backend::Own(Machine::dfa(d, &self.vocab, self.limits.mask_cache_bytes))
             }
             _ => {

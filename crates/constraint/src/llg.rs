@@ -110,6 +110,12 @@ pub(crate) fn classify(msg: &str, input: &'static str) -> ConstraintError {
             };
         }
     }
+    if msg.contains("NoExtensionBias") {
+        // llguidance's word for a grammar whose start derives no finite string
+        return ConstraintError::Unsatisfiable {
+            message: "no finite text matches: a rule (or `$ref`) refers to itself with no way out (a cycle without a base case)".into(),
+        };
+    }
     if msg.contains("Unsatisfiable schema") {
         return ConstraintError::Unsatisfiable { message: first };
     }
@@ -152,10 +158,17 @@ pub(crate) fn classify(msg: &str, input: &'static str) -> ConstraintError {
             })
         })
         .unwrap_or_else(|| "top level".into());
+    // the whole message: a regex parse error's first line says only "regex parse error:"
+    let message = msg
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.trim().is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
     ConstraintError::Syntax {
         input,
         place,
-        message: first,
+        message,
     }
 }
 

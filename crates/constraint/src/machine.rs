@@ -93,6 +93,8 @@ impl ByteDfa {
                     .determinize_size_limit(Some(8 << 20)),
             )
             .syntax(syntax::Config::new().utf8(true))
+            // a bounded repetition like `a{99999999}` would otherwise build a huge NFA first
+            .thompson(regex_automata::nfa::thompson::Config::new().nfa_size_limit(Some(8 << 20)))
             .build(&format!(r"(?:{pattern})\z"))
             .ok()?;
         let start = dfa

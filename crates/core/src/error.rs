@@ -175,8 +175,14 @@ impl fmt::Display for Error {
                     "invalid `{field}`: token id {token} is outside 0..{vocab_size}"
                 )
             }
-            ErrorKind::EmptySupport { stage } => {
+            ErrorKind::EmptySupport { stage } if stage == "grammar_mask" => {
                 write!(f, "constraint error: empty support after `{stage}`: no selectable token left (sampler not called)")
+            }
+            ErrorKind::EmptySupport { stage } => {
+                write!(
+                    f,
+                    "empty support after `{stage}`: no selectable token left (sampler not called)"
+                )
             }
             ErrorKind::AlreadyFinished => write!(f, "the sequence has already finished"),
             ErrorKind::Parse { field, reason } => write!(f, "invalid `{field}`: {reason}"),
@@ -193,13 +199,33 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// `root` names the document when the failure is at its top level.
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(s: &str, root: &str) -> Result<T> {
     let de = &mut serde_json::Deserializer::from_str(s);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
-        let field = if path.is_empty() || path == "." {
+        let mut reason = e.into_inner().to_string();
+        // a map key that failed to parse is `?` in the path: name the map and say "key"
+        let (path, key) = match path.strip_suffix(".?") {
+            Some(p) => (p.to_string(), true),
+            None => (path, false),
+        };
+        let mut field = if path.is_empty() || path == "." {
             root.to_string()
         } else {
             path
         };
-        Error::parse(field, e.into_inner().to_string())
-    })
+        if key {
+            reason = format!("a key: {reason}");
+        }
+        // a nested document (a pipeline object inside a request) reports its own path first
+        if let Some(rest) = reason.strip_prefix("at `") {
+            if let Some((inner, msg)) = rest.split_once("`: ") {
+                field = format!("{field}.{inner}");
+                reason = msg.to_string();
+            }
+        }
+        Error::parse(field, reason)
+    })?;
+    // one document: anything but whitespace after it is an error, not ignored
+    de.end()
+        .map_err(|e| Error::parse(root, format!("trailing data after the JSON document: {e}")))?;
+    Ok(value)
 }

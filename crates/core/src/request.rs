@@ -194,6 +194,28 @@ impl StepRequest {
                 (cfg.clone(), stop)
             }
         };
+        // the constraint is declared once: a pipeline has a grammar mask exactly when the
+        // request has a constraint (never a constraint silently ignored, nor a mask with nothing
+        // to mask)
+        let has_mask = cfg
+            .processors
+            .iter()
+            .any(|p| matches!(p, crate::processors::ProcessorConfig::GrammarMask(_)));
+        match (self.params.constraint.is_some(), has_mask) {
+            (true, false) => {
+                return Err(Error::contradiction(
+                    "pipeline",
+                    "the request has a constraint but the pipeline has no grammar_mask processor",
+                ))
+            }
+            (false, true) => {
+                return Err(Error::contradiction(
+                    "pipeline",
+                    "the pipeline has a grammar_mask processor but the request no constraint",
+                ))
+            }
+            _ => {}
+        }
         let sampler = Sampler::new(cfg, vocab, stop)?;
         let (draw, seed) = match self.selector {
             Some(SelectorInput {
@@ -225,7 +247,25 @@ impl StepRequest {
             }
             _ => (Draw::Stream, self.params.seed.unwrap_or(0)),
         };
-        let state = sampler.state_with_history(&self.prompt_ids, &self.selected_ids, seed)?;
+        // the history goes through the §3.10 transition, terminal checks included: a token after
+        // the one that finished the sequence is an error naming it, and a history that has
+        // finished (EOS, a stop token or string, `max_tokens`) leaves a finished state, whose step
+        // fails with `already_finished`
+        let mut state = sampler.state_with_history(&self.prompt_ids, &[], seed)?;
+        for (i, &t) in self.selected_ids.iter().enumerate() {
+            if state.is_finished() {
+                return Err(Error::contradiction(
+                    format!("selected_ids[{i}]"),
+                    "the sequence had already finished before this token",
+                ));
+            }
+            sampler.commit(&mut state, t).map_err(|e| match e.kind() {
+                crate::ErrorKind::TokenOutOfRange {
+                    token, vocab_size, ..
+                } => Error::out_of_range(format!("selected_ids[{i}]"), *token, *vocab_size),
+                _ => e,
+            })?;
+        }
         Ok((sampler, state, draw))
     }
 
@@ -284,15 +324,20 @@ impl StepRequest {
     }
 }
 
-/// Logits as numbers or `"-inf"` / `"inf"` / `"nan"` strings.
+/// Logits as JSON: numbers, or the strings `"-inf"`, `"inf"`, `"nan"`. A number outside the
+/// `f32` range (e.g. `1e39`) is refused rather than rounded to an infinity: `+1e39` would
+/// become a rejected `+inf` and `-1e39` a silent mask.
 mod logit_list {
+    use std::fmt;
+
+    use serde::de::{self, SeqAccess, Visitor};
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    #[derive(Deserialize, Serialize)]
+    #[derive(Serialize)]
     #[serde(untagged)]
     enum L {
         N(f32),
-        S(String),
+        S(&'static str),
     }
 
     pub fn serialize<S: Serializer>(v: &[f32], s: S) -> Result<S::Ok, S::Error> {
@@ -302,33 +347,74 @@ mod logit_list {
                 if x.is_finite() {
                     L::N(x)
                 } else if x.is_nan() {
-                    L::S("nan".into())
+                    L::S("nan")
                 } else if x > 0.0 {
-                    L::S("inf".into())
+                    L::S("inf")
                 } else {
-                    L::S("-inf".into())
+                    L::S("-inf")
                 }
             })
             .collect();
         items.serialize(s)
     }
 
+    /// One logit.
+    struct Logit(f32);
+
+    impl<'de> Deserialize<'de> for Logit {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Logit;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a number in the f32 range or one of \"-inf\", \"inf\", \"nan\"")
+                }
+                fn visit_f64<E: de::Error>(self, x: f64) -> Result<Logit, E> {
+                    let y = x as f32;
+                    if y.is_finite() {
+                        Ok(Logit(y))
+                    } else {
+                        Err(E::custom(format!(
+                            "{x:e} is outside the f32 range (magnitude at most {:e}); write \"-inf\" to mask a token",
+                            f32::MAX
+                        )))
+                    }
+                }
+                fn visit_i64<E: de::Error>(self, x: i64) -> Result<Logit, E> {
+                    Ok(Logit(x as f32))
+                }
+                fn visit_u64<E: de::Error>(self, x: u64) -> Result<Logit, E> {
+                    Ok(Logit(x as f32))
+                }
+                fn visit_str<E: de::Error>(self, s: &str) -> Result<Logit, E> {
+                    match s {
+                        "-inf" => Ok(Logit(f32::NEG_INFINITY)),
+                        "inf" | "+inf" => Ok(Logit(f32::INFINITY)),
+                        "nan" | "NaN" => Ok(Logit(f32::NAN)),
+                        _ => Err(E::invalid_value(de::Unexpected::Str(s), &self)),
+                    }
+                }
+            }
+            d.deserialize_any(V)
+        }
+    }
+
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
-        let items = Vec::<L>::deserialize(d)?;
-        items
-            .into_iter()
-            .enumerate()
-            .map(|(i, l)| match l {
-                L::N(x) => Ok(x),
-                L::S(s) => match s.as_str() {
-                    "-inf" => Ok(f32::NEG_INFINITY),
-                    "inf" | "+inf" => Ok(f32::INFINITY),
-                    "nan" | "NaN" => Ok(f32::NAN),
-                    other => Err(serde::de::Error::custom(format!(
-                        "logits[{i}]: `{other}` is not a number"
-                    ))),
-                },
-            })
-            .collect()
+        struct Seq;
+        impl<'de> Visitor<'de> for Seq {
+            type Value = Vec<f32>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of logits")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Vec<f32>, A::Error> {
+                // no size hint is trusted for the allocation beyond what the input holds
+                let mut v = Vec::new();
+                while let Some(Logit(x)) = a.next_element()? {
+                    v.push(x);
+                }
+                Ok(v)
+            }
+        }
+        d.deserialize_seq(Seq)
     }
 }

@@ -23,9 +23,20 @@ use crate::error::{Error, Result};
 pub struct StopStrings {
     patterns: Vec<Vec<u8>>,
     dfa: DFA,
+    /// Per pattern, its prefix function (KMP): `pi[i]` is the length of the longest proper
+    /// prefix of `p[..=i]` that is also its suffix.
+    prefix_fn: Vec<Vec<u32>>,
     start: StateID,
     max_len: usize,
 }
+
+/// The longest stop string, in bytes. Building the automaton costs more than linear time in
+/// a pattern's length (a 100,000-byte stop string took minutes), and a longer stop string is
+/// no use to a stream (the text it must hold back is as long).
+pub const MAX_STOP_BYTES: usize = 1024;
+
+/// The most bytes of all stop strings together.
+pub const MAX_STOP_TOTAL_BYTES: usize = 64 * 1024;
 
 /// Per-sequence scanning state: the DFA state after every output byte seen so far, and the
 /// number of bytes seen.
@@ -62,6 +73,24 @@ impl StopStrings {
                     "a stop string cannot be empty",
                 ));
             }
+            if s.len() > MAX_STOP_BYTES {
+                return Err(Error::invalid(
+                    format!("stop[{i}]"),
+                    format!(
+                        "{} bytes; a stop string has at most {MAX_STOP_BYTES}",
+                        s.len()
+                    ),
+                ));
+            }
+        }
+        let total: usize = stops.iter().map(String::len).sum();
+        if total > MAX_STOP_TOTAL_BYTES {
+            return Err(Error::invalid(
+                "stop",
+                format!(
+                    "{total} bytes in all; the stop strings have at most {MAX_STOP_TOTAL_BYTES}"
+                ),
+            ));
         }
         let patterns: Vec<Vec<u8>> = stops.iter().map(|s| s.as_bytes().to_vec()).collect();
         let dfa = DFA::builder()
@@ -73,8 +102,10 @@ impl StopStrings {
             .start_state(Anchored::No)
             .map_err(|e| Error::invalid("stop", format!("cannot compile stop strings: {e}")))?;
         let max_len = patterns.iter().map(Vec::len).max().unwrap_or(0);
+        let prefix_fn = patterns.iter().map(|p| prefix_function(p)).collect();
         Ok(StopStrings {
             patterns,
+            prefix_fn,
             dfa,
             start,
             max_len,
@@ -146,20 +177,48 @@ impl StopStrings {
 
     /// How many trailing bytes of `text` could still be the start of a stop string (the
     /// longest suffix that is a proper prefix of some stop string).
+    ///
+    /// Linear: each pattern's prefix function (computed once) runs over the last
+    /// `max_len - 1` bytes, so the cost is `O(patterns × max_len)` however long the stop strings
+    /// are (trying every suffix against every pattern would be quadratic in their length).
     pub fn holdback(&self, text: &[u8]) -> usize {
         let most = self.max_len.saturating_sub(1).min(text.len());
-        for k in (1..=most).rev() {
-            let suffix = &text[text.len() - k..];
-            if self
-                .patterns
-                .iter()
-                .any(|p| p.len() > k && p.starts_with(suffix))
-            {
-                return k;
+        let tail = &text[text.len() - most..];
+        let mut best = 0;
+        for (p, pi) in self.patterns.iter().zip(&self.prefix_fn) {
+            let mut k = 0usize;
+            for &b in tail {
+                while k > 0 && (k == p.len() || p[k] != b) {
+                    k = pi[k - 1] as usize;
+                }
+                if k < p.len() && p[k] == b {
+                    k += 1;
+                }
             }
+            // a whole pattern is no longer a prefix that could still grow: its longest border is
+            if k == p.len() && k > 0 {
+                k = pi[k - 1] as usize;
+            }
+            best = best.max(k);
         }
-        0
+        best
     }
+}
+
+/// The prefix function of `p` (Knuth–Morris–Pratt).
+fn prefix_function(p: &[u8]) -> Vec<u32> {
+    let mut pi = vec![0u32; p.len()];
+    let mut k = 0usize;
+    for i in 1..p.len() {
+        while k > 0 && p[i] != p[k] {
+            k = pi[k - 1] as usize;
+        }
+        if p[i] == p[k] {
+            k += 1;
+        }
+        pi[i] = k as u32;
+    }
+    pi
 }
 
 #[cfg(test)]
@@ -201,6 +260,68 @@ mod tests {
     fn empty_stop_string_is_rejected() {
         let e = StopStrings::new(&["x".into(), String::new()]).unwrap_err();
         assert_eq!(e.field(), Some("stop[1]"));
+    }
+
+    /// The definition, by brute force.
+    fn holdback_naive(st: &StopStrings, text: &[u8]) -> usize {
+        let most = st.max_len.saturating_sub(1).min(text.len());
+        (1..=most)
+            .rev()
+            .find(|&k| {
+                let suffix = &text[text.len() - k..];
+                st.patterns
+                    .iter()
+                    .any(|p| p.len() > k && p.starts_with(suffix))
+            })
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn holdback_equals_its_definition() {
+        let mut x = 12345u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut word = move |n: u64| -> String {
+            let len = 1 + next() % n;
+            (0..len)
+                .map(|_| ["a", "b", "c"][(next() % 3) as usize])
+                .collect()
+        };
+        for i in 0..2000u64 {
+            let stops: Vec<String> = (0..1 + i % 3).map(|_| word(6)).collect();
+            let text = word(10);
+            let st = StopStrings::new(&stops).unwrap();
+            assert_eq!(
+                st.holdback(text.as_bytes()),
+                holdback_naive(&st, text.as_bytes()),
+                "{stops:?} {text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn stop_strings_are_bounded_and_the_longest_is_cheap() {
+        let e = StopStrings::new(&["a".repeat(MAX_STOP_BYTES + 1)])
+            .err()
+            .unwrap();
+        assert_eq!(e.field(), Some("stop[0]"));
+        let many = vec!["ab".repeat(MAX_STOP_BYTES / 2); MAX_STOP_TOTAL_BYTES / MAX_STOP_BYTES + 1];
+        assert_eq!(StopStrings::new(&many).err().unwrap().field(), Some("stop"));
+        let t = std::time::Instant::now();
+        let st = s(&[&"ab".repeat(MAX_STOP_BYTES / 2)]);
+        let mut text = Vec::new();
+        for _ in 0..MAX_STOP_BYTES {
+            text.extend_from_slice(b"ab");
+            let want = text
+                .len()
+                .min(MAX_STOP_BYTES - 2 + (text.len() % 2 == 1) as usize);
+            assert_eq!(st.holdback(&text), want);
+        }
+        assert!(t.elapsed().as_secs() < 20, "{:?}", t.elapsed());
     }
 
     #[test]

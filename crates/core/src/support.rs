@@ -387,6 +387,38 @@ impl Workspace {
         self.invalidate();
     }
 
+    /// The largest magnitude of a finite processed logit in the support (`0` when none).
+    pub(crate) fn max_abs_finite(&self) -> f32 {
+        let mut m = 0.0f32;
+        if self.dense {
+            // the top is cached; the bottom is a branch-free minimum over the unmasked entries
+            // (processed logits are never NaN or `+inf`)
+            let top = self.dense_max();
+            let mut lo = f32::INFINITY;
+            for &x in &self.buf {
+                let y = if x == f32::NEG_INFINITY {
+                    f32::INFINITY
+                } else {
+                    x
+                };
+                lo = if y < lo { y } else { lo };
+            }
+            if top.is_finite() {
+                m = top.abs();
+            }
+            if lo.is_finite() {
+                m = m.max(lo.abs());
+            }
+        } else {
+            for c in &self.cands {
+                if c.z.is_finite() {
+                    m = m.max(c.z.abs());
+                }
+            }
+        }
+        m
+    }
+
     /// Keeps only the argmax (ties → lowest id): the declared `temperature = 0` branch.
     pub(crate) fn keep_argmax(&mut self) {
         let best = self.argmax();
@@ -753,10 +785,16 @@ impl Workspace {
         let (m, s) = self.normalize(); // sorts canonical (descending)
         let n = self.cands.len();
         let mut removed = 0usize;
+        // compared in weight space, `Σ_tail w_i <= (1 − p)·S`, not as a sum of quotients
+        // `w_i / S`: the weights are exact `f32` values, so at an exact boundary (18 equal
+        // weights, p = 0.5: a tail of 9 holds exactly half) every partial sum and the bound
+        // are exact and the comparison is exact arithmetic's, where summing quotients rounds
+        // 9 × (1/18) above 0.5 and keeps one token too many
+        let bound = (1.0 - p) * s;
         let mut cum = 0.0f64;
         for c in self.cands.iter().rev() {
-            cum += exp_f32(c.z - m) as f64 / s;
-            if cum <= 1.0 - p {
+            cum += exp_f32(c.z - m) as f64;
+            if cum <= bound {
                 removed += 1;
             } else {
                 break;

@@ -440,7 +440,9 @@ fn hard_masks(cfg: &PipelineConfig, stop: &StopConfig, ctx: &Ctx) -> Masks {
             P::TopK(_) | P::TopP(_) | P::MinP(_) | P::TypicalP(_) => {
                 first_truncation.get_or_insert(i + 1);
             }
-            P::Temperature(t) if t.temperature == 0.0 => {
+            // `T = 0`, and a `T` so small that some `z / T` may leave the `f32` range (the
+            // logits here stay within ±1e5 after bias and penalties), keep only the argmax
+            P::Temperature(t) if t.temperature < 1e-30 => {
                 first_truncation.get_or_insert(i + 1);
             }
             _ => {}
@@ -548,11 +550,13 @@ fn naive_top_p(
             keep
         }
         top_p::Rule::AscendingTail => {
+            // in weight space: the tail's weights against (1 − p)·S (docs/semantics.md §3)
+            let bound = (1.0 - p) * s;
             let mut cum = 0.0f64;
             let mut removed = 0;
             for &id in order.iter().rev() {
-                cum += prob(id);
-                if cum <= 1.0 - p {
+                cum += exp_f32(z[id as usize] - m) as f64;
+                if cum <= bound {
                     removed += 1;
                 } else {
                     break;
@@ -1383,8 +1387,8 @@ proptest! {
     /// every finite token finite, leaves the support size unchanged, and top-k after it (either
     /// tie rule) still keeps min(k, support) tokens or more only for ties.
     #[test]
-    fn tiny_temperature_keeps_logits_finite(
-        raw in vec(prop_oneof![-1e4f32..1e4, Just(NEG_INF), Just(-1e4f32), Just(1e4f32)], 1..60),
+    fn tiny_temperature_is_an_exact_division_or_the_greedy_limit(
+        raw in vec(prop_oneof![-1e4f32..1e4, -1e-4f32..1e-4, Just(NEG_INF), Just(-1e4f32), Just(1e4f32)], 1..60),
         t in tiny_temperature(),
         k in prop::option::of((1i64..8, ties())),
         sel in selector(),
@@ -1407,11 +1411,20 @@ proptest! {
             }
         };
         prop_assert_eq!(rec.stages[1].stage.as_str(), "temperature");
-        prop_assert_eq!(rec.stages[1].support_size, finite);
-        if let Some((k, top_k::Ties::ById)) = k {
-            prop_assert_eq!(rec.support_size, finite.min(k as usize));
+        let max_abs = raw.iter().filter(|x| x.is_finite()).fold(0f32, |m, x| m.max(x.abs()));
+        if f64::from(max_abs) / f64::from(t) > f64::from(f32::MAX) {
+            // some z / T leaves the f32 range: the limit T → 0⁺, the greedy branch
+            let best = (0..v).fold(0, |b, i| if raw[i] > raw[b] { i } else { b });
+            prop_assert_eq!(rec.stages[1].support_size, 1);
+            prop_assert_eq!(sel.token as usize, best);
+        } else {
+            // an exact division: the support is unchanged
+            prop_assert_eq!(rec.stages[1].support_size, finite);
+            if let Some((k, top_k::Ties::ById)) = k {
+                prop_assert_eq!(rec.support_size, finite.min(k as usize));
+            }
+            prop_assert!(rec.support_size >= finite.min(k.map_or(usize::MAX, |x| x.0 as usize)));
         }
-        prop_assert!(rec.support_size >= finite.min(k.map_or(usize::MAX, |x| x.0 as usize)));
         let total: f64 = rec.candidates.iter().map(|c| c.selection_prob).sum();
         prop_assert!((total - 1.0).abs() <= SUM_TOL, "sum {}", total);
         for c in &rec.candidates {

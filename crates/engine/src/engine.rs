@@ -188,6 +188,14 @@ impl Engine {
         })
     }
 
+    /// The KV cache budget in blocks, and the bytes of one block.
+    pub(crate) fn kv_budget(&self) -> (usize, usize) {
+        (
+            self.inner.budget_blocks,
+            self.inner.pool.geometry().block_bytes(),
+        )
+    }
+
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.inner.shared.model

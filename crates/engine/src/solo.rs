@@ -344,6 +344,23 @@ impl Engine {
             ));
         }
         let p = self.prepare(&req)?;
+        // every hypothesis may hold a whole branch of prompt and output: the same budget as
+        // `width` sequences of the batch engine
+        let (budget, block) = self.kv_budget();
+        let prompt = p.info.prompt_ids.len();
+        let out = p.info.max_tokens as usize;
+        let need = width.saturating_mul(nextok_model::KvGeometry::blocks_for(prompt + out));
+        if need > budget {
+            return Err(EngineError::new(
+                crate::error::ErrorKind::TooLarge,
+                format!(
+                    "{width} beams of a {prompt}-token prompt and {out} tokens need {} bytes of KV cache; the budget is {}",
+                    need.saturating_mul(block),
+                    budget * block
+                ),
+            )
+            .with_field("beam_width"));
+        }
         let model = self.model();
         let sampler = &p.sampler;
         let seed = p.info.seeds[0];

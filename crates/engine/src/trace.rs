@@ -126,6 +126,7 @@ pub fn replay_request(h: &TraceHeader) -> Result<GenerateRequest> {
     }
     let mut params = h.params.clone();
     params.seed = Some(seed);
+    check_params(h, &params)?;
     Ok(GenerateRequest {
         prompt: Prompt::Ids(h.prompt_ids.clone()),
         params,
@@ -140,6 +141,52 @@ pub fn replay_request(h: &TraceHeader) -> Result<GenerateRequest> {
         ledger_step: None,
         speculative: None,
     })
+}
+
+/// The header's `params` must describe the pipeline and stop conditions it records (the replay
+/// runs the recorded pipeline, so an edited parameter would otherwise be silently ignored): a
+/// preset is rebuilt from the parameters and compared (its constraint mask aside, which the
+/// constraint adds); for a pipeline file the stop conditions are compared.
+fn check_params(h: &TraceHeader, params: &SamplingParams) -> Result<()> {
+    let strip = |p: &PipelineConfig| {
+        let mut p = p.clone();
+        p.processors
+            .retain(|x| !matches!(x, nextok_core::processors::ProcessorConfig::GrammarMask(_)));
+        p
+    };
+    let stop_of = |p: &SamplingParams| StopConfig {
+        stop_token_ids: p.stop_token_ids.clone(),
+        max_tokens: p.max_tokens,
+        ignore_eos: p.ignore_eos,
+        stop: p.stop.clone(),
+        include_stop_str_in_output: p.include_stop_str_in_output,
+        skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
+        ..h.stop.clone()
+    };
+    let mismatch = |what: &str| {
+        EngineError::invalid(
+            "params",
+            format!("the trace header's params do not give its {what} (was the header edited?)"),
+        )
+    };
+    match h.pipeline_source.parse::<nextok_core::Preset>() {
+        Ok(preset) => {
+            let (cfg, stop) = nextok_core::pipeline::presets::build(preset, params)
+                .map_err(|e| EngineError::invalid("params", e.to_string()))?;
+            if strip(&cfg) != strip(&h.pipeline) {
+                return Err(mismatch("pipeline"));
+            }
+            if stop != h.stop {
+                return Err(mismatch("stop conditions"));
+            }
+        }
+        Err(_) => {
+            if stop_of(params) != h.stop {
+                return Err(mismatch("stop conditions"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Compares a re-run with the recorded lines; returns the number of steps that matched, or

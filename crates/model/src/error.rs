@@ -9,10 +9,24 @@ pub struct ModelError {
 }
 
 impl ModelError {
-    /// An error with `message`.
+    /// An error with `message`, kept to one line: a backtrace that a dependency appends (a
+    /// numbered frame list) is dropped, and the remaining lines are joined with `; `.
     pub fn new(message: impl Into<String>) -> ModelError {
+        let message: String = message.into();
+        let is_frame = |l: &str| {
+            let t = l.trim_start();
+            t.starts_with("Stack backtrace")
+                || t.split_once(": ")
+                    .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        };
+        let lines: Vec<&str> = message
+            .lines()
+            .take_while(|l| !is_frame(l))
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
         ModelError {
-            message: message.into(),
+            message: lines.join("; "),
         }
     }
 

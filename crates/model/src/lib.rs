@@ -121,6 +121,25 @@ pub fn simd_features() -> String {
     }
 }
 
+/// The longest context (`llama.context_length`) a model may declare: the rotary tables are
+/// computed for every position at load.
+pub const MAX_CONTEXT: usize = 1 << 20;
+
+/// Checks a GGUF file before a loader allocates from its sizes: the metadata and every tensor
+/// description against the file's length (see
+/// [`nextok_vocab::gguf::Gguf::read_file_with_tensors`]), and the byte order (the tensor reader
+/// reads little-endian files only).
+pub fn check_gguf(path: &Path) -> Result<()> {
+    let (g, _) = nextok_vocab::gguf::Gguf::read_file_with_tensors(path)?;
+    if g.big_endian {
+        return Err(ModelError::new(format!(
+            "{}: big-endian GGUF files are not supported for models",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// SHA-256 of a file, hex.
 pub fn sha256_file(path: &Path) -> Result<String> {
     let mut f = std::fs::File::open(path)

@@ -214,6 +214,8 @@ impl LlamaWeights {
     /// Loads a llama-architecture GGUF file (`general.architecture = llama`).
     pub fn load(path: &Path, requant: Requant) -> Result<LlamaWeights> {
         let device = Device::Cpu;
+        // every size in the file is checked against its length before anything is allocated
+        crate::check_gguf(path)?;
         let file = File::open(path)
             .map_err(|e| ModelError::new(format!("{}: cannot open: {e}", path.display())))?;
         let mut r = BufReader::new(file);
@@ -244,9 +246,18 @@ impl LlamaWeights {
         let rms_eps = md_f32(&c, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f64;
         let rope_theta = md_f32(&c, "llama.rope.freq_base").unwrap_or(10_000.0);
         let context_length = md_usize(&c, "llama.context_length").unwrap_or(2048);
-        if n_head % n_kv_head != 0 || head_dim * n_head != n_embd || !head_dim.is_multiple_of(2) {
+        if n_head % n_kv_head != 0
+            || head_dim.checked_mul(n_head) != Some(n_embd)
+            || !head_dim.is_multiple_of(2)
+        {
             return Err(ModelError::new(format!(
                 "unsupported head layout: {n_head} heads, {n_kv_head} kv heads, head width {head_dim}, embedding {n_embd}"
+            )));
+        }
+        if context_length == 0 || context_length > crate::MAX_CONTEXT {
+            return Err(ModelError::new(format!(
+                "invalid GGUF metadata: context length {context_length} (nextok runs 1 to {} positions)",
+                crate::MAX_CONTEXT
             )));
         }
         if !rms_eps.is_finite() || rms_eps < 0.0 || !rope_theta.is_finite() || rope_theta <= 0.0 {

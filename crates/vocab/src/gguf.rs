@@ -260,6 +260,54 @@ impl Array {
     }
 }
 
+/// Most dimensions of a GGUF tensor (GGML's `GGML_MAX_DIMS`).
+pub const MAX_TENSOR_DIMS: usize = 4;
+
+/// One tensor description of a GGUF file (dimensions in file order: the first varies fastest).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    /// Tensor name.
+    pub name: String,
+    /// Dimensions.
+    pub dims: Vec<u64>,
+    /// GGML type id.
+    pub ggml_type: u32,
+    /// Offset of its data from the start of the data section.
+    pub offset: u64,
+}
+
+/// The tensor descriptions of a GGUF file, each checked to lie inside the file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GgufTensors {
+    /// The descriptions, in file order.
+    pub infos: Vec<TensorInfo>,
+    /// Where the data section starts.
+    pub data_offset: u64,
+    /// The file's length.
+    pub file_len: u64,
+}
+
+/// `(elements per block, bytes per block)` of a GGML type id, `None` when unknown.
+pub fn ggml_type_size(t: u32) -> Option<(u64, u64)> {
+    Some(match t {
+        0 => (1, 4),      // F32
+        1 => (1, 2),      // F16
+        2 => (32, 18),    // Q4_0
+        3 => (32, 20),    // Q4_1
+        6 => (32, 22),    // Q5_0
+        7 => (32, 24),    // Q5_1
+        8 => (32, 34),    // Q8_0
+        9 => (32, 36),    // Q8_1
+        10 => (256, 84),  // Q2_K
+        11 => (256, 110), // Q3_K
+        12 => (256, 144), // Q4_K
+        13 => (256, 176), // Q5_K
+        14 => (256, 210), // Q6_K
+        15 => (256, 292), // Q8_K
+        _ => return None,
+    })
+}
+
 /// GGUF metadata: header and key–value pairs in file order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gguf {
@@ -303,6 +351,124 @@ impl Gguf {
             label,
             field: "header".into(),
         };
+        Gguf::read_metadata(&mut rd)
+    }
+
+    /// Reads the metadata and the tensor descriptions of the GGUF file at `path`, checking every
+    /// description against the file: at most [`MAX_TENSOR_DIMS`] dimensions, an element count
+    /// that does not overflow, a known type whose blocks divide the first dimension, and data
+    /// that lies inside the file. A loader that allocates from these sizes afterwards allocates
+    /// at most what the file holds.
+    pub fn read_file_with_tensors(path: impl AsRef<Path>) -> Result<(Gguf, GgufTensors)> {
+        let path = path.as_ref();
+        let label = path.display().to_string();
+        let io = |e: std::io::Error| {
+            VocabError::new(VocabErrorKind::Io, &label, format!("cannot read: {e}"))
+        };
+        let f = File::open(path).map_err(io)?;
+        let len = f.metadata().map_err(io)?.len();
+        let mut rd = Reader {
+            r: BufReader::with_capacity(1 << 20, f),
+            pos: 0,
+            len,
+            be: false,
+            label: &label,
+            field: "header".into(),
+        };
+        let g = Gguf::read_metadata(&mut rd)?;
+        // each description takes at least 8 (name length) + 4 (dims) + 4 (type) + 8 (offset)
+        rd.field = "tensor_count".into();
+        rd.check(g.tensor_count, 24, "tensor descriptions")?;
+        let mut infos = Vec::with_capacity(g.tensor_count as usize);
+        for i in 0..g.tensor_count {
+            rd.field = format!("tensors[{i}].name");
+            let name = rd.string()?;
+            rd.field = format!("tensor `{name}`");
+            let n_dims = rd.u32()?;
+            if n_dims as usize > MAX_TENSOR_DIMS {
+                return Err(rd.err(
+                    VocabErrorKind::Parse,
+                    format!("{n_dims} dimensions (at most {MAX_TENSOR_DIMS})"),
+                ));
+            }
+            let mut dims = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                dims.push(rd.u64()?);
+            }
+            let ggml_type = rd.u32()?;
+            let offset = rd.u64()?;
+            infos.push(TensorInfo {
+                name,
+                dims,
+                ggml_type,
+                offset,
+            });
+        }
+        rd.field = "general.alignment".into();
+        let alignment = match g.get("general.alignment").map(|v| v.as_int()) {
+            None => 32,
+            Some(Some(a)) if a > 0 && (a as u64).is_power_of_two() && a <= 1 << 20 => a as u64,
+            Some(a) => {
+                return Err(rd.err(
+                    VocabErrorKind::Parse,
+                    format!("{a:?} is not a power of two up to 2^20"),
+                ))
+            }
+        };
+        let data_offset = rd.pos.div_ceil(alignment) * alignment;
+        for t in &infos {
+            rd.field = format!("tensor `{}`", t.name);
+            let elems = t
+                .dims
+                .iter()
+                .try_fold(1u64, |a, &d| a.checked_mul(d))
+                .filter(|&n| n <= 1 << 48);
+            let Some(elems) = elems else {
+                return Err(rd.err(
+                    VocabErrorKind::Parse,
+                    format!("dimensions {:?}: the element count overflows", t.dims),
+                ));
+            };
+            let Some((block, size)) = ggml_type_size(t.ggml_type) else {
+                return Err(rd.err(
+                    VocabErrorKind::Unsupported,
+                    format!("unknown tensor type {}", t.ggml_type),
+                ));
+            };
+            if t.dims.first().is_some_and(|d| d % block != 0) {
+                return Err(rd.err(
+                    VocabErrorKind::Parse,
+                    format!(
+                        "dimensions {:?}: the first is not a multiple of the type's block of {block}",
+                        t.dims
+                    ),
+                ));
+            }
+            let bytes = elems / block * size;
+            let end = data_offset
+                .checked_add(t.offset)
+                .and_then(|s| s.checked_add(bytes));
+            if end.is_none_or(|e| e > len) {
+                return Err(rd.err(
+                    VocabErrorKind::Parse,
+                    format!(
+                        "dimensions {:?} ({bytes} bytes at data offset {}) do not fit in the {len}-byte file (truncated or corrupt)",
+                        t.dims, t.offset
+                    ),
+                ));
+            }
+        }
+        Ok((
+            g,
+            GgufTensors {
+                infos,
+                data_offset,
+                file_len: len,
+            },
+        ))
+    }
+
+    fn read_metadata<R: Read>(rd: &mut Reader<'_, R>) -> Result<Gguf> {
         let magic = rd.take::<4>()?;
         if magic != MAGIC {
             return Err(rd.err(

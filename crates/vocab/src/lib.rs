@@ -229,6 +229,10 @@ pub enum SourceFormat {
     Gguf,
 }
 
+/// The largest vocabulary size [`LoadOptions::vocab_size`] may ask for (2^22 = 4,194,304 ids,
+/// sixteen times the largest vocabularies in use): padding ids cost memory per id.
+pub const MAX_VOCAB_SIZE: usize = 1 << 22;
+
 /// Caller's choices when loading.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadOptions {
@@ -454,10 +458,10 @@ pub(crate) fn finish(mut d: Draft, opts: &LoadOptions) -> Result<Vocabulary> {
                 format!("{size} is smaller than the tokenizer's {n_tok} tokens"),
             ));
         }
-        if size > u32::MAX as usize {
+        if size > MAX_VOCAB_SIZE {
             return Err(invalid(
                 "vocab_size",
-                format!("{size} does not fit 32-bit ids"),
+                format!("{size} is above the limit of {MAX_VOCAB_SIZE} tokens"),
             ));
         }
         let end = d.buf.len() as u32;

@@ -140,11 +140,23 @@ fn check(p: &SamplingParams, preset: Preset) -> Result<Checked> {
         }
     }
     let repetition = p.repetition_penalty.unwrap_or(1.0);
-    if !repetition.is_finite() || repetition <= 0.0 {
-        return Err(Error::invalid(
-            "repetition_penalty",
-            format!("{repetition} must be finite and > 0"),
-        ));
+    if let Some(n) = p.no_repeat_ngram_size {
+        use crate::processors::no_repeat_ngram::MAX_NGRAM_SIZE;
+        if n > MAX_NGRAM_SIZE {
+            return Err(Error::invalid(
+                "no_repeat_ngram_size",
+                format!("{n} is above the limit of {MAX_NGRAM_SIZE}"),
+            ));
+        }
+    }
+    {
+        use crate::processors::repetition::{MAX_PENALTY, MIN_PENALTY};
+        if !repetition.is_finite() || !(MIN_PENALTY..=MAX_PENALTY).contains(&repetition) {
+            return Err(Error::invalid(
+                "repetition_penalty",
+                format!("{repetition} must be in [{MIN_PENALTY}, {MAX_PENALTY}]"),
+            ));
+        }
     }
     for (&id, &b) in &p.logit_bias {
         if !b.is_finite() || !(-100.0..=100.0).contains(&b) {

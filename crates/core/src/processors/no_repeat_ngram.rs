@@ -2,7 +2,9 @@
 //! n-gram already present in prompt + output. The sequence-constraint slot indexes every
 //! (n−1)-gram by a hash of its tokens → the positions where it starts; a step looks up the
 //! current (n−1)-token suffix, verifies each hit token by token, and masks the token that
-//! followed it. Only completing tokens are masked.
+//! followed it. Only completing tokens are masked. Each distinct n-gram is indexed once, so a
+//! step's cost is `O(n)` per distinct continuation of the suffix, not per occurrence; `n` is at
+//! most [`MAX_NGRAM_SIZE`].
 
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +16,10 @@ use crate::support::Workspace;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
+
+/// The largest `ngram_size`: indexing a token and each step's look-up cost `O(n)` token
+/// comparisons per distinct n-gram continuing the current suffix.
+pub const MAX_NGRAM_SIZE: usize = 1024;
 
 /// Config of the no-repeat n-gram mask.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,10 +50,10 @@ fn hash_window(st: &DecoderState, start: usize, len: usize) -> u64 {
 impl NoRepeatNgram {
     pub(crate) fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         check_version(field, self.version, VERSION)?;
-        if self.ngram_size == 0 {
+        if self.ngram_size == 0 || self.ngram_size > MAX_NGRAM_SIZE {
             return Err(Error::invalid(
                 format!("{field}.ngram_size"),
-                "must be at least 1",
+                format!("{} must be in 1..={MAX_NGRAM_SIZE}", self.ngram_size),
             ));
         }
         let slot = ctx.next_slot;
@@ -73,7 +79,16 @@ impl Compiled {
         }
         let start = pos + 1 - n;
         let h = hash_window(st, start, n - 1);
-        index.entry(h).or_default().push(start as u32);
+        let bucket = index.entry(h).or_default();
+        // one entry per distinct n-gram: a repeated n-gram adds nothing, so a look-up verifies
+        // each distinct continuation once however often it occurred
+        let same = |&s: &u32| {
+            let s = s as usize;
+            (0..n).all(|j| st.context_at(s + j) == st.context_at(start + j))
+        };
+        if !bucket.iter().any(same) {
+            bucket.push(start as u32);
+        }
     }
 
     pub(crate) fn apply(&self, st: &DecoderState, ws: &mut Workspace) {

@@ -13,6 +13,13 @@ use crate::vocab::VocabInfo;
 /// Implementation version.
 pub const VERSION: u32 = 1;
 
+/// The smallest repetition penalty: near 0, `z / r` saturates for ordinary logits and ties
+/// every penalised token (the penalty would sample uniformly among them).
+pub const MIN_PENALTY: f32 = 0.01;
+
+/// The largest repetition penalty (the mirror of [`MIN_PENALTY`]: `z · r` for negative `z`).
+pub const MAX_PENALTY: f32 = 100.0;
+
 /// Config of the repetition penalty.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,10 +53,10 @@ impl RepetitionPenalty {
     pub(crate) fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         check_version(field, self.version, VERSION)?;
         let r = self.repetition_penalty;
-        if !r.is_finite() || r <= 0.0 {
+        if !r.is_finite() || !(MIN_PENALTY..=MAX_PENALTY).contains(&r) {
             return Err(Error::invalid(
                 format!("{field}.repetition_penalty"),
-                format!("{r} must be finite and > 0"),
+                format!("{r} must be in [{MIN_PENALTY}, {MAX_PENALTY}]"),
             ));
         }
         self.scope.validate(field)?;

@@ -2,6 +2,10 @@
 //! it is the declared greedy branch — the support is reduced to the single best token
 //! (processed logit descending, ties → lowest id) at this point of the pipeline, as llama.cpp
 //! does, and the step consumes no random draw that matters.
+//!
+//! A positive `T` so small that some `z_i / T` of the support would leave the `f32` range acts
+//! as the limit it approaches, `T → 0⁺`: the same greedy branch. (Saturating the quotients at
+//! `±f32::MAX` instead would tie every overflowing token and sample uniformly among them.)
 
 use serde::{Deserialize, Serialize};
 
@@ -45,10 +49,15 @@ impl Temperature {
 
 impl Compiled {
     pub(crate) fn apply(&self, ws: &mut Workspace) {
-        if self.t == 0.0 {
+        if self.t == 0.0 || (self.t < 1.0 && overflows(ws.max_abs_finite(), self.t)) {
             ws.keep_argmax();
         } else if self.t != 1.0 {
             ws.divide(self.t);
         }
     }
+}
+
+/// Whether `z / t` leaves the `f32` range for `|z| = max_abs`.
+fn overflows(max_abs: f32, t: f32) -> bool {
+    f64::from(max_abs) / f64::from(t) > f64::from(f32::MAX)
 }

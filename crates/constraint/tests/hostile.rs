@@ -1,0 +1,161 @@
+//! Deep but small inputs: chains of rules and `$ref`s compile (on the compiler's own large
+//! stack) up to the limits that bound compilation depth, and beyond them fail with a limit error
+//! naming the limit — never a stack overflow.
+
+use std::sync::Arc;
+
+use nextok_constraint::{
+    ConstraintEngine, ConstraintError, ConstraintSpec, ConstraintVocab, LimitKind,
+};
+use nextok_core::{TokenBytes, VocabInfo};
+use serde_json::json;
+
+fn engine() -> Arc<ConstraintEngine> {
+    let toks: Vec<&[u8]> = vec![b"</s>", b"a", b"b", b"{", b"}", b"\"", b":", b"1"];
+    let bytes = TokenBytes::new(toks).unwrap();
+    let info = VocabInfo {
+        vocab_size: 8,
+        eos_token_ids: vec![0],
+        special_token_ids: vec![0],
+    };
+    let v = ConstraintVocab::new(&bytes, &info).unwrap();
+    Arc::new(ConstraintEngine::new(Arc::new(v)).unwrap())
+}
+
+/// `root ::= r0`, `r0 ::= r1`, …, `r{n} ::= "a"`.
+fn gbnf_chain(n: usize) -> ConstraintSpec {
+    let mut s = String::from("root ::= r0\n");
+    for i in 0..n {
+        s.push_str(&format!("r{i} ::= r{}\n", i + 1));
+    }
+    s.push_str(&format!("r{n} ::= \"a\"\n"));
+    ConstraintSpec::Gbnf { gbnf: s }
+}
+
+fn lark_chain(n: usize) -> ConstraintSpec {
+    let mut s = String::from("start: r0\n");
+    for i in 0..n {
+        s.push_str(&format!("r{i}: r{}\n", i + 1));
+    }
+    s.push_str(&format!("r{n}: \"a\"\n"));
+    ConstraintSpec::Grammar { lark: s }
+}
+
+/// `n` object definitions, each with a property referring to the next.
+fn schema_chain(n: usize) -> ConstraintSpec {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        defs.insert(
+            format!("d{i}"),
+            json!({"type": "object", "properties": {"a": {"$ref": format!("#/$defs/d{}", i + 1)}}}),
+        );
+    }
+    defs.insert(format!("d{n}"), json!({"type": "integer"}));
+    ConstraintSpec::JsonSchema {
+        schema: json!({"$ref": "#/$defs/d0", "$defs": defs}),
+        options: Default::default(),
+    }
+}
+
+fn limit_of(
+    r: Result<Arc<nextok_constraint::CompiledConstraint>, ConstraintError>,
+) -> (LimitKind, String) {
+    match r {
+        Err(ConstraintError::Limit { limit, message }) => (limit, message),
+        other => panic!("expected a limit error, got {other:?}"),
+    }
+}
+
+#[test]
+fn long_rule_chains_compile_on_the_compilers_stack() {
+    let e = engine();
+    // each of these overflowed an 8 MB main-thread stack
+    for spec in [gbnf_chain(3_000), lark_chain(3_000), schema_chain(1_000)] {
+        let c = e.compile(&spec).unwrap_or_else(|err| panic!("{err}"));
+        let _ = c.start();
+    }
+    // and at the limits themselves
+    let max = e.limits().max_rules;
+    e.compile(&gbnf_chain(max - 2)).unwrap();
+    e.compile(&lark_chain(max - 2)).unwrap();
+    e.compile(&schema_chain(e.limits().max_schema_objects / 3 - 2))
+        .unwrap();
+}
+
+#[test]
+fn chains_beyond_the_limits_are_limit_errors_naming_the_limit() {
+    let e = engine();
+    let max = e.limits().max_rules;
+    let (k, m) = limit_of(e.compile(&gbnf_chain(max + 10)));
+    assert_eq!(k, LimitKind::Rules);
+    assert!(m.contains(&max.to_string()), "{m}");
+    let (k, _) = limit_of(e.compile(&lark_chain(max + 10)));
+    assert_eq!(k, LimitKind::Rules);
+    let (k, m) = limit_of(e.compile(&schema_chain(e.limits().max_schema_objects / 3 + 10)));
+    assert_eq!(k, LimitKind::SchemaObjects);
+    let shown = ConstraintError::Limit {
+        limit: k,
+        message: m,
+    }
+    .to_string();
+    assert!(shown.contains("max_schema_objects"), "{shown}");
+    // a huge grammar is refused by counting, quickly, before any conversion or compilation
+    let t = std::time::Instant::now();
+    let (k, _) = limit_of(e.compile(&gbnf_chain(200_000)));
+    assert_eq!(k, LimitKind::Rules);
+    assert!(t.elapsed().as_secs() < 5, "{:?}", t.elapsed());
+}
+
+#[test]
+fn deeply_nested_groups_are_refused() {
+    let e = engine();
+    let n = 20_000;
+    let gbnf = format!("root ::= {}\"a\"{}", "(".repeat(n), ")".repeat(n));
+    let (k, m) = limit_of(e.compile(&ConstraintSpec::Gbnf { gbnf }));
+    assert_eq!(k, LimitKind::GroupNesting);
+    assert!(m.contains("line 1"), "{m}");
+    // Lark's own parser refuses deep nesting as a syntax error
+    let lark = format!("start: {}\"a\"{}", "(".repeat(n), ")".repeat(n));
+    let err = e.compile(&ConstraintSpec::Grammar { lark }).unwrap_err();
+    assert!(err.to_string().contains("nested"), "{err}");
+    // within the limit, groups work
+    let gbnf = format!("root ::= {}\"a\"{}", "(".repeat(20), ")".repeat(20));
+    e.compile(&ConstraintSpec::Gbnf { gbnf }).unwrap();
+}
+
+#[test]
+fn errors_say_what_is_wrong() {
+    let e = engine();
+    // a regex parse error keeps its whole text, not just "regex parse error:"
+    let m = e
+        .compile(&ConstraintSpec::Regex {
+            pattern: "a(b".into(),
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(m.contains("unclosed group"), "{m}");
+    // a cycle without a base case is named, in grammars and schemas alike
+    for spec in [
+        ConstraintSpec::Gbnf {
+            gbnf: "root ::= x\nx ::= root".into(),
+        },
+        ConstraintSpec::Grammar {
+            lark: "start: start".into(),
+        },
+        ConstraintSpec::JsonSchema {
+            schema: json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}),
+            options: Default::default(),
+        },
+    ] {
+        let err = e.compile(&spec).unwrap_err();
+        assert_eq!(err.code(), "unsatisfiable", "{err}");
+        assert!(err.to_string().contains("cycle"), "{err}");
+        assert!(!err.to_string().contains("NoExtensionBias"), "{err}");
+    }
+    // a huge bounded repetition compiles quickly (nextok's own automaton gives up early)
+    let t = std::time::Instant::now();
+    let _ = e.compile(&ConstraintSpec::Regex {
+        pattern: "a{99999999}".into(),
+    });
+    assert!(t.elapsed().as_secs() < 10, "{:?}", t.elapsed());
+}
