@@ -60,7 +60,8 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         max_waiting: a.max_waiting,
         ..defaults
     };
-    let engine = Arc::new(Engine::new(model, config).map_err(|e| format!("engine configuration: {e}"))?);
+    let engine =
+        Arc::new(Engine::new(model, config).map_err(|e| format!("engine configuration: {e}"))?);
     let server = ServerConfig {
         model_id: a
             .served_model_name

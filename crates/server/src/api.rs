@@ -50,20 +50,31 @@ pub struct ApiRequest {
     pub constraint_param: String,
     /// The request field `max_tokens` came from.
     pub max_tokens_param: &'static str,
+    /// How the request named nextok's options: `nextok.` or `nextok_`.
+    pub nextok_prefix: &'static str,
 }
 
 impl ApiRequest {
     /// The request's name for an engine field.
     pub fn param(&self, field: &str) -> String {
         let head = field.split(['[', '.']).next().unwrap_or(field);
+        if head == "processors" {
+            // a processor of the pipeline: a preset's is built from the request's parameters
+            // (`processors[1].logit_bias[9]` is `logit_bias[9]`); an inline one is the
+            // request's own pipeline
+            return match (&self.gen.pipeline, field.split_once("].")) {
+                (PipelineChoice::Preset(_), Some((_, param))) => param.to_string(),
+                _ => format!("{}pipeline.{field}", self.nextok_prefix),
+            };
+        }
         let rest = &field[head.len()..];
         let renamed = match (head, self.endpoint) {
             ("constraint", _) => self.constraint_param.clone(),
             ("max_tokens", _) => self.max_tokens_param.to_string(),
             ("prompt", Endpoint::Chat) => "messages".to_string(),
             ("top_logprobs", Endpoint::Completions) => "logprobs".to_string(),
-            ("pipeline", _) => "nextok.pipeline".to_string(),
-            ("grammar_policy", _) => "nextok.grammar_policy".to_string(),
+            ("pipeline", _) => format!("{}pipeline", self.nextok_prefix),
+            ("grammar_policy", _) => format!("{}grammar_policy", self.nextok_prefix),
             _ => head.to_string(),
         };
         format!("{renamed}{rest}")
@@ -317,10 +328,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
             let top: Option<usize> = f.get("top_logprobs")?;
             match (on, top) {
                 (false, Some(_)) => {
-                    return Err(ApiError::invalid(
-                        "top_logprobs",
-                        "needs `logprobs: true`",
-                    ))
+                    return Err(ApiError::invalid("top_logprobs", "needs `logprobs: true`"))
                 }
                 (false, None) => None,
                 (true, t) => Some(t.unwrap_or(0)),
@@ -362,8 +370,11 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
     let (constraint, constraint_param) = constraint(obj)?;
 
     // the pipeline
-    let (pipeline, pipeline_source) = match nx.pipeline {
-        None => (PipelineChoice::Preset(Preset::Reference), "reference".into()),
+    let (pipeline, pipeline_source) = match nx.pipeline.clone() {
+        None => (
+            PipelineChoice::Preset(Preset::Reference),
+            "reference".into(),
+        ),
         Some(Value::String(name)) => {
             let p: Preset = name.parse().map_err(|_| {
                 ApiError::invalid(
@@ -416,6 +427,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
         pipeline_source,
         constraint_param,
         max_tokens_param,
+        nextok_prefix: nx.prefix,
     })
 }
 
@@ -451,12 +463,7 @@ fn messages(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
             }
         };
         let content = match get::<Content>(m, "content", &at("content"))? {
-            None => {
-                return Err(ApiError::invalid(
-                    at("content"),
-                    "`content` is required",
-                ))
-            }
+            None => return Err(ApiError::invalid(at("content"), "`content` is required")),
             Some(Content::Text(t)) => t,
             Some(Content::Parts(parts)) => {
                 let mut t = String::new();
@@ -520,7 +527,10 @@ struct NextokOptions {
 fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
     let flat = ["pipeline", "logprob_layer", "grammar_policy", "trace"]
         .iter()
-        .any(|k| obj.get(&format!("nextok_{k}")).is_some_and(|v| !v.is_null()));
+        .any(|k| {
+            obj.get(&format!("nextok_{k}"))
+                .is_some_and(|v| !v.is_null())
+        });
     let nested: Option<Map<String, Value>> = get(obj, "nextok", "nextok")?;
     let (src, prefix): (Map<String, Value>, &'static str) = match (nested, flat) {
         (Some(_), true) => {
@@ -540,12 +550,16 @@ fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
             }
             (m, "nextok.")
         }
-        (None, _) => (
+        (None, true) => (
             obj.iter()
-                .filter_map(|(k, v)| k.strip_prefix("nextok_").map(|k| (k.to_string(), v.clone())))
+                .filter_map(|(k, v)| {
+                    k.strip_prefix("nextok_")
+                        .map(|k| (k.to_string(), v.clone()))
+                })
                 .collect(),
             "nextok_",
         ),
+        (None, false) => (Map::new(), "nextok."),
     };
     let name = |k: &str| format!("{prefix}{k}");
     Ok(NextokOptions {
@@ -563,7 +577,10 @@ fn schema_value(v: Value, param: &str) -> Result<Value, ApiError> {
         Value::String(s) => serde_json::from_str(&s)
             .map_err(|e| ApiError::invalid(param, format!("not a JSON schema: {e}"))),
         v @ (Value::Object(_) | Value::Bool(_)) => Ok(v),
-        _ => Err(ApiError::invalid(param, "must be a JSON schema (an object)")),
+        _ => Err(ApiError::invalid(
+            param,
+            "must be a JSON schema (an object)",
+        )),
     }
 }
 
@@ -745,16 +762,28 @@ mod tests {
             (json!({"messages": m, "temperature": "hot"}), "temperature"),
             (json!({"messages": m, "n": 0}), "n"),
             (json!({"messages": m, "seed": -1}), "seed"),
-            (json!({"messages": m, "logit_bias": {"x": 1}}), "logit_bias.x"),
+            (
+                json!({"messages": m, "logit_bias": {"x": 1}}),
+                "logit_bias.x",
+            ),
             (json!({"messages": m, "top_logprobs": 2}), "top_logprobs"),
             (
                 json!({"messages": m, "logprobs": true, "top_logprobs": 21}),
                 "top_logprobs",
             ),
-            (json!({"messages": m, "stream_options": {}}), "stream_options"),
+            (
+                json!({"messages": m, "stream_options": {}}),
+                "stream_options",
+            ),
             (json!({"messages": m, "frobnicate": 1}), "frobnicate"),
-            (json!({"messages": [{"role": "robot", "content": "x"}]}), "messages[0].role"),
-            (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content"),
+            (
+                json!({"messages": [{"role": "robot", "content": "x"}]}),
+                "messages[0].role",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": 5}]}),
+                "messages[0].content",
+            ),
             (json!({"messages": []}), "messages"),
             (json!({}), "messages"),
             (
@@ -773,8 +802,14 @@ mod tests {
                 json!({"messages": m, "structured_outputs": {"choice": []}}),
                 "structured_outputs.choice",
             ),
-            (json!({"messages": m, "nextok": {"pipeline": "fast"}}), "nextok.pipeline"),
-            (json!({"messages": m, "nextok_logprob_layer": "final"}), "nextok_logprob_layer"),
+            (
+                json!({"messages": m, "nextok": {"pipeline": "fast"}}),
+                "nextok.pipeline",
+            ),
+            (
+                json!({"messages": m, "nextok_logprob_layer": "final"}),
+                "nextok_logprob_layer",
+            ),
             (json!({"messages": m, "max_tokens": 0}), "max_tokens"),
             (json!({"messages": m, "stop": ["a", ""]}), "stop[1]"),
         ];
@@ -787,7 +822,10 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("prompt"));
         let e = err(Endpoint::Completions, json!({"prompt": "a", "echo": true}));
         assert_eq!(e.param.as_deref(), Some("echo"));
-        let e = err(Endpoint::Completions, json!({"prompt": "a", "messages": []}));
+        let e = err(
+            Endpoint::Completions,
+            json!({"prompt": "a", "messages": []}),
+        );
         assert_eq!(e.param.as_deref(), Some("messages"));
     }
 
@@ -807,19 +845,31 @@ mod tests {
             })
         );
         let r = with("guided_choice", json!(["yes", "no"]));
-        assert!(matches!(r.gen.constraint, Some(ConstraintSpec::Choice { .. })));
+        assert!(matches!(
+            r.gen.constraint,
+            Some(ConstraintSpec::Choice { .. })
+        ));
         let r = with("guided_json", json!("{\"type\": \"object\"}"));
         assert!(matches!(
             r.gen.constraint,
             Some(ConstraintSpec::JsonSchema { .. })
         ));
         let r = with("guided_grammar", json!("root ::= \"a\""));
-        assert!(matches!(r.gen.constraint, Some(ConstraintSpec::Gbnf { .. })));
+        assert!(matches!(
+            r.gen.constraint,
+            Some(ConstraintSpec::Gbnf { .. })
+        ));
         let r = with("structured_outputs", json!({"grammar": "start: \"a\""}));
-        assert!(matches!(r.gen.constraint, Some(ConstraintSpec::Grammar { .. })));
+        assert!(matches!(
+            r.gen.constraint,
+            Some(ConstraintSpec::Grammar { .. })
+        ));
         assert_eq!(r.param("constraint"), "structured_outputs.grammar");
         let r = with("response_format", json!({"type": "json_object"}));
-        assert!(matches!(r.gen.constraint, Some(ConstraintSpec::Json { .. })));
+        assert!(matches!(
+            r.gen.constraint,
+            Some(ConstraintSpec::Json { .. })
+        ));
     }
 
     #[test]

@@ -212,7 +212,14 @@ impl Gen {
     }
 
     fn token_name(&self, id: u32) -> (String, Vec<u8>) {
-        let b = self.s.engine.model().vocab.token(id).unwrap_or(&[]).to_vec();
+        let b = self
+            .s
+            .engine
+            .model()
+            .vocab
+            .token(id)
+            .unwrap_or(&[])
+            .to_vec();
         (String::from_utf8_lossy(&b).into_owned(), b)
     }
 
@@ -445,7 +452,8 @@ impl Gen {
                 self.outcome = Some(500);
                 let e = internal("the engine stopped before the request finished");
                 self.pending.push_back(frame(&e.body()));
-                self.pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                self.pending
+                    .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
                 self.ended = true;
                 continue;
             };

@@ -261,11 +261,7 @@ async fn health() -> Json<Value> {
 
 async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
     let text = s.metrics.render(&s.engine.stats());
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        text,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
@@ -292,7 +288,10 @@ async fn trace(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Respon
         None => ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found_error",
-            format!("no trace `{id}` (traces are kept for finished requests only, the latest {})", s.config.max_traces),
+            format!(
+                "no trace `{id}` (traces are kept for finished requests only, the latest {})",
+                s.config.max_traces
+            ),
         )
         .into_response(),
     }
@@ -344,7 +343,11 @@ async fn explain(
         let out = tokio::task::spawn_blocking(move || nextok_engine::explain::explain_json(&text))
             .await
             .map_err(|e| {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string())
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    e.to_string(),
+                )
             })?
             .map_err(|e| explain_error(&e, |f| f.to_string()))?;
         return Ok(Json(out).into_response());
@@ -368,7 +371,13 @@ async fn explain(
     let gen = req.gen.clone();
     let mut h = tokio::task::spawn_blocking(move || engine.submit(gen))
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()))?
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                e.to_string(),
+            )
+        })?
         .map_err(|e| ApiError::from_engine(&e, |f| req.param(f)))?;
     while let Some(ev) = h.next_event().await {
         match ev {
@@ -381,7 +390,11 @@ async fn explain(
                     10,
                 );
                 let mut body = serde_json::to_value(out).map_err(|e| {
-                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string())
+                    ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        e.to_string(),
+                    )
                 })?;
                 body["prompt_tokens"] = json!(h.info.prompt_ids.len());
                 body["seed"] = json!(h.info.seeds.first());
