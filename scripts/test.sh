@@ -7,3 +7,5 @@ cd "$(dirname "$0")/.."
 bash scripts/fetch-testdata.sh
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+# the official OpenAI client against `nextok serve` (ephemeral 127.0.0.1 port, real model)
+bash scripts/test-server.sh
