@@ -355,7 +355,7 @@ async fn answers_equal_the_engines_run_streamed_or_not() {
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     let bytes = r.into_body().collect().await.unwrap().to_bytes();
-    let evs = events(&String::from_utf8(bytes.to_vec()).unwrap());
+    let evs = events(std::str::from_utf8(&bytes).unwrap());
     assert_eq!(evs.last().map(String::as_str), Some("[DONE]"));
     let mut got = [String::new(), String::new()];
     let mut finishes = 0;
