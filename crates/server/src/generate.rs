@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use nextok_core::{FinishReason, Layer, StepRecord};
 use nextok_engine::trace::TraceHeader;
@@ -52,7 +52,6 @@ pub(crate) fn check_model(s: &AppState, req: &ApiRequest) -> Result<(), ApiError
 pub(crate) async fn run(
     s: Arc<AppState>,
     endpoint: Endpoint,
-    _headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     match start(s, endpoint, body).await {

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -317,18 +317,16 @@ pub(crate) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, Ap
 
 async fn chat(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    generate::run(s, Endpoint::Chat, headers, body).await
+    generate::run(s, Endpoint::Chat, body).await
 }
 
 async fn completions(
     State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    generate::run(s, Endpoint::Completions, headers, body).await
+    generate::run(s, Endpoint::Completions, body).await
 }
 
 /// `POST /v1/explain`.
