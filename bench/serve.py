@@ -185,6 +185,7 @@ def main():
     for name, start, model_name in servers:
         proc, port = start()
         try:
+            one_request(port, 10**6, 4, model_name)  # warm-up, not counted
             rows = []
             for level in levels:
                 total = a.requests or max(2 * level, 8)
