@@ -315,10 +315,7 @@ pub(crate) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, Ap
         .map_err(|e| ApiError::bad_body(format!("the body is not valid JSON: {e}")))
 }
 
-async fn chat(
-    State(s): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     generate::run(s, Endpoint::Chat, body).await
 }
 

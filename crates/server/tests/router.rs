@@ -512,3 +512,51 @@ async fn a_trace_replays_bit_for_bit() {
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn shutdown_lets_a_running_stream_finish_and_refuses_new_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some((app, _)) = app() else { return };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(nextok_server::serve(
+        listener,
+        app,
+        async {
+            let _ = rx.await;
+        },
+        Duration::from_secs(60),
+    ));
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": true, "stream": true, "seed": 1}).to_string();
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(body.as_bytes()).await.unwrap();
+    // the stream has started
+    let mut first = vec![0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(60), conn.read(&mut first))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    tx.send(()).unwrap();
+    // ... and finishes
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), conn.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.contains("data: [DONE]"), "{text}");
+    assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
+    let r = tokio::time::timeout(Duration::from_secs(30), server)
+        .await
+        .expect("the server stops")
+        .unwrap();
+    assert!(r.is_ok());
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
