@@ -130,6 +130,7 @@ pub fn router(engine: Arc<Engine>, config: ServerConfig) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), log))
         .with_state(state)
@@ -253,6 +254,14 @@ async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respo
 
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such endpoint")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "this endpoint does not take that method",
+    )
 }
 
 async fn health() -> Json<Value> {

@@ -280,6 +280,13 @@ async fn errors_have_openais_shape() {
     )
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _, out) = call(
+        &app,
+        Request::get("/v1/completions").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(out["error"]["type"], "invalid_request_error");
 }
 
 #[tokio::test]
