@@ -8,7 +8,7 @@ llama.cpp's `llama-server` on the same GGUF file, in one run.
 For each server and each concurrency level C, C client threads send streaming
 `/v1/completions` requests (prompts of mixed lengths from a fixed generator, `max_tokens`
 fixed, `ignore_eos` so every request generates exactly that many tokens, temperature 0.8, a
-seed per request) until `--requests` (default max(2C, 8)) have completed. Reported per level:
+seed per request; no two requests share a prompt, so neither server's prompt cache helps) until `--requests` (default max(2C, 8)) have completed. Reported per level:
 requests/s, output tokens/s (completion tokens from the usage chunk, else counted chunks),
 p50/p99 time to first token and inter-token latency. Both servers run on 127.0.0.1 on free
 ports; every loop is bounded. Standard library only. Not run in CI.
@@ -83,6 +83,7 @@ def start_llama(binary, model, parallel, threads, ctx):
 
 
 def one_request(port, i, max_tokens, model_name):
+    # every request has its own prompt (i is unique across levels): no prefix cache hits
     body = {"prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     if model_name:
@@ -121,7 +122,9 @@ def pct(xs, p):
 
 def run_level(port, level, total, max_tokens, model_name):
     lock = threading.Lock()
-    nxt = [0]
+    first = 10_000 * level
+    nxt = [first]
+    total += first
     results, errors = [], []
 
     def worker():
