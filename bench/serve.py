@@ -8,7 +8,8 @@ llama.cpp's `llama-server` on the same GGUF file, in one run.
 For each server and each concurrency level C, C client threads send streaming
 `/v1/completions` requests (prompts of mixed lengths from a fixed generator, `max_tokens`
 fixed, `ignore_eos` so every request generates exactly that many tokens, temperature 0.8, a
-seed per request; no two requests share a prompt, so neither server's prompt cache helps) until `--requests` (default max(2C, 8)) have completed. Reported per level:
+seed per request; no two requests share a prompt, so neither server's prompt cache helps)
+until `--requests` (default max(2C, 8)) have completed. Reported per level:
 requests/s, output tokens/s (completion tokens from the usage chunk, else counted chunks),
 p50/p99 time to first token and inter-token latency. Both servers run on 127.0.0.1 on free
 ports; every loop is bounded. Standard library only. Not run in CI.
