@@ -414,6 +414,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
         logprobs: top.map(|top| LogprobOptions { top, layer }),
         records: nx.trace.then_some(TRACE_CANDIDATES),
         ledger_step: None,
+        ..Default::default()
     };
     Ok(ApiRequest {
         endpoint,
