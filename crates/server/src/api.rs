@@ -405,17 +405,14 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
         }
     };
 
-    let gen = GenerateRequest {
-        prompt,
-        params,
-        constraint,
-        pipeline,
-        n,
-        logprobs: top.map(|top| LogprobOptions { top, layer }),
-        records: nx.trace.then_some(TRACE_CANDIDATES),
-        ledger_step: None,
-        ..Default::default()
-    };
+    // field by field: the engine's defaults for whatever else a request may hold
+    let mut gen = GenerateRequest::new(prompt);
+    gen.params = params;
+    gen.constraint = constraint;
+    gen.pipeline = pipeline;
+    gen.n = n;
+    gen.logprobs = top.map(|top| LogprobOptions { top, layer });
+    gen.records = nx.trace.then_some(TRACE_CANDIDATES);
     Ok(ApiRequest {
         endpoint,
         model,
