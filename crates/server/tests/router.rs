@@ -394,7 +394,7 @@ async fn answers_equal_the_engines_run_streamed_or_not() {
 
 #[tokio::test]
 async fn a_full_queue_answers_429_with_retry_after() {
-    let Some((app, _)) = app_with(
+    let Some((app, engine)) = app_with(
         EngineConfig {
             max_num_seqs: 1,
             max_waiting: 1,
@@ -415,6 +415,12 @@ async fn a_full_queue_answers_429_with_retry_after() {
         .await
         .unwrap();
     assert_eq!(a.status(), StatusCode::OK);
+    // the first is admitted (running) before the second queues
+    let t0 = Instant::now();
+    while engine.stats().running_seqs == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never admitted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let b = app
         .clone()
         .oneshot(post("/v1/completions", &long))
