@@ -2,11 +2,7 @@
 
 use std::io::{Read, Write};
 
-use std::sync::Arc;
-
-use nextok_constraint::{ConstraintEngine, ConstraintSpec, ConstraintVocab};
 use nextok_core::request::ExplainOutput;
-use nextok_core::{StepRequest, TokenBytes};
 
 /// Arguments of `nextok explain`.
 #[derive(clap::Args)]
@@ -30,51 +26,7 @@ pub fn run(args: ExplainArgs) -> Result<(), String> {
         std::fs::read_to_string(&args.file)
             .map_err(|e| format!("cannot read `{}`: {e}", args.file))?
     };
-    let req = StepRequest::from_json(&text).map_err(|e| e.to_string())?;
-    let out = match req.params.constraint.clone() {
-        None => req.explain_output().map_err(|e| e.to_string())?,
-        Some(spec) => {
-            // the constraint works on token bytes: here, the bytes of the token names
-            let names = req
-                .tokens
-                .clone()
-                .ok_or("invalid `tokens`: a constraint needs token names (their bytes are the tokens' bytes)")?;
-            let spec: ConstraintSpec = serde_json::from_value(spec)
-                .map_err(|e| format!("invalid `params.constraint`: {e}"))?;
-            let mut constraint_error = None;
-            let out = req.explain_output_with(|sampler, state| {
-                let bytes = TokenBytes::new(names.iter().map(|n| n.as_bytes()))?;
-                let attach = || -> Result<_, String> {
-                    let vocab =
-                        ConstraintVocab::new(&bytes, sampler.vocab()).map_err(|e| e.to_string())?;
-                    let engine =
-                        ConstraintEngine::new(Arc::new(vocab)).map_err(|e| e.to_string())?;
-                    let compiled = engine.compile(&spec).map_err(|e| e.to_string())?;
-                    let mut seq = compiled.start();
-                    for (i, &t) in req.selected_ids.iter().enumerate() {
-                        seq.consume(t).map_err(|e| {
-                            format!("invalid `selected_ids[{i}]`: the constraint rejects it: {e}")
-                        })?;
-                    }
-                    Ok(seq)
-                };
-                match attach() {
-                    Ok(seq) => {
-                        state.set_grammar(Box::new(seq));
-                        Ok(())
-                    }
-                    Err(e) => {
-                        constraint_error = Some(e);
-                        Err(nextok_core::ErrorKind::AlreadyFinished.into())
-                    }
-                }
-            });
-            match (out, constraint_error) {
-                (_, Some(e)) => return Err(e),
-                (r, None) => r.map_err(|e| e.to_string())?,
-            }
-        }
-    };
+    let out = nextok_engine::explain::explain_json(&text).map_err(|e| e.to_string())?;
     // streamed: the output of a huge request is never held as one string
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());

@@ -646,39 +646,7 @@ fn ledger_text(
     info: &nextok_engine::RequestInfo,
     ex: &nextok_core::Explanation,
 ) -> Result<String, String> {
-    let name = |t: u32| {
-        let b = model.vocab.token(t).unwrap_or(&[]);
-        format!("{:?}", String::from_utf8_lossy(b))
-    };
-    let mut kept: Vec<&nextok_core::TokenRow> = ex.tokens.iter().filter(|r| r.kept).collect();
-    kept.sort_by(|a, b| {
-        b.selection_prob
-            .total_cmp(&a.selection_prob)
-            .then(a.id.cmp(&b.id))
-    });
-    let mut support: Vec<u32> = kept.iter().map(|r| r.id).collect();
-    support.sort_unstable();
-    let mut out: Vec<&nextok_core::TokenRow> = ex.tokens.iter().filter(|r| !r.kept).collect();
-    out.sort_by(|a, b| b.raw_logit.total_cmp(&a.raw_logit).then(a.id.cmp(&b.id)));
-    let rows: Vec<nextok_core::request::NamedRow> = kept
-        .iter()
-        .take(12)
-        .chain(out.iter().take(6))
-        .map(|r| nextok_core::request::NamedRow {
-            token: name(r.id),
-            row: (*r).clone(),
-        })
-        .collect();
-    let o = nextok_core::request::ExplainOutput {
-        selected: ex.record.selected,
-        selected_token: Some(name(ex.record.selected)),
-        support,
-        pipeline_hash: info.pipeline_hash.clone(),
-        pipeline: info.pipeline.clone(),
-        u: ex.record.rng.u,
-        tokens: rows,
-        record: ex.record.clone(),
-    };
+    let o = nextok_engine::explain::model_step_output(model, info, ex, 12, 6);
     Ok(crate::explain::ledger(&o, model.vocab.info.vocab_size))
 }
 

@@ -7,6 +7,8 @@
 //! * `nextok bench engine [--json] [--llama-cpp]` — continuous batching: aggregate tokens/s,
 //!   time to first token and inter-token latency at 1, 4, 16 and 64 concurrent requests against
 //!   the one-at-a-time loop; prefill against decode; optionally llama.cpp on the same file.
+//! * `nextok serve [--model PATH] [--host H] [--port P] [--max-num-seqs N] [--api-key KEY]` —
+//!   the OpenAI-compatible server (chat and completions, streaming, metrics, explain, traces).
 //! * `nextok vocab --tokenizer FILE | --model FILE.gguf [--id N...] [--json]` — a vocabulary's
 //!   size, EOS, BOS and special ids, and the exact bytes of tokens.
 //! * `nextok tokenize --tokenizer FILE | --model FILE.gguf --text T [--json]` — ids and bytes.
@@ -47,6 +49,7 @@ mod bench_speculative;
 mod constrain;
 mod explain;
 mod generate;
+mod serve;
 mod vocab;
 
 use std::process::ExitCode;
@@ -80,6 +83,8 @@ enum Cmd {
     Generate(Box<generate::GenerateArgs>),
     /// Re-run a `generate --trace` file and check every step bit for bit.
     Replay(generate::ReplayArgs),
+    /// Serve the OpenAI API (chat and completions, streaming) over the engine.
+    Serve(Box<serve::ServeArgs>),
 }
 
 fn main() -> ExitCode {
@@ -92,6 +97,7 @@ fn main() -> ExitCode {
         Cmd::Constrain(a) => constrain::run(a),
         Cmd::Generate(a) => generate::run(*a),
         Cmd::Replay(a) => generate::run_replay(a),
+        Cmd::Serve(a) => serve::run(*a),
     };
     // what is still buffered goes out now (a closed pipe is a normal end here too)
     write_stdout(format_args!(""), true);

@@ -11,6 +11,8 @@
 //! * [`scheduler`](crate::scheduler) — admission under `max_num_seqs` and a KV budget, one
 //!   forward pass per iteration over every decoding sequence plus prompt chunks, the prefix
 //!   cache, forks for `n > 1`;
+//! * [`explain`] — one step explained (the ledger), from logits given as data or from the
+//!   model's step;
 //! * [`trace`] — the trace format (a header line, then one step record per line) and replay;
 //! * [`speculative`] — drafts verified in one forward pass, accepted exactly where plain
 //!   decoding would select the same token;
@@ -36,6 +38,7 @@
 
 mod engine;
 mod error;
+pub mod explain;
 mod prepare;
 pub mod request;
 pub(crate) mod scheduler;

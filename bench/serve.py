@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Serving benchmark: the same streaming workload against `nextok serve` and, optionally,
+llama.cpp's `llama-server` on the same GGUF file, in one run.
+
+    python3 bench/serve.py --nextok target/release/nextok --model M.gguf \
+        [--llama-server "$(bench/peers/llama_server.sh)"] [--levels 1,4,16,64] [--out FILE]
+
+For each server and each concurrency level C, C client threads send streaming
+`/v1/completions` requests (prompts of mixed lengths from a fixed generator, `max_tokens`
+fixed, `ignore_eos` so every request generates exactly that many tokens, temperature 0.8, a
+seed per request; no two requests share a prompt, so neither server's prompt cache helps)
+until `--requests` (default max(2C, 8)) have completed. Reported per level:
+requests/s, output tokens/s (completion tokens from the usage chunk, else counted chunks),
+p50/p99 time to first token and inter-token latency. Both servers run on 127.0.0.1 on free
+ports; every loop is bounded. Standard library only. Not run in CI.
+"""
+
+import argparse
+import http.client
+import json
+import random
+import re
+import select
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+WORDS = ("the a of river mountain quiet city light old green story machine number seven "
+         "under over bright slow garden window music letter morning evening paper stone").split()
+
+
+def prompt(i, lo=20, hi=600):
+    r = random.Random(1000 + i)
+    n = r.randint(lo, hi) * 3 // 4  # about 4/3 tokens per word
+    return " ".join(r.choice(WORDS) for _ in range(max(n, 1)))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_health(port, deadline):
+    while time.time() < deadline:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def start_nextok(binary, model, max_seqs):
+    p = subprocess.Popen([binary, "serve", "--model", model, "--port", "0", "--max-num-seqs", str(max_seqs)],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None:
+        if select.select([p.stdout], [], [], 1.0)[0]:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", p.stdout.readline())
+            if m:
+                return p, int(m.group(1))
+    p.kill()
+    sys.exit("nextok serve did not start")
+
+
+def start_llama(binary, model, parallel, threads, ctx):
+    port = free_port()
+    p = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--parallel",
+                          str(parallel), "--cont-batching", "-t", str(threads), "-c", str(ctx)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if not wait_health(port, time.time() + 300):
+        p.kill()
+        sys.exit("llama-server did not start")
+    return p, port
+
+
+def one_request(port, i, max_tokens, model_name):
+    # every request has its own prompt (i is unique across levels): no prefix cache hits
+    body = {"prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    if model_name:
+        body["model"] = model_name
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"status {r.status}: {r.read()[:300]!r}")
+    times, usage = [], None
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[6:])
+        if ev.get("usage"):
+            usage = ev["usage"].get("completion_tokens")
+        for ch in ev.get("choices", []):
+            if ch.get("text"):
+                times.append(time.perf_counter())
+    c.close()
+    end = time.perf_counter()
+    tokens = usage if usage is not None else len(times)
+    ttft = (times[0] - t0) if times else end - t0
+    itl = [b - a for a, b in zip(times, times[1:])]
+    return tokens, ttft, itl
+
+
+def pct(xs, p):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def run_level(port, level, total, max_tokens, model_name):
+    lock = threading.Lock()
+    first = 10_000 * level
+    nxt = [first]
+    total += first
+    results, errors = [], []
+
+    def worker():
+        while True:
+            with lock:
+                if nxt[0] >= total:
+                    return
+                i = nxt[0]
+                nxt[0] += 1
+            try:
+                r = one_request(port, i, max_tokens, model_name)
+                with lock:
+                    results.append(r)
+            except Exception as e:  # reported, counted
+                with lock:
+                    errors.append(str(e))
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(level)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=3600)
+    wall = time.perf_counter() - t0
+    tokens = sum(r[0] for r in results)
+    ttfts = [r[1] for r in results]
+    itls = [x for r in results for x in r[2]]
+    return {
+        "concurrency": level,
+        "requests": len(results),
+        "errors": len(errors),
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(len(results) / wall, 3),
+        "output_tokens_per_s": round(tokens / wall, 2),
+        "ttft_p50_s": pct(ttfts, 50),
+        "ttft_p99_s": pct(ttfts, 99),
+        "itl_p50_s": pct(itls, 50),
+        "itl_p99_s": pct(itls, 99),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nextok", required=True, help="the nextok binary (a release build)")
+    ap.add_argument("--model", required=True, help="the GGUF file both servers load")
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (bench/peers/llama_server.sh)")
+    ap.add_argument("--levels", default="1,4,16,64")
+    ap.add_argument("--requests", type=int, default=0, help="requests per level (default max(2C, 8))")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2, help="llama-server threads")
+    ap.add_argument("--parallel", type=int, default=16, help="llama-server --parallel")
+    ap.add_argument("--out", default="target/serve-bench.json")
+    a = ap.parse_args()
+    levels = [int(x) for x in a.levels.split(",")]
+    report = {"model": a.model, "max_tokens": a.max_tokens, "servers": {}}
+    servers = [("nextok", lambda: start_nextok(a.nextok, a.model, max(levels)), None)]
+    if a.llama_server:
+        # each slot gets ctx / parallel tokens: room for the longest prompt and the output
+        ctx = a.parallel * (900 + a.max_tokens)
+        servers.append(("llama.cpp", lambda: start_llama(a.llama_server, a.model, a.parallel, a.threads, ctx), None))
+    for name, start, model_name in servers:
+        proc, port = start()
+        try:
+            one_request(port, 10**6, 4, model_name)  # warm-up, not counted
+            rows = []
+            for level in levels:
+                total = a.requests or max(2 * level, 8)
+                row = run_level(port, level, total, a.max_tokens, model_name)
+                rows.append(row)
+                print(f"{name:10} C={level:3} {row['requests_per_s']:7.2f} req/s {row['output_tokens_per_s']:8.1f} tok/s "
+                      f"TTFT p50 {row['ttft_p50_s'] or 0:.3f} p99 {row['ttft_p99_s'] or 0:.3f} s  "
+                      f"ITL p50 {1000 * (row['itl_p50_s'] or 0):.1f} p99 {1000 * (row['itl_p99_s'] or 0):.1f} ms"
+                      f"  errors {row['errors']}", flush=True)
+            report["servers"][name] = rows
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    with open(a.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()

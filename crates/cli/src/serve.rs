@@ -1,0 +1,105 @@
+//! `nextok serve`: the OpenAI-compatible server (`nextok-server`) on the default model or a
+//! GGUF file. Prints `nextok: listening on http://HOST:PORT` (with the port actually bound, so
+//! `--port 0` gives an ephemeral one) on standard output once it accepts requests; one log line
+//! per request goes to standard error. Ctrl-C or SIGTERM stops admitting, lets running streams
+//! finish for up to `--shutdown-grace` seconds, and exits 0.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nextok_engine::{Engine, EngineConfig};
+use nextok_server::ServerConfig;
+
+use crate::generate::{load_model, model_path, RequantArg};
+
+/// Arguments of `nextok serve`.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// A llama-architecture GGUF file (default: SmolLM2-135M-Instruct Q4_1, fetched once).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Re-quantise the weights at load.
+    #[arg(long, value_enum, default_value = "keep")]
+    pub requant: RequantArg,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind (`0`: any free port, printed).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Requests that may wait for admission; past that, 429.
+    #[arg(long, default_value_t = 1024)]
+    pub max_waiting: usize,
+    /// Require `Authorization: Bearer KEY` on `/v1/*`.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// The model's name in the API (default: the file name without `.gguf`).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Seconds running streams may take to finish after Ctrl-C / SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_grace: u64,
+}
+
+/// Runs `nextok serve`.
+pub fn run(a: ServeArgs) -> Result<(), String> {
+    let path = model_path(a.model.as_deref())?;
+    let model = Arc::new(load_model(&path, a.requant.into())?);
+    let defaults = EngineConfig::default();
+    let config = EngineConfig {
+        max_num_seqs: a.max_num_seqs,
+        max_batch_tokens: defaults.max_batch_tokens.max(a.max_num_seqs),
+        max_waiting: a.max_waiting,
+        ..defaults
+    };
+    let engine =
+        Arc::new(Engine::new(model, config).map_err(|e| format!("engine configuration: {e}"))?);
+    let server = ServerConfig {
+        model_id: a
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| nextok_server::model_id_of(&path)),
+        api_key: a.api_key.clone(),
+        body_limit: a.max_body_bytes,
+        ..Default::default()
+    };
+    let model_id = server.model_id.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
+            .await
+            .map_err(|e| format!("cannot bind {}:{}: {e}", a.host, a.port))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("cannot read the bound address: {e}"))?;
+        eprintln!("nextok: serving `{model_id}`");
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "nextok: listening on http://{addr}");
+        let _ = out.flush();
+        drop(out);
+        let app = nextok_server::router(engine.clone(), server);
+        nextok_server::serve(
+            listener,
+            app,
+            nextok_server::shutdown_signal(),
+            Duration::from_secs(a.shutdown_grace),
+        )
+        .await
+        .map_err(|e| format!("server: {e}"))
+    })?;
+    // dropping the runtime drops the last streams (cancelling their requests), then the engine
+    drop(rt);
+    eprintln!("nextok: stopped");
+    Ok(())
+}

@@ -1,0 +1,585 @@
+//! Generation requests: submit to the engine, then answer as one JSON body or as a stream of
+//! server-sent events. Either way the request is logged (one line) and counted when it ends;
+//! a stream whose client goes away drops its [`RequestHandle`], cancelling the request.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use nextok_core::{FinishReason, Layer, StepRecord};
+use nextok_engine::trace::TraceHeader;
+use nextok_engine::{Event, RequestHandle, TokenLogprobs, Usage};
+use serde_json::{json, Value};
+
+use crate::api::{self, ApiRequest, Endpoint, TRACE_CANDIDATES};
+use crate::error::ApiError;
+use crate::{AppState, SelfLogged};
+
+/// OpenAI's stand-in for a logprob of minus infinity.
+const NEG_INF_LOGPROB: f64 = -9999.0;
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        e.to_string(),
+    )
+}
+
+/// A request naming another model: 404.
+pub(crate) fn check_model(s: &AppState, req: &ApiRequest) -> Result<(), ApiError> {
+    match &req.model {
+        Some(m) if *m != s.config.model_id => Err(ApiError {
+            param: Some("model".into()),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found_error",
+                format!(
+                    "the model `{m}` does not exist; this server serves `{}`",
+                    s.config.model_id
+                ),
+            )
+            .with_code("model_not_found")
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Answers a generation request.
+pub(crate) async fn run(
+    s: Arc<AppState>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match start(s, endpoint, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn start(
+    s: Arc<AppState>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let v = crate::json_body(body)?;
+    let req = api::parse(endpoint, &v)?;
+    check_model(&s, &req)?;
+    let engine = s.engine.clone();
+    let gen = req.gen.clone();
+    let handle = tokio::task::spawn_blocking(move || engine.submit(gen))
+        .await
+        .map_err(internal)?
+        .map_err(|e| ApiError::from_engine(&e, |f| req.param(f)))?;
+    let g = Gen::new(s, req, handle);
+    if g.req.stream {
+        let stream = futures_util::stream::unfold(g, |mut g| async move {
+            g.next_frame()
+                .await
+                .map(|frame| (Ok::<Bytes, std::convert::Infallible>(frame), g))
+        });
+        let mut r = Response::new(Body::from_stream(stream));
+        let h = r.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(
+            header::CACHE_CONTROL,
+            header::HeaderValue::from_static("no-cache"),
+        );
+        r.extensions_mut().insert(SelfLogged);
+        Ok(r)
+    } else {
+        let mut r = g.collect().await;
+        r.extensions_mut().insert(SelfLogged);
+        Ok(r)
+    }
+}
+
+/// What one sequence has produced (non-streaming answers; counts for streams).
+#[derive(Default)]
+struct SeqOut {
+    text: String,
+    chars: usize,
+    logprobs: Vec<Value>,
+    tokens: Vec<String>,
+    token_logprobs: Vec<f64>,
+    top_logprobs: Vec<Value>,
+    text_offset: Vec<usize>,
+    finish: Option<&'static str>,
+    records: Vec<StepRecord>,
+}
+
+/// A generation in flight.
+struct Gen {
+    s: Arc<AppState>,
+    req: ApiRequest,
+    handle: RequestHandle,
+    id: String,
+    created: u64,
+    t0: Instant,
+    last_token: Option<Instant>,
+    ttft: Option<f64>,
+    seqs: Vec<SeqOut>,
+    usage: Option<Usage>,
+    /// HTTP status for the log: 200, 500 after an engine error; unset while running.
+    outcome: Option<u16>,
+    trace_id: Option<String>,
+    /// Stream state: frames to send, whether the end was sent, whether the first chunk (with
+    /// the `nextok` object) went out.
+    pending: std::collections::VecDeque<Bytes>,
+    ended: bool,
+    meta_sent: bool,
+}
+
+fn finish_name(r: Option<FinishReason>) -> &'static str {
+    match r {
+        Some(FinishReason::MaxTokens) | None => "length",
+        Some(_) => "stop",
+    }
+}
+
+fn layer_name(l: Layer) -> &'static str {
+    match l {
+        Layer::Raw => "raw",
+        Layer::Processed => "processed",
+        Layer::Selection => "selection",
+    }
+}
+
+fn finite(x: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        NEG_INF_LOGPROB
+    }
+}
+
+impl Gen {
+    fn new(s: Arc<AppState>, req: ApiRequest, handle: RequestHandle) -> Gen {
+        let n = handle.info.seeds.len();
+        let prefix = match req.endpoint {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completions => "cmpl",
+        };
+        let id = format!("{prefix}-{}", handle.info.id);
+        let trace_id = req.trace.then(|| format!("trace-{}", handle.info.id));
+        Gen {
+            s,
+            req,
+            id,
+            created: crate::unix_now(),
+            t0: Instant::now(),
+            last_token: None,
+            ttft: None,
+            seqs: (0..n).map(|_| SeqOut::default()).collect(),
+            usage: None,
+            outcome: None,
+            trace_id,
+            pending: Default::default(),
+            ended: false,
+            meta_sent: false,
+            handle,
+        }
+    }
+
+    fn path(&self) -> &'static str {
+        match self.req.endpoint {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+
+    /// nextok's part of a response: what a client needs to know it got.
+    fn meta(&self) -> Value {
+        let info = &self.handle.info;
+        let mut m = json!({
+            "pipeline_hash": info.pipeline_hash,
+            "seed": info.seeds.first(),
+        });
+        if self.req.logprobs {
+            m["logprob_layer"] = json!(layer_name(self.req.layer));
+        }
+        if let Some(t) = &self.trace_id {
+            m["trace_id"] = json!(t);
+        }
+        m
+    }
+
+    fn token_name(&self, id: u32) -> (String, Vec<u8>) {
+        let b = self
+            .s
+            .engine
+            .model()
+            .vocab
+            .token(id)
+            .unwrap_or(&[])
+            .to_vec();
+        (String::from_utf8_lossy(&b).into_owned(), b)
+    }
+
+    /// A chat logprob entry.
+    fn chat_entry(&self, id: u32, l: &TokenLogprobs) -> Value {
+        let (tok, bytes) = self.token_name(id);
+        let top: Vec<Value> = l
+            .top
+            .iter()
+            .map(|(c, v)| {
+                let (t, b) = self.token_name(*c);
+                json!({"token": t, "logprob": finite(*v), "bytes": b})
+            })
+            .collect();
+        json!({"token": tok, "logprob": finite(l.selected), "bytes": bytes, "top_logprobs": top})
+    }
+
+    /// A completions logprob entry: (token, logprob, {token: logprob} of the top).
+    fn completion_entry(&self, id: u32, l: &TokenLogprobs) -> (String, f64, Value) {
+        let (tok, _) = self.token_name(id);
+        let mut top = serde_json::Map::new();
+        for (c, v) in &l.top {
+            top.insert(self.token_name(*c).0, json!(finite(*v)));
+        }
+        (tok, finite(l.selected), Value::Object(top))
+    }
+
+    fn usage_json(&self) -> Value {
+        let u = self.usage.unwrap_or_default();
+        json!({
+            "prompt_tokens": u.prompt_tokens,
+            "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        })
+    }
+
+    /// The next event, with the latency metrics.
+    async fn next_event(&mut self) -> Option<Event> {
+        let ev = self.handle.next_event().await;
+        if let Some(Event::Token { .. }) = &ev {
+            let now = Instant::now();
+            match self.last_token {
+                None => {
+                    let d = now - self.t0;
+                    self.ttft = Some(d.as_secs_f64());
+                    self.s.metrics.ttft(d);
+                }
+                Some(t) => self.s.metrics.itl(now - t),
+            }
+            self.last_token = Some(now);
+        }
+        ev
+    }
+
+    /// The request finished: its trace is stored.
+    fn on_done(&mut self, usage: Usage) {
+        self.usage = Some(usage);
+        self.outcome = Some(200);
+        self.s
+            .metrics
+            .tokens(usage.prompt_tokens, usage.completion_tokens);
+        if let Some(tid) = &self.trace_id {
+            let header = TraceHeader::new(
+                &self.handle.info,
+                self.s.engine.model(),
+                &self.req.pipeline_source,
+                TRACE_CANDIDATES,
+            );
+            let mut text = match serde_json::to_string(&header) {
+                Ok(h) => h,
+                Err(_) => return,
+            };
+            text.push('\n');
+            for s in &self.seqs {
+                for r in &s.records {
+                    if let Ok(line) = serde_json::to_string(r) {
+                        text.push_str(&line);
+                        text.push('\n');
+                    }
+                }
+            }
+            self.s.store_trace(tid.clone(), text);
+        }
+    }
+
+    /// Absorbs an event into the per-sequence outputs (non-streaming answers).
+    fn absorb(&mut self, ev: &Event) {
+        match ev {
+            Event::Token {
+                seq,
+                id,
+                text,
+                logprobs,
+            } => {
+                let entry = logprobs.as_ref().map(|l| match self.req.endpoint {
+                    Endpoint::Chat => (Some(self.chat_entry(*id, l)), None),
+                    Endpoint::Completions => (None, Some(self.completion_entry(*id, l))),
+                });
+                if let Some(s) = self.seqs.get_mut(*seq) {
+                    match entry {
+                        Some((Some(c), _)) => s.logprobs.push(c),
+                        Some((None, Some((t, lp, top)))) => {
+                            s.tokens.push(t);
+                            s.token_logprobs.push(lp);
+                            s.top_logprobs.push(top);
+                            s.text_offset.push(s.chars);
+                        }
+                        _ => {}
+                    }
+                    s.chars += text.chars().count();
+                    s.text.push_str(text);
+                }
+            }
+            Event::Record { seq, record } => {
+                if let Some(s) = self.seqs.get_mut(*seq) {
+                    s.records.push((**record).clone());
+                }
+            }
+            Event::Finish {
+                seq, reason, text, ..
+            } => {
+                if let Some(s) = self.seqs.get_mut(*seq) {
+                    s.chars += text.chars().count();
+                    s.text.push_str(text);
+                    s.finish = Some(finish_name(*reason));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Collects everything and answers with one JSON body.
+    async fn collect(mut self) -> Response {
+        while let Some(ev) = self.next_event().await {
+            match ev {
+                Event::Done { usage, .. } => {
+                    self.on_done(usage);
+                    return axum::Json(self.full_response()).into_response();
+                }
+                Event::Error(e) => {
+                    self.outcome = Some(500);
+                    let req = &self.req;
+                    return ApiError::from_engine(&e, |f| req.param(f)).into_response();
+                }
+                ev => self.absorb(&ev),
+            }
+        }
+        self.outcome = Some(500);
+        internal("the engine stopped before the request finished").into_response()
+    }
+
+    fn full_response(&self) -> Value {
+        let choices: Vec<Value> = self
+            .seqs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match self.req.endpoint {
+                Endpoint::Chat => json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": s.text},
+                    "logprobs": if self.req.logprobs { json!({"content": s.logprobs}) } else { Value::Null },
+                    "finish_reason": s.finish,
+                }),
+                Endpoint::Completions => json!({
+                    "index": i,
+                    "text": s.text,
+                    "logprobs": if self.req.logprobs { json!({
+                        "tokens": s.tokens,
+                        "token_logprobs": s.token_logprobs,
+                        "top_logprobs": s.top_logprobs,
+                        "text_offset": s.text_offset,
+                    }) } else { Value::Null },
+                    "finish_reason": s.finish,
+                }),
+            })
+            .collect();
+        json!({
+            "id": self.id,
+            "object": match self.req.endpoint { Endpoint::Chat => "chat.completion", Endpoint::Completions => "text_completion" },
+            "created": self.created,
+            "model": self.s.config.model_id,
+            "system_fingerprint": self.fingerprint(),
+            "choices": choices,
+            "usage": self.usage_json(),
+            "nextok": self.meta(),
+        })
+    }
+
+    fn fingerprint(&self) -> String {
+        let sha = &self.s.engine.model().sha256;
+        format!("nextok-{}", &sha[..sha.len().min(12)])
+    }
+
+    /// A streamed chunk with these choices.
+    fn chunk(&mut self, choices: Vec<Value>) -> Bytes {
+        let mut c = json!({
+            "id": self.id,
+            "object": match self.req.endpoint { Endpoint::Chat => "chat.completion.chunk", Endpoint::Completions => "text_completion" },
+            "created": self.created,
+            "model": self.s.config.model_id,
+            "system_fingerprint": self.fingerprint(),
+            "choices": choices,
+        });
+        if !self.meta_sent {
+            c["nextok"] = self.meta();
+            self.meta_sent = true;
+        }
+        frame(&c)
+    }
+
+    /// The next server-sent event, `None` after `data: [DONE]`.
+    async fn next_frame(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(f) = self.pending.pop_front() {
+                return Some(f);
+            }
+            if self.ended {
+                return None;
+            }
+            if !self.meta_sent && self.req.endpoint == Endpoint::Chat {
+                // the assistant's role first, one chunk per choice
+                for i in 0..self.seqs.len() {
+                    let c = self.chunk(vec![json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})]);
+                    self.pending.push_back(c);
+                }
+                continue;
+            }
+            let Some(ev) = self.next_event().await else {
+                self.outcome = Some(500);
+                let e = internal("the engine stopped before the request finished");
+                self.pending.push_back(frame(&e.body()));
+                self.pending
+                    .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                self.ended = true;
+                continue;
+            };
+            self.absorb(&ev);
+            match ev {
+                Event::Token {
+                    seq,
+                    id,
+                    text,
+                    logprobs,
+                } => {
+                    if text.is_empty() && logprobs.is_none() {
+                        continue;
+                    }
+                    let c = match self.req.endpoint {
+                        Endpoint::Chat => {
+                            let lp = logprobs
+                                .as_ref()
+                                .map(|l| json!({"content": [self.chat_entry(id, l)]}))
+                                .unwrap_or(Value::Null);
+                            json!({"index": seq, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
+                        }
+                        Endpoint::Completions => {
+                            let lp = match logprobs.as_ref() {
+                                Some(l) => {
+                                    let (t, v, top) = self.completion_entry(id, l);
+                                    let off = self
+                                        .seqs
+                                        .get(seq)
+                                        .and_then(|s| s.text_offset.last().copied())
+                                        .unwrap_or(0);
+                                    json!({"tokens": [t], "token_logprobs": [v], "top_logprobs": [top], "text_offset": [off]})
+                                }
+                                None => Value::Null,
+                            };
+                            json!({"index": seq, "text": text, "logprobs": lp, "finish_reason": null})
+                        }
+                    };
+                    let f = self.chunk(vec![c]);
+                    self.pending.push_back(f);
+                }
+                Event::Finish {
+                    seq, reason, text, ..
+                } => {
+                    let fr = finish_name(reason);
+                    let c = match self.req.endpoint {
+                        Endpoint::Chat => {
+                            let delta = if text.is_empty() {
+                                json!({})
+                            } else {
+                                json!({"content": text})
+                            };
+                            json!({"index": seq, "delta": delta, "logprobs": null, "finish_reason": fr})
+                        }
+                        Endpoint::Completions => {
+                            json!({"index": seq, "text": text, "logprobs": null, "finish_reason": fr})
+                        }
+                    };
+                    let f = self.chunk(vec![c]);
+                    self.pending.push_back(f);
+                }
+                Event::Done { usage, .. } => {
+                    self.on_done(usage);
+                    if self.req.include_usage {
+                        let mut c = json!({
+                            "id": self.id,
+                            "object": match self.req.endpoint { Endpoint::Chat => "chat.completion.chunk", Endpoint::Completions => "text_completion" },
+                            "created": self.created,
+                            "model": self.s.config.model_id,
+                            "choices": [],
+                            "usage": self.usage_json(),
+                        });
+                        if let Some(t) = &self.trace_id {
+                            c["nextok"] = json!({"trace_id": t});
+                        }
+                        self.pending.push_back(frame(&c));
+                    }
+                    self.pending
+                        .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    self.ended = true;
+                }
+                Event::Error(e) => {
+                    self.outcome = Some(500);
+                    let req = &self.req;
+                    let body = ApiError::from_engine(&e, |f| req.param(f)).body();
+                    self.pending.push_back(frame(&body));
+                    self.pending
+                        .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    self.ended = true;
+                }
+                Event::Record { .. } | Event::Ledger { .. } => {}
+            }
+        }
+    }
+}
+
+fn frame(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+impl Drop for Gen {
+    fn drop(&mut self) {
+        // 499: the client went away before the end (the handle's drop cancels the request)
+        let status = self.outcome.unwrap_or(499);
+        let ep = match self.req.endpoint {
+            Endpoint::Chat => "chat_completions",
+            Endpoint::Completions => "completions",
+        };
+        self.s.metrics.request(ep, status);
+        let generated: usize = match self.usage {
+            Some(u) => u.completion_tokens,
+            None => 0,
+        };
+        let finish: Vec<&str> = self.seqs.iter().map(|s| s.finish.unwrap_or("-")).collect();
+        eprintln!(
+            "nextok: POST {} {status} {} {}n={} prompt={} completion={} ttft={} total={:.3}s finish={}",
+            self.path(),
+            self.id,
+            if self.req.stream { "stream " } else { "" },
+            self.seqs.len(),
+            self.handle.info.prompt_ids.len(),
+            generated,
+            self.ttft
+                .map(|t| format!("{t:.3}s"))
+                .unwrap_or_else(|| "-".into()),
+            self.t0.elapsed().as_secs_f64(),
+            finish.join(","),
+        );
+    }
+}

@@ -1,0 +1,428 @@
+//! # nextok-server
+//!
+//! An OpenAI-compatible HTTP server over [`nextok_engine`] (axum on tokio):
+//!
+//! * `POST /v1/chat/completions`, `POST /v1/completions` — streaming (server-sent events ending
+//!   with `data: [DONE]`, `stream_options.include_usage`) and not; OpenAI's parameters, vLLM's
+//!   extra parameters and structured outputs, nextok's own options under `nextok`
+//!   (see [`api`]);
+//! * `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text, see [`metrics`]);
+//! * `POST /v1/explain` — `nextok explain`'s request and `--json` response, or, given a
+//!   `prompt` or `messages`, the ledger of the model's next step;
+//! * `GET /v1/traces/{id}` — the JSON Lines trace of a request run with `nextok.trace: true`,
+//!   as `nextok replay` reads it.
+//!
+//! Errors have OpenAI's shape `{"error": {"message", "type", "param", "code"}}` ([`ApiError`]).
+//! The engine runs on its own scheduler thread; a request is prepared (tokenised, its constraint
+//! compiled) on tokio's blocking pool, and its events reach the response through the
+//! [`RequestHandle`](nextok_engine::RequestHandle). A client that goes away drops the handle,
+//! which cancels the request and frees its KV cache.
+
+#![warn(missing_docs)]
+
+pub mod api;
+mod error;
+mod generate;
+pub mod metrics;
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use nextok_engine::{Engine, ErrorKind, Event};
+use serde_json::{json, Value};
+
+pub use error::ApiError;
+
+use api::Endpoint;
+
+/// How the server answers.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The model's id in `/v1/models` and the `model` field requests must name (or leave out).
+    pub model_id: String,
+    /// When set, `/v1/*` needs `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// Largest request body in bytes (larger: 413).
+    pub body_limit: usize,
+    /// Traces kept for `GET /v1/traces/{id}` (the oldest go first).
+    pub max_traces: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            model_id: "nextok".into(),
+            api_key: None,
+            body_limit: 4 << 20,
+            max_traces: 64,
+        }
+    }
+}
+
+/// The model id a file is served under: its file name without `.gguf`.
+pub fn model_id_of(path: &std::path::Path) -> String {
+    let name = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "nextok".into());
+    name.strip_suffix(".gguf").unwrap_or(&name).to_string()
+}
+
+/// What every handler shares.
+pub(crate) struct AppState {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) config: ServerConfig,
+    pub(crate) metrics: metrics::Metrics,
+    pub(crate) traces: Mutex<VecDeque<(String, Arc<String>)>>,
+    pub(crate) started: u64,
+}
+
+impl AppState {
+    pub(crate) fn store_trace(&self, id: String, text: String) {
+        let mut t = self.traces.lock().unwrap_or_else(|p| p.into_inner());
+        while t.len() >= self.config.max_traces.max(1) {
+            t.pop_front();
+        }
+        t.push_back((id, Arc::new(text)));
+    }
+}
+
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Marks a response whose request the handler logs and counts itself (generation requests,
+/// at their end).
+#[derive(Clone, Copy)]
+pub(crate) struct SelfLogged;
+
+/// The router over `engine`.
+pub fn router(engine: Arc<Engine>, config: ServerConfig) -> Router {
+    let state = Arc::new(AppState {
+        engine,
+        metrics: metrics::Metrics::default(),
+        traces: Mutex::new(VecDeque::new()),
+        started: unix_now(),
+        config,
+    });
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/explain", post(explain))
+        .route("/v1/traces/{id}", get(trace))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.body_limit))
+        .layer(middleware::from_fn_with_state(state.clone(), log))
+        .with_state(state)
+}
+
+/// Serves `app` on `listener` until `shutdown` completes; then stops accepting, lets running
+/// requests finish for at most `grace`, and returns.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> std::io::Result<()> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = tx.send(true);
+    });
+    let deadline = async move {
+        let mut rx = rx;
+        while !*rx.borrow() {
+            if rx.changed().await.is_err() {
+                // the server ended first
+                std::future::pending::<()>().await;
+            }
+        }
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        r = server => r,
+        _ = deadline => {
+            eprintln!("nextok: shutdown: streams still running after {} s are cancelled", grace.as_secs());
+            Ok(())
+        }
+    }
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("nextok: shutting down: no new requests; running streams may finish");
+}
+
+fn endpoint_name(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "chat_completions",
+        "/v1/completions" => "completions",
+        "/v1/models" => "models",
+        "/v1/explain" => "explain",
+        "/health" => "health",
+        "/metrics" => "metrics",
+        p if p.starts_with("/v1/traces/") => "traces",
+        _ => "other",
+    }
+}
+
+/// One line per request on stderr, and the request counter.
+async fn log(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let t0 = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let r = next.run(req).await;
+    if r.extensions().get::<SelfLogged>().is_none() {
+        let status = r.status().as_u16();
+        s.metrics.request(endpoint_name(&path), status);
+        eprintln!(
+            "nextok: {method} {path} {status} {:.3}s",
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    r
+}
+
+/// `Authorization: Bearer <key>` when the server has a key.
+async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.config.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let ok = given.is_some_and(|g| {
+            g.len() == key.len()
+                && g.bytes()
+                    .zip(key.bytes())
+                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                    == 0
+        });
+        if !ok {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "a missing or wrong API key (send `Authorization: Bearer <key>`)",
+            )
+            .with_code("invalid_api_key")
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such endpoint")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "this endpoint does not take that method",
+    )
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
+    let text = s.metrics.render(&s.engine.stats());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [{
+        "id": s.config.model_id,
+        "object": "model",
+        "created": s.started,
+        "owned_by": "nextok",
+        "max_model_len": s.engine.model().weights.config.context_length,
+    }]}))
+}
+
+async fn trace(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    let found = {
+        let t = s.traces.lock().unwrap_or_else(|p| p.into_inner());
+        t.iter().find(|(k, _)| *k == id).map(|(_, v)| v.clone())
+    };
+    match found {
+        Some(text) => (
+            [(header::CONTENT_TYPE, "application/x-ndjson")],
+            text.as_str().to_owned(),
+        )
+            .into_response(),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            format!(
+                "no trace `{id}` (traces are kept for finished requests only, the latest {})",
+                s.config.max_traces
+            ),
+        )
+        .into_response(),
+    }
+}
+
+/// The body as JSON: 413 past the limit, 400 when not JSON.
+pub(crate) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let bytes = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "the request body is over the size limit",
+            )
+            .with_code("request_too_large")
+        } else {
+            ApiError::new(r.status(), "invalid_request_error", r.body_text())
+        }
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_body(format!("the body is not valid JSON: {e}")))
+}
+
+async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate::run(s, Endpoint::Chat, body).await
+}
+
+async fn completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate::run(s, Endpoint::Completions, body).await
+}
+
+/// `POST /v1/explain`.
+async fn explain(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let v = json_body(body)?;
+    let is_step = v.as_object().is_some_and(|o| o.contains_key("logits"));
+    if is_step {
+        let text = v.to_string();
+        let out = tokio::task::spawn_blocking(move || nextok_engine::explain::explain_json(&text))
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    e.to_string(),
+                )
+            })?
+            .map_err(|e| explain_error(&e, |f| f.to_string()))?;
+        return Ok(Json(out).into_response());
+    }
+    // the model's next step
+    let ep = if v.as_object().is_some_and(|o| o.contains_key("messages")) {
+        Endpoint::Chat
+    } else {
+        Endpoint::Completions
+    };
+    let mut req = api::parse(ep, &v)?;
+    generate::check_model(&s, &req)?;
+    if req.gen.n != 1 {
+        return Err(ApiError::invalid("n", "the ledger explains one sequence"));
+    }
+    req.gen.params.max_tokens = Some(1);
+    req.gen.ledger_step = Some(0);
+    req.gen.logprobs = None;
+    req.gen.records = None;
+    let engine = s.engine.clone();
+    let gen = req.gen.clone();
+    let mut h = tokio::task::spawn_blocking(move || engine.submit(gen))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                e.to_string(),
+            )
+        })?
+        .map_err(|e| ApiError::from_engine(&e, |f| req.param(f)))?;
+    while let Some(ev) = h.next_event().await {
+        match ev {
+            Event::Ledger { explanation, .. } => {
+                let out = nextok_engine::explain::model_step_output(
+                    s.engine.model(),
+                    &h.info,
+                    &explanation,
+                    20,
+                    10,
+                );
+                let mut body = serde_json::to_value(out).map_err(|e| {
+                    ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        e.to_string(),
+                    )
+                })?;
+                body["prompt_tokens"] = json!(h.info.prompt_ids.len());
+                body["seed"] = json!(h.info.seeds.first());
+                return Ok(Json(body).into_response());
+            }
+            Event::Error(e) => return Err(explain_error(&e, |f| req.param(f))),
+            Event::Done { .. } => break,
+            _ => {}
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "the engine ended the request without a ledger",
+    ))
+}
+
+/// Every error of an explained step but the model's and the engine's own is the request's.
+fn explain_error(e: &nextok_engine::EngineError, param: impl Fn(&str) -> String) -> ApiError {
+    match e.kind() {
+        ErrorKind::Sampling => ApiError {
+            param: e.field().map(&param),
+            ..ApiError::invalid("", e.to_string())
+        },
+        _ => ApiError::from_engine(e, param),
+    }
+}

@@ -1,0 +1,575 @@
+//! The router on the real model (SmolLM2-135M-Instruct, from the test data), driven in process
+//! through tower: the shared test vectors through `/v1/explain`, OpenAI-shaped errors (400
+//! naming the field, 401, 404, 413, 429 with `Retry-After`), answers equal to the engine's own
+//! run, streams, disconnects that free the cache, traces that replay.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
+use nextok_model::{Model, Requant};
+use nextok_server::ServerConfig;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+fn model() -> Option<Arc<Model>> {
+    let path = nextok_testdata::require(nextok_testdata::SMOLLM2)?;
+    static M: std::sync::OnceLock<Arc<Model>> = std::sync::OnceLock::new();
+    Some(
+        M.get_or_init(|| Arc::new(Model::load(&path, Requant::Keep).expect("model loads")))
+            .clone(),
+    )
+}
+
+const MODEL_ID: &str = "smollm2";
+
+fn app_with(config: EngineConfig, server: ServerConfig) -> Option<(Router, Arc<Engine>)> {
+    let engine = Arc::new(Engine::new(model()?, config).expect("engine starts"));
+    Some((nextok_server::router(engine.clone(), server), engine))
+}
+
+fn app() -> Option<(Router, Arc<Engine>)> {
+    app_with(
+        EngineConfig::default(),
+        ServerConfig {
+            model_id: MODEL_ID.into(),
+            ..Default::default()
+        },
+    )
+}
+
+fn post(path: &str, body: &Value) -> Request<Body> {
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+async fn call(app: &Router, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Value) {
+    let r = app.clone().oneshot(req).await.unwrap();
+    let status = r.status();
+    let headers = r.headers().clone();
+    let bytes = r.into_body().collect().await.unwrap().to_bytes();
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, headers, v)
+}
+
+/// The `data:` payloads of a whole event stream.
+fn events(text: &str) -> Vec<String> {
+    text.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn id_of(request: &Value, v: &Value) -> u64 {
+    match v {
+        Value::Number(n) => n.as_u64().unwrap(),
+        Value::String(s) => match request["tokens"].as_array() {
+            Some(t) => t.iter().position(|x| x == s).unwrap() as u64,
+            None => s.parse().unwrap(),
+        },
+        _ => panic!("bad token ref"),
+    }
+}
+
+fn round(x: f64, d: u32) -> f64 {
+    let s = 10f64.powi(d as i32);
+    (x * s).round() / s
+}
+
+fn num(v: &Value) -> f64 {
+    match v {
+        Value::Number(n) => n.as_f64().unwrap(),
+        Value::String(s) if s == "-inf" => f64::NEG_INFINITY,
+        other => panic!("not a number: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn explain_runs_every_shared_vector() {
+    let Some((app, _)) = app() else { return };
+    let dir = nextok_testdata::repo_root().join("testdata/vectors");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let (mut ok, mut failures) = (0, 0);
+    for f in files {
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+        for case in doc["cases"].as_array().unwrap() {
+            let ctx = format!("{} / {}", f.display(), case["name"]);
+            let req = &case["request"];
+            let exp = &case["expect"];
+            let (status, _, out) = call(&app, post("/v1/explain", req)).await;
+            if let Some(err) = exp.get("error") {
+                failures += 1;
+                assert_eq!(status, StatusCode::BAD_REQUEST, "{ctx}: {out}");
+                let field = err["field"].as_str().unwrap();
+                let head = field.split(['[', '.']).next().unwrap();
+                let param = out["error"]["param"].as_str().unwrap_or_default();
+                let message = out["error"]["message"].as_str().unwrap_or_default();
+                assert!(
+                    param.contains(head) || message.contains(head),
+                    "{ctx}: the error names neither in param nor message `{head}`: {out}"
+                );
+                assert_eq!(out["error"]["type"], "invalid_request_error", "{ctx}");
+                continue;
+            }
+            ok += 1;
+            assert_eq!(status, StatusCode::OK, "{ctx}: {out}");
+            if let Some(sel) = exp.get("selected") {
+                assert_eq!(out["selected"].as_u64().unwrap(), id_of(req, sel), "{ctx}");
+            }
+            if let Some(sup) = exp.get("support") {
+                let mut want: Vec<u64> = sup
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| id_of(req, v))
+                    .collect();
+                want.sort_unstable();
+                let got: Vec<u64> = out["support"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap())
+                    .collect();
+                assert_eq!(got, want, "{ctx}: support");
+            }
+            let d = exp.get("decimals").and_then(Value::as_u64).unwrap_or(3) as u32;
+            for key in [
+                "selection_prob",
+                "initial_prob",
+                "processed_logit",
+                "raw_logprob",
+                "processed_logprob",
+            ] {
+                if let Some(map) = exp.get(key).and_then(Value::as_object) {
+                    for (tok, want) in map {
+                        let id = id_of(req, &Value::String(tok.clone())) as usize;
+                        let got = num(&out["tokens"][id][key]);
+                        assert_eq!(
+                            round(got, d),
+                            round(want.as_f64().unwrap(), d),
+                            "{ctx}: {key}[{tok}]"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(ok >= 20 && failures >= 10, "{ok} ok, {failures} failures");
+}
+
+#[tokio::test]
+async fn explain_the_models_next_step() {
+    let Some((app, engine)) = app() else { return };
+    let body = json!({"prompt": "The capital of France is", "temperature": 0});
+    let (status, _, out) = call(&app, post("/v1/explain", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    // greedy: the engine's own first token
+    let mut req = GenerateRequest::new(Prompt::Text("The capital of France is".into()));
+    req.params.temperature = Some(0.0);
+    req.params.max_tokens = Some(1);
+    let want = tokio::task::spawn_blocking(move || engine.generate(req).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        out["selected"].as_u64().unwrap(),
+        want.sequences[0].tokens[0] as u64
+    );
+    assert_eq!(
+        out["support"].as_array().unwrap().len(),
+        1,
+        "greedy: one token"
+    );
+    assert!(out["tokens"].as_array().unwrap().len() > 1);
+}
+
+#[tokio::test]
+async fn errors_have_openais_shape() {
+    let Some((app, _)) = app_with(
+        EngineConfig::default(),
+        ServerConfig {
+            model_id: MODEL_ID.into(),
+            body_limit: 4096,
+            ..Default::default()
+        },
+    ) else {
+        return;
+    };
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    for (body, param) in [
+        (json!({"messages": msgs, "temperature": -1}), "temperature"),
+        (json!({"messages": msgs, "top_p": 2}), "top_p"),
+        (
+            json!({"messages": msgs, "max_tokens": 100000}),
+            "max_tokens",
+        ),
+        (
+            json!({"messages": msgs, "max_completion_tokens": 100000}),
+            "max_completion_tokens",
+        ),
+        (
+            json!({"messages": msgs, "logit_bias": {"999999": 1}}),
+            "logit_bias",
+        ),
+        (
+            json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"messages": msgs, "guided_regex": "("}),
+            "guided_regex",
+        ),
+        (json!({"messages": msgs, "n": 1000}), "n"),
+    ] {
+        let (status, _, out) = call(&app, post("/v1/chat/completions", &body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {out}");
+        let p = out["error"]["param"].as_str().unwrap_or_default();
+        assert!(
+            p.starts_with(param),
+            "{body}: param {p:?}, expected {param}: {out}"
+        );
+        for k in ["message", "type", "param", "code"] {
+            assert!(out["error"].get(k).is_some(), "{k} missing: {out}");
+        }
+    }
+    let (status, _, out) = call(
+        &app,
+        post(
+            "/v1/completions",
+            &json!({"prompt": [999999], "max_tokens": 2}),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(out["error"]["param"], "prompt[0]");
+    // not JSON
+    let r = Request::post("/v1/completions")
+        .body(Body::from("{not json"))
+        .unwrap();
+    let (status, _, out) = call(&app, r).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(out["error"]["param"].is_null());
+    // unknown model
+    let (status, _, out) = call(
+        &app,
+        post("/v1/completions", &json!({"model": "gpt-4", "prompt": "x"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(out["error"]["code"], "model_not_found");
+    // over the body limit
+    let big = json!({"prompt": "x".repeat(10_000)});
+    let (status, _, out) = call(&app, post("/v1/completions", &big)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{out}");
+    assert_eq!(out["error"]["code"], "request_too_large");
+    // unknown route
+    let (status, _, _) = call(
+        &app,
+        Request::get("/v2/nothing").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _, out) = call(
+        &app,
+        Request::get("/v1/completions").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(out["error"]["type"], "invalid_request_error");
+}
+
+#[tokio::test]
+async fn an_api_key_guards_v1_only() {
+    let Some((app, _)) = app_with(
+        EngineConfig::default(),
+        ServerConfig {
+            model_id: MODEL_ID.into(),
+            api_key: Some("sesame".into()),
+            ..Default::default()
+        },
+    ) else {
+        return;
+    };
+    let get = |auth: Option<&str>| {
+        let mut r = Request::get("/v1/models");
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    let (s, h, out) = call(&app, get(None)).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_eq!(out["error"]["type"], "authentication_error");
+    assert!(h.get("www-authenticate").is_some());
+    let (s, _, _) = call(&app, get(Some("Bearer wrong"))).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, _, out) = call(&app, get(Some("Bearer sesame"))).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(out["data"][0]["id"], MODEL_ID);
+    let (s, _, _) = call(&app, Request::get("/health").body(Body::empty()).unwrap()).await;
+    assert_eq!(s, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn answers_equal_the_engines_run_streamed_or_not() {
+    let Some((app, engine)) = app() else { return };
+    let body = json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "Name a colour."}],
+        "max_tokens": 12, "seed": 11, "temperature": 0.9, "n": 2});
+    let (status, _, out) = call(&app, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let texts: Vec<String> = out["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["message"]["content"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(texts.len(), 2);
+    // the engine alone, sequence i with seed 11 + i
+    for (i, t) in texts.iter().enumerate() {
+        let mut req = GenerateRequest::new(Prompt::Chat(vec![nextok_model::chat::Message::new(
+            "user",
+            "Name a colour.",
+        )]));
+        req.params.max_tokens = Some(12);
+        req.params.seed = Some(11 + i as u64);
+        req.params.temperature = Some(0.9);
+        let e = engine.clone();
+        let want = tokio::task::spawn_blocking(move || e.generate(req).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(*t, want.sequences[0].text, "sequence {i}");
+    }
+    // streamed: the same text, chunk by chunk, then usage and [DONE]
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    sbody["stream_options"] = json!({"include_usage": true});
+    let r = app
+        .clone()
+        .oneshot(post("/v1/chat/completions", &sbody))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let bytes = r.into_body().collect().await.unwrap().to_bytes();
+    let evs = events(std::str::from_utf8(&bytes).unwrap());
+    assert_eq!(evs.last().map(String::as_str), Some("[DONE]"));
+    let mut got = [String::new(), String::new()];
+    let mut finishes = 0;
+    let mut usage = None;
+    for e in &evs[..evs.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(u) = v.get("usage") {
+            assert!(v["choices"].as_array().unwrap().is_empty());
+            usage = Some(u.clone());
+            continue;
+        }
+        for c in v["choices"].as_array().unwrap() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            if let Some(t) = c["delta"]["content"].as_str() {
+                got[i].push_str(t);
+            }
+            if !c["finish_reason"].is_null() {
+                finishes += 1;
+            }
+        }
+    }
+    assert_eq!(got.to_vec(), texts);
+    assert_eq!(finishes, 2);
+    let usage = usage.expect("a usage chunk");
+    for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(usage[k], out["usage"][k], "{k}");
+    }
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_429_with_retry_after() {
+    let Some((app, engine)) = app_with(
+        EngineConfig {
+            max_num_seqs: 1,
+            max_waiting: 1,
+            ..Default::default()
+        },
+        ServerConfig {
+            model_id: MODEL_ID.into(),
+            ..Default::default()
+        },
+    ) else {
+        return;
+    };
+    let long = json!({"prompt": "Count to a thousand:", "max_tokens": 400, "ignore_eos": true, "stream": true});
+    // one running, one waiting: both streams stay open while the third asks
+    let a = app
+        .clone()
+        .oneshot(post("/v1/completions", &long))
+        .await
+        .unwrap();
+    assert_eq!(a.status(), StatusCode::OK);
+    // the first is admitted (running) before the second queues
+    let t0 = Instant::now();
+    while engine.stats().running_seqs == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never admitted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let b = app
+        .clone()
+        .oneshot(post("/v1/completions", &long))
+        .await
+        .unwrap();
+    assert_eq!(b.status(), StatusCode::OK);
+    let (status, headers, out) = call(&app, post("/v1/completions", &long)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{out}");
+    assert!(headers.get("retry-after").is_some());
+    assert_eq!(out["error"]["type"], "rate_limit_error");
+    drop((a, b));
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_frees_its_cache() {
+    let Some((app, engine)) = app() else { return };
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": true, "stream": true});
+    let r = app
+        .clone()
+        .oneshot(post("/v1/completions", &body))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let mut b = r.into_body();
+    let mut frames = 0;
+    let t0 = Instant::now();
+    while frames < 20 && t0.elapsed() < Duration::from_secs(60) {
+        match b.frame().await {
+            Some(Ok(_)) => frames += 1,
+            _ => break,
+        }
+    }
+    assert_eq!(frames, 20, "the stream runs");
+    let during = engine.stats();
+    assert_eq!(during.running_seqs, 1);
+    assert!(during.kv_bytes_reserved > 0);
+    drop(b);
+    let t0 = Instant::now();
+    loop {
+        let s = engine.stats();
+        if s.running_seqs == 0 && s.kv_bytes_reserved == 0 {
+            assert!(s.kv_bytes_in_use < during.kv_bytes_in_use);
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "not freed: {s:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // the metrics say so, and count the request as 499
+    let (_, _, text) = call(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let text = text.as_str().unwrap().to_string();
+    assert!(text.contains("nextok_running_sequences 0\n"), "{text}");
+    assert!(text.contains("nextok_kv_bytes_reserved 0\n"), "{text}");
+    assert!(
+        text.contains("nextok_requests_total{endpoint=\"completions\",status=\"499\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("nextok_time_to_first_token_seconds_count 1\n"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_trace_replays_bit_for_bit() {
+    let Some((app, engine)) = app() else { return };
+    let body = json!({"prompt": "List three colours:", "max_tokens": 10, "seed": 5, "n": 2,
+        "temperature": 0.8, "guided_regex": "[a-z ,]+", "nextok": {"trace": true, "pipeline": "vllm"}});
+    let (status, _, out) = call(&app, post("/v1/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let id = out["nextok"]["trace_id"]
+        .as_str()
+        .expect("a trace id")
+        .to_string();
+    let (status, _, text) = call(
+        &app,
+        Request::get(format!("/v1/traces/{id}"))
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let text = text.as_str().unwrap().to_string();
+    let (header, recorded) = nextok_engine::trace::parse(&text).unwrap();
+    assert_eq!(header.seeds, vec![5, 6]);
+    assert_eq!(header.pipeline_source, "vllm");
+    let steps: usize = out["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(recorded.len(), steps);
+    let req = nextok_engine::trace::replay_request(&header).unwrap();
+    let run = tokio::task::spawn_blocking(move || engine.generate(req).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        nextok_engine::trace::compare(&header, &recorded, &run),
+        Ok(steps)
+    );
+    let (status, _, _) = call(
+        &app,
+        Request::get("/v1/traces/trace-none")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn shutdown_lets_a_running_stream_finish_and_refuses_new_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some((app, _)) = app() else { return };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(nextok_server::serve(
+        listener,
+        app,
+        async {
+            let _ = rx.await;
+        },
+        Duration::from_secs(60),
+    ));
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": true, "stream": true, "seed": 1}).to_string();
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(body.as_bytes()).await.unwrap();
+    // the stream has started
+    let mut first = vec![0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(60), conn.read(&mut first))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    tx.send(()).unwrap();
+    // ... and finishes
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), conn.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.contains("data: [DONE]"), "{text}");
+    assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
+    let r = tokio::time::timeout(Duration::from_secs(30), server)
+        .await
+        .expect("the server stops")
+        .unwrap();
+    assert!(r.is_ok());
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
