@@ -30,6 +30,7 @@ pub struct EngineError {
     kind: ErrorKind,
     field: Option<String>,
     message: String,
+    code: Option<&'static str>,
 }
 
 impl EngineError {
@@ -39,6 +40,7 @@ impl EngineError {
             kind,
             field: None,
             message: message.into(),
+            code: None,
         }
     }
 
@@ -68,6 +70,12 @@ impl EngineError {
         &self.message
     }
 
+    /// The core's machine-readable code (e.g. `already_finished`) when the error came from a
+    /// sampler step.
+    pub fn code(&self) -> Option<&'static str> {
+        self.code
+    }
+
     pub(crate) fn model(e: nextok_model::ModelError) -> EngineError {
         EngineError::new(ErrorKind::Model, e.message().to_string())
     }
@@ -85,6 +93,7 @@ impl EngineError {
             kind,
             field,
             message: e.to_string(),
+            code: Some(e.code()),
         }
     }
 }

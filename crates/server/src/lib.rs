@@ -418,11 +418,15 @@ async fn explain(
 
 /// Every error of an explained step but the model's and the engine's own is the request's.
 fn explain_error(e: &nextok_engine::EngineError, param: impl Fn(&str) -> String) -> ApiError {
-    match e.kind() {
+    let api = match e.kind() {
         ErrorKind::Sampling => ApiError {
             param: e.field().map(&param),
             ..ApiError::invalid("", e.to_string())
         },
         _ => ApiError::from_engine(e, param),
+    };
+    match (api.code, e.code()) {
+        (None, Some(code)) => api.with_code(code),
+        _ => api,
     }
 }
