@@ -24,7 +24,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nextok_engine::speculative::SpecOptions;
+use nextok_engine::speculative::{Acceptance, SpecOptions};
 
 use nextok_constraint::ConstraintSpec;
 use nextok_core::{FinishReason, Layer, PipelineConfig, Preset, SamplingParams, StopConfig};
@@ -210,38 +210,28 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 1.0)]
     pub length_penalty: f64,
     /// Speculative decoding, `ngram` or `ngram:K`: prompt-lookup drafts of at most K tokens
-    /// (default 5), accepted only where the sampler selects the drafted token itself, so the
-    /// output and the trace are exactly those of plain decoding.
+    /// (default 5), verified in one forward pass and judged by `--spec-acceptance`.
     #[arg(long)]
     pub speculative: Option<String>,
+    /// How drafted tokens are accepted: `exact` (only where the sampler selects the drafted
+    /// token itself, so the output and the trace's tokens are exactly plain decoding's) or
+    /// `rejection` (Leviathan's rule on the stream's acceptance draws: distributed as plain
+    /// decoding, not token for token).
+    #[arg(long, default_value = "exact", requires = "speculative")]
+    pub spec_acceptance: String,
 }
 
-/// `--speculative`'s value.
-fn speculative(v: Option<&str>) -> Result<Option<SpecOptions>, String> {
+/// `--speculative`'s value with `--spec-acceptance`.
+fn speculative(v: Option<&str>, acceptance: &str) -> Result<Option<SpecOptions>, String> {
+    let acceptance = acceptance
+        .parse::<Acceptance>()
+        .map_err(|e| format!("--spec-acceptance: {e}"))?;
     let Some(v) = v else {
         return Ok(None);
     };
-    let (kind, k) = match v.split_once(':') {
-        Some((kind, k)) => (kind, Some(k)),
-        None => (v, None),
-    };
-    if kind != "ngram" {
-        return Err(format!(
-            "--speculative: unknown drafter `{kind}` (expected `ngram` or `ngram:K`)"
-        ));
-    }
-    let mut o = SpecOptions::default();
-    if let Some(k) = k {
-        o.max_draft = match k.parse::<usize>() {
-            Ok(k) if (1..=32).contains(&k) => k,
-            _ => {
-                return Err(format!(
-                    "--speculative: the draft length `{k}` must be a whole number from 1 to 32"
-                ))
-            }
-        };
-    }
-    Ok(Some(o))
+    SpecOptions::parse(v, acceptance)
+        .map(Some)
+        .map_err(|e| format!("--speculative: {e}"))
 }
 
 /// Arguments of `nextok replay`.
@@ -394,7 +384,7 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), String> {
             }),
             records: record,
             ledger_step: a.ledger,
-            speculative: speculative(a.speculative.as_deref())?,
+            speculative: speculative(a.speculative.as_deref(), &a.spec_acceptance)?,
         },
         source,
     ))

@@ -155,6 +155,9 @@ impl ModelShared {
         if req.n == 0 {
             return Err(EngineError::invalid("n", "must be at least 1"));
         }
+        if let Some(spec) = &req.speculative {
+            spec.check()?;
+        }
         let ctx = self.model.weights.config.context_length;
         let prompt_ids = self.prompt_ids(&req.prompt)?;
         if prompt_ids.len() >= ctx {
@@ -276,6 +279,7 @@ impl ModelShared {
                 stop,
                 seeds,
                 max_tokens,
+                speculative: req.speculative,
             },
             sampler: Arc::new(sampler),
             constraint,
