@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nextok_engine::speculative::{Acceptance, SpecOptions};
 use nextok_engine::{Engine, EngineConfig};
 use nextok_server::ServerConfig;
 
@@ -47,10 +48,27 @@ pub struct ServeArgs {
     /// Seconds running streams may take to finish after Ctrl-C / SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace: u64,
+    /// Speculative decoding for requests that do not choose (`nextok.speculative`):
+    /// `ngram` or `ngram:K`, prompt-lookup drafts of at most K tokens.
+    #[arg(long)]
+    pub speculative: Option<String>,
+    /// How drafted tokens are accepted: `exact` (plain decoding's tokens) or `rejection`.
+    #[arg(long, default_value = "exact", requires = "speculative")]
+    pub spec_acceptance: String,
 }
 
 /// Runs `nextok serve`.
 pub fn run(a: ServeArgs) -> Result<(), String> {
+    let acceptance = a
+        .spec_acceptance
+        .parse::<Acceptance>()
+        .map_err(|e| format!("--spec-acceptance: {e}"))?;
+    let speculative = match &a.speculative {
+        None => None,
+        Some(t) => {
+            Some(SpecOptions::parse(t, acceptance).map_err(|e| format!("--speculative: {e}"))?)
+        }
+    };
     let path = model_path(a.model.as_deref())?;
     let model = Arc::new(load_model(&path, a.requant.into())?);
     let defaults = EngineConfig::default();
@@ -69,6 +87,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             .unwrap_or_else(|| nextok_server::model_id_of(&path)),
         api_key: a.api_key.clone(),
         body_limit: a.max_body_bytes,
+        speculative,
         ..Default::default()
     };
     let model_id = server.model_id.clone();
