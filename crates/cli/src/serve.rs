@@ -49,9 +49,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace: u64,
     /// Speculative decoding for requests that do not choose (`nextok.speculative`):
-    /// `ngram` or `ngram:K`, prompt-lookup drafts of at most K tokens.
+    /// `ngram` or `ngram:K` (prompt-lookup drafts of at most K tokens), `model` or `model:K`
+    /// (the draft model's).
     #[arg(long)]
     pub speculative: Option<String>,
+    /// A draft model (a GGUF file with the model's vocabulary) for requests that draft with
+    /// `model` (`--speculative model`, `nextok.speculative: "model:K"`).
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
     /// How drafted tokens are accepted: `exact` (plain decoding's tokens) or `rejection`.
     #[arg(long, default_value = "exact", requires = "speculative")]
     pub spec_acceptance: String,
@@ -78,8 +83,16 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         max_waiting: a.max_waiting,
         ..defaults
     };
-    let engine =
-        Arc::new(Engine::new(model, config).map_err(|e| format!("engine configuration: {e}"))?);
+    let engine = match &a.draft_model {
+        None => Engine::new(model, config).map_err(|e| format!("engine configuration: {e}"))?,
+        Some(p) => {
+            let d = Arc::new(
+                load_model(p, a.requant.into()).map_err(|e| format!("--draft-model: {e}"))?,
+            );
+            Engine::with_draft_model(model, d, config).map_err(|e| format!("--draft-model: {e}"))?
+        }
+    };
+    let engine = Arc::new(engine);
     let server = ServerConfig {
         model_id: a
             .served_model_name

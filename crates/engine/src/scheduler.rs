@@ -29,7 +29,7 @@ use rayon::prelude::*;
 use crate::engine::{Inner, ReqCtx};
 use crate::error::{EngineError, ErrorKind};
 use crate::request::{Event, Timing, TokenLogprobs, Usage};
-use crate::speculative::{Adaptive, Drafter, NgramDrafter, SpecOptions};
+use crate::speculative::{Adaptive, Drafter, DrafterKind, ModelDrafter, SpecOptions};
 
 enum Phase {
     /// Prompt positions `0..done` are cached.
@@ -65,7 +65,7 @@ struct Seq {
 /// A speculating sequence's drafter, draft length and token history (prompt and output).
 struct SpecSeq {
     options: SpecOptions,
-    drafter: NgramDrafter,
+    drafter: Box<dyn Drafter>,
     adapt: Adaptive,
     history: Vec<u32>,
     draft: Vec<u32>,
@@ -230,7 +230,16 @@ impl Scheduler {
                 err: None,
                 spec: r.prepared.speculative.map(|o| SpecSeq {
                     options: o,
-                    drafter: o.ngram,
+                    drafter: match (o.drafter, &inner.shared.draft) {
+                        (DrafterKind::Model, Some(d)) => {
+                            match ModelDrafter::new(d, &inner.shared.model) {
+                                Ok(m) => Box::new(m) as Box<dyn Drafter>,
+                                // (checked when the engine started): prompt lookup instead
+                                Err(_) => Box::new(o.ngram),
+                            }
+                        }
+                        _ => Box::new(o.ngram),
+                    },
                     adapt: Adaptive::new(o.max_draft),
                     history: prompt.clone(),
                     draft: Vec::with_capacity(o.max_draft),
@@ -353,10 +362,13 @@ impl Scheduler {
                 continue;
             };
             let room = ctx.saturating_sub(s.kv.len() + 2);
+            // rows past the output limit would never be verified
+            let left = (s.req.prepared.info.max_tokens as usize).saturating_sub(s.generated + 1);
             let k = sp
                 .adapt
                 .next_len()
                 .min(room)
+                .min(left)
                 .min(budget.saturating_sub(used));
             sp.drafter.draft(&sp.history, k, &mut sp.draft);
             s.feed.extend_from_slice(&sp.draft);

@@ -82,6 +82,12 @@ pub fn run_sequence<S: LogitsSource + Send>(
     }
     let mut ws = sampler.new_workspace();
     if let Some(spec) = o.speculative {
+        if spec.drafter != crate::speculative::DrafterKind::Ngram {
+            return Err(EngineError::invalid(
+                "speculative.drafter",
+                "this loop drafts by prompt lookup; a draft model goes through run_sequence_drafted",
+            ));
+        }
         let mut drafter = spec.ngram;
         return run_speculative(
             model,

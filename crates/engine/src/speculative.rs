@@ -213,9 +213,24 @@ impl std::str::FromStr for Acceptance {
     }
 }
 
+/// Which drafter proposes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DrafterKind {
+    /// Prompt lookup ([`NgramDrafter`]).
+    #[default]
+    Ngram,
+    /// The engine's draft model ([`ModelDrafter`]; see
+    /// [`Engine::with_draft_model`](crate::Engine::with_draft_model)).
+    Model,
+}
+
 /// Options of speculative decoding (as a trace header records them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SpecOptions {
+    /// Which drafter proposes.
+    #[serde(default)]
+    pub drafter: DrafterKind,
     /// The most tokens one draft may hold.
     pub max_draft: usize,
     /// The prompt-lookup drafter's n-gram sizes.
@@ -227,6 +242,7 @@ pub struct SpecOptions {
 impl Default for SpecOptions {
     fn default() -> Self {
         SpecOptions {
+            drafter: DrafterKind::Ngram,
             max_draft: 5,
             ngram: NgramDrafter::default(),
             acceptance: Acceptance::Exact,
@@ -239,19 +255,25 @@ impl SpecOptions {
     pub const MAX_DRAFT: usize = 32;
 
     /// Options from their text form, `ngram` or `ngram:K` (prompt lookup with drafts of at
-    /// most `K` tokens, `1..=32`, default 5), with `acceptance`. The error says what is wrong
-    /// with the text (the caller names the field).
+    /// most `K` tokens, `1..=32`, default 5) or `model` / `model:K` (the engine's draft
+    /// model), with `acceptance`. The error says what is wrong with the text (the caller
+    /// names the field).
     pub fn parse(text: &str, acceptance: Acceptance) -> std::result::Result<SpecOptions, String> {
         let (kind, k) = match text.split_once(':') {
             Some((kind, k)) => (kind, Some(k)),
             None => (text, None),
         };
-        if kind != "ngram" {
-            return Err(format!(
-                "unknown drafter `{kind}` (expected `ngram` or `ngram:K`)"
-            ));
-        }
+        let drafter = match kind {
+            "ngram" => DrafterKind::Ngram,
+            "model" => DrafterKind::Model,
+            _ => {
+                return Err(format!(
+                    "unknown drafter `{kind}` (expected `ngram`, `ngram:K`, `model` or `model:K`)"
+                ))
+            }
+        };
         let mut o = SpecOptions {
+            drafter,
             acceptance,
             ..SpecOptions::default()
         };

@@ -48,6 +48,12 @@ pub struct TraceHeader {
     /// Speculative decoding as run (drafter, draft length, acceptance mode); absent without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculative: Option<crate::speculative::SpecOptions>,
+    /// The draft model's file name, when a `model` drafter ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<String>,
+    /// Its SHA-256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model_sha256: Option<String>,
 }
 
 impl TraceHeader {
@@ -77,7 +83,21 @@ impl TraceHeader {
             candidates,
             simd: nextok_model::simd_features(),
             speculative: info.speculative,
+            draft_model: None,
+            draft_model_sha256: None,
         }
+    }
+
+    /// Records the draft model, when the request drafted with it.
+    pub fn with_draft_model(mut self, draft: Option<&Model>) -> TraceHeader {
+        let uses = self
+            .speculative
+            .is_some_and(|s| s.drafter == crate::speculative::DrafterKind::Model);
+        if let (true, Some(d)) = (uses, draft) {
+            self.draft_model = d.path.file_name().map(|f| f.to_string_lossy().into_owned());
+            self.draft_model_sha256 = Some(d.sha256.clone());
+        }
+        self
     }
 
     /// The re-quantisation the trace was recorded with.

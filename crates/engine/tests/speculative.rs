@@ -411,3 +411,48 @@ fn speculative_options_are_checked() {
         assert_eq!(e.field(), Some(field), "{e}");
     }
 }
+
+#[test]
+fn the_batched_engine_drafts_with_a_draft_model() {
+    let Some(model) = model() else {
+        eprintln!("skipped: the default model is not in the test data");
+        return;
+    };
+    // the model drafting for itself
+    let engine =
+        Engine::with_draft_model(model.clone(), model.clone(), EngineConfig::default()).unwrap();
+    let plain_engine = Engine::new(model.clone(), EngineConfig::default()).unwrap();
+    for (temp, seed) in [(0.0f32, 1u64), (0.8, 2)] {
+        let mut r = request(
+            COPY,
+            SamplingParams {
+                temperature: Some(temp),
+                max_tokens: Some(20),
+                seed: Some(seed),
+                ..Default::default()
+            },
+        );
+        r.records = Some(3);
+        let plain = outcome(&plain_engine.generate(r.clone()).expect("plain"));
+        r.speculative = Some(SpecOptions {
+            drafter: nextok_engine::speculative::DrafterKind::Model,
+            max_draft: 4,
+            ..Default::default()
+        });
+        let before = engine.stats();
+        let fast = outcome(&engine.generate(r.clone()).expect("drafted"));
+        assert_eq!(fast, plain, "temperature {temp}");
+        let after = engine.stats();
+        assert!(after.draft_tokens > before.draft_tokens, "{after:?}");
+        if temp == 0.0 {
+            // greedy drafts of the very model are all accepted
+            assert_eq!(
+                after.accepted_draft_tokens - before.accepted_draft_tokens,
+                after.draft_tokens - before.draft_tokens
+            );
+        }
+        // an engine without a draft model refuses the `model` drafter, naming the field
+        let e = plain_engine.submit(r).expect_err("no draft model");
+        assert_eq!(e.field(), Some("speculative.drafter"));
+    }
+}

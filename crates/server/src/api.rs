@@ -79,6 +79,8 @@ impl ApiRequest {
             ("top_logprobs", Endpoint::Completions) => "logprobs".to_string(),
             ("pipeline", _) => format!("{}pipeline", self.nextok_prefix),
             ("grammar_policy", _) => format!("{}grammar_policy", self.nextok_prefix),
+            // the options as a whole came from one string
+            ("speculative", _) => return format!("{}speculative", self.nextok_prefix),
             _ => head.to_string(),
         };
         format!("{renamed}{rest}")

@@ -404,6 +404,9 @@ def test_speculative_per_request():
     assert rep.returncode == 0, rep.stderr
     expect_400("nextok.speculative", lambda: client.completions.create(
         **kw, extra_body={"nextok": {"speculative": "ngram:99"}}))
+    # this server has no draft model
+    expect_400("nextok.speculative", lambda: client.completions.create(
+        **kw, extra_body={"nextok": {"speculative": "model:3"}}))
     expect_400("nextok.spec_acceptance", lambda: client.completions.create(
         **kw, extra_body={"nextok": {"spec_acceptance": "rejection"}}))
     expect_400("nextok_spec_acceptance", lambda: client.completions.create(
