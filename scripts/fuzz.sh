@@ -10,7 +10,7 @@ secs="${1:-60}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(explain_request pipeline_json gbnf_to_lark json_schema tokenizer_json gguf_metadata trace_header)
+  targets=(explain_request pipeline_json gbnf_to_lark json_schema tokenizer_json gguf_metadata trace_header http_request)
 fi
 
 # seed corpora from the repository's test data
@@ -75,6 +75,20 @@ for f in glob.glob(".testdata/*/tokenizer.json"):
     data = open(f, "rb").read()
     if len(data) < 1 << 20:
         put("tokenizer_json", data)
+for body in [
+    {"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+     "max_tokens": 8, "temperature": 0.7, "top_p": 0.9, "n": 2, "stop": ["\n"], "seed": 1,
+     "logprobs": True, "top_logprobs": 3, "stream": True, "stream_options": {"include_usage": True}},
+    {"prompt": "Say", "max_tokens": 4, "logprobs": 2, "logit_bias": {"7": -100}, "top_k": 40,
+     "min_p": 0.05, "repetition_penalty": 1.1, "stop_token_ids": [2], "ignore_eos": False},
+    {"prompt": [1, 2, 3], "response_format": {"type": "json_schema", "json_schema": {
+        "name": "p", "strict": True, "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}},
+    {"messages": [{"role": "user", "content": "x"}], "structured_outputs": {"choice": ["yes", "no"]}},
+    {"prompt": "x", "guided_regex": "[a-z]+", "nextok": {"pipeline": "vllm", "logprob_layer": "raw",
+     "trace": True, "speculative": "ngram:4", "spec_acceptance": "rejection"}},
+    {"prompt": "x", "nextok_pipeline": {"format_version": 1, "processors": [], "selector": {"type": "greedy"}}},
+]:
+    put("http_request", json.dumps(body))
 for f in glob.glob(".testdata/*/*.gguf"):
     put("gguf_metadata", open(f, "rb").read(1 << 16))
 PY
