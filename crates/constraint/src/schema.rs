@@ -11,7 +11,8 @@
 //! [`Validation`] carries the result of the check after generation.
 //!
 //! Formats that llguidance does not know but a regular expression can enforce exactly
-//! (`full-date`, `url`, `uri-reference`, `semver`) are rewritten into a `pattern` in both
+//! (`full-date`, `url`, `uri-reference`, `semver`; and `ipv6`, whose llguidance expression lacks
+//! the forms ending in an IPv4 address) are rewritten into a `pattern` in both
 //! modes (see [`FORMAT_REGEXES`]).
 
 use std::collections::BTreeSet;
@@ -115,7 +116,8 @@ pub const RELAXED_KEYWORDS: [&str; 18] = [
 ];
 
 /// Formats llguidance enforces itself.
-const LLG_FORMATS: [&str; 10] = [
+/// (`ipv6` is not among them: nextok's expression replaces llguidance's.)
+const LLG_FORMATS: [&str; 9] = [
     "date-time",
     "time",
     "date",
@@ -123,7 +125,6 @@ const LLG_FORMATS: [&str; 10] = [
     "email",
     "hostname",
     "ipv4",
-    "ipv6",
     "uuid",
     "uri",
 ];
@@ -222,6 +223,8 @@ pub fn format_regex(name: &str) -> Option<String> {
             let (hier, relative, tail, scheme) = uri_parts();
             format!("(?:{scheme}:{hier}|{relative}){tail}")
         }
+        // llguidance's own `ipv6` lacks the forms ending in an IPv4 address (RFC 4291 2.2)
+        "ipv6" => ipv6(),
         "semver" => concat!(
             r"(?:0|[1-9][0-9]*)\.(?:0|[1-9][0-9]*)\.(?:0|[1-9][0-9]*)",
             r"(?:-(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)",
@@ -234,7 +237,7 @@ pub fn format_regex(name: &str) -> Option<String> {
 }
 
 /// The formats [`format_regex`] knows.
-pub const FORMAT_REGEXES: [&str; 4] = ["full-date", "url", "uri-reference", "semver"];
+pub const FORMAT_REGEXES: [&str; 5] = ["full-date", "url", "uri-reference", "ipv6", "semver"];
 
 /// How one keyword of a schema was handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -405,7 +408,8 @@ impl SchemaCheck {
 /// checked with the same regexes as the mask).
 fn build_validator(schema: &Value) -> Result<jsonschema::Validator, String> {
     let mut o = jsonschema::options().should_validate_formats(true);
-    for name in FORMAT_REGEXES {
+    // `ipv6` keeps the validator's own check (a parser)
+    for name in FORMAT_REGEXES.into_iter().filter(|f| *f != "ipv6") {
         let rx = format_regex(name).expect("listed");
         let re = regex_automata::meta::Regex::new(&format!("^(?:{rx})$"))
             .map_err(|e| format!("format {name}: {e}"))?;
@@ -875,5 +879,30 @@ mod tests {
         );
         assert_eq!(keyword_pointer(&s, "if").as_deref(), Some("/$defs/x"));
         assert_eq!(keyword_pointer(&s, "format").as_deref(), Some("/anyOf/1"));
+    }
+}
+
+#[cfg(test)]
+mod format_tests {
+    use super::*;
+
+    #[test]
+    fn format_regexes_full_match() {
+        let re = |f: &str| {
+            regex_automata::meta::Regex::new(&format!("^(?:{})$", format_regex(f).unwrap()))
+                .unwrap()
+        };
+        let ip6 = re("ipv6");
+        for ok in [
+            "::ffff:192.168.0.1",
+            "::1",
+            "1:2:3:4:5:6:7:8",
+            "64:ff9b::10.0.0.1",
+        ] {
+            assert!(ip6.is_match(ok), "{ok}");
+        }
+        for bad in ["1::2::3", "::ffff:256.0.0.1", ":1"] {
+            assert!(!ip6.is_match(bad), "{bad}");
+        }
     }
 }

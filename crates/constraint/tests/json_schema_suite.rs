@@ -201,7 +201,11 @@ fn print(label: &str, r: &Report) {
 }
 
 fn check(r: &Report) {
-    assert!(r.failures.is_empty(), "{:#?}", &r.failures[..r.failures.len().min(20)]);
+    assert!(
+        r.failures.is_empty(),
+        "{:#?}",
+        &r.failures[..r.failures.len().min(20)]
+    );
     assert_eq!(
         r.valid_accepted + r.valid_flagged,
         r.valid,
@@ -228,7 +232,10 @@ fn hand_written_schemas() {
         print(&format!("hand-written {}", mode.name()), &r);
         assert_eq!(r.compiled, r.files);
         check(&r);
-        assert_eq!(r.valid_flagged, 0, "hand-written instances follow schema order");
+        assert_eq!(
+            r.valid_flagged, 0,
+            "hand-written instances follow schema order"
+        );
     }
 }
 
