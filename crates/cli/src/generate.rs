@@ -165,6 +165,10 @@ pub struct GenerateArgs {
     /// Constrain the output to JSON valid against this JSON-schema file.
     #[arg(long = "json-schema")]
     pub json_schema: Option<PathBuf>,
+    /// With --json-schema: `strict` refuses keywords the mask cannot enforce exactly; `relaxed`
+    /// masks a superset and validates the finished output against the full schema.
+    #[arg(long = "schema-mode", value_name = "MODE", default_value = "strict")]
+    pub schema_mode: nextok_constraint::SchemaMode,
     /// Constrain the output to any JSON value.
     #[arg(long)]
     pub json: bool,
@@ -404,6 +408,8 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), String> {
 #[derive(Default)]
 struct Pending {
     out: String,
+    /// The whole output (for the check against a JSON schema).
+    full: String,
     err: Vec<String>,
     ledger: Option<String>,
     finish: Option<(Option<FinishReason>, usize)>,
@@ -478,6 +484,9 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
             info.seeds[0], info.seeds[0]
         );
     }
+    if let Some(r) = info.schema_report() {
+        eprintln!("nextok: {}", r.summary());
+    }
     let header = TraceHeader::new(
         &info,
         &model,
@@ -543,6 +552,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
                     }
                 }
                 p.steps += 1;
+                p.full.push_str(&text);
                 if seq == current {
                     print_out(&text);
                 } else {
@@ -560,6 +570,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
                 tokens,
             } => {
                 let p = &mut pending[seq];
+                p.full.push_str(&text);
                 if seq == current {
                     print_out(&text);
                 } else {
@@ -579,8 +590,12 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
                         }
                         _ => {}
                     }
+                    let check = match info.validate_output(&pending[current].full) {
+                        Some(v) => format!("; schema check: {}", v.summary()),
+                        None => String::new(),
+                    };
                     eprintln!(
-                        "nextok: finish: {} after {tokens} tokens",
+                        "nextok: finish: {} after {tokens} tokens{check}",
                         finish_text(&model, &info.stop, reason)
                     );
                     current += 1;
@@ -661,7 +676,10 @@ fn constraint_spec(a: &GenerateArgs) -> Result<Option<ConstraintSpec>, String> {
             .map_err(|e| format!("--json-schema `{}`: not JSON: {e}", p.display()))?;
         specs.push(ConstraintSpec::JsonSchema {
             schema,
-            options: Default::default(),
+            options: nextok_constraint::JsonOptions {
+                schema_mode: a.schema_mode,
+                ..Default::default()
+            },
         });
     }
     if a.json {

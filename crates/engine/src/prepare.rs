@@ -276,6 +276,7 @@ impl ModelShared {
                 stop,
                 seeds,
                 max_tokens,
+                constraint: constraint.clone(),
             },
             sampler: Arc::new(sampler),
             constraint,

@@ -45,6 +45,10 @@ pub struct TraceHeader {
     /// SIMD features of the recording build (its logits depend on them).
     #[serde(default)]
     pub simd: String,
+    /// For a JSON-schema constraint: the schema mode, the keywords the mask enforces and those
+    /// checked after generation (the mode itself is also in `params.constraint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<nextok_constraint::SchemaReport>,
 }
 
 impl TraceHeader {
@@ -73,6 +77,7 @@ impl TraceHeader {
             seeds: info.seeds.clone(),
             candidates,
             simd: nextok_model::simd_features(),
+            schema: info.schema_report().cloned(),
         }
     }
 
