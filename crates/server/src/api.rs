@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use nextok_constraint::SchemaMode;
 use nextok_core::pipeline::GrammarPolicy;
 use nextok_core::{Layer, PipelineConfig, Preset, SamplingParams};
 use nextok_engine::{ConstraintSpec, GenerateRequest, LogprobOptions, PipelineChoice, Prompt};
@@ -119,6 +120,7 @@ const COMMON: &[&str] = &[
     "nextok_logprob_layer",
     "nextok_grammar_policy",
     "nextok_trace",
+    "nextok_schema_mode",
 ];
 const CHAT_ONLY: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
 const COMPLETIONS_ONLY: &[&str] = &["prompt", "echo", "suffix", "best_of"];
@@ -367,7 +369,19 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
     };
 
     // the constraint: one source at most
-    let (constraint, constraint_param) = constraint(obj)?;
+    let (mut constraint, constraint_param) = constraint(obj)?;
+    if let Some(mode) = nx.schema_mode {
+        match &mut constraint {
+            Some(ConstraintSpec::JsonSchema { options, .. }) => options.schema_mode = mode,
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("{}schema_mode", nx.prefix),
+                    "applies to a JSON-schema constraint (response_format json_schema, \
+                     structured_outputs.json, guided_json), and the request has none",
+                ))
+            }
+        }
+    }
 
     // the pipeline
     let (pipeline, pipeline_source) = match nx.pipeline.clone() {
@@ -518,17 +532,17 @@ struct NextokOptions {
     logprob_layer: Option<Layer>,
     grammar_policy: Option<GrammarPolicy>,
     trace: bool,
+    /// `strict` or `relaxed`, for a JSON-schema constraint.
+    schema_mode: Option<SchemaMode>,
     /// `nextok.` or `nextok_`, as the request named them.
     prefix: &'static str,
 }
 
 fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
-    let flat = ["pipeline", "logprob_layer", "grammar_policy", "trace"]
-        .iter()
-        .any(|k| {
-            obj.get(&format!("nextok_{k}"))
-                .is_some_and(|v| !v.is_null())
-        });
+    let flat = NEXTOK_OPTIONS.iter().any(|k| {
+        obj.get(&format!("nextok_{k}"))
+            .is_some_and(|v| !v.is_null())
+    });
     let nested: Option<Map<String, Value>> = get(obj, "nextok", "nextok")?;
     let (src, prefix): (Map<String, Value>, &'static str) = match (nested, flat) {
         (Some(_), true) => {
@@ -538,12 +552,13 @@ fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
             ))
         }
         (Some(m), false) => {
-            if let Some(k) = m.keys().find(|k| {
-                !["pipeline", "logprob_layer", "grammar_policy", "trace"].contains(&k.as_str())
-            }) {
+            if let Some(k) = m.keys().find(|k| !NEXTOK_OPTIONS.contains(&k.as_str())) {
                 return Err(ApiError::invalid(
                     format!("nextok.{k}"),
-                    format!("unknown nextok option `{k}` (pipeline, logprob_layer, grammar_policy, trace)"),
+                    format!(
+                        "unknown nextok option `{k}` ({})",
+                        NEXTOK_OPTIONS.join(", ")
+                    ),
                 ));
             }
             (m, "nextok.")
@@ -565,9 +580,25 @@ fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
         logprob_layer: get(&src, "logprob_layer", &name("logprob_layer"))?,
         grammar_policy: get(&src, "grammar_policy", &name("grammar_policy"))?,
         trace: get(&src, "trace", &name("trace"))?.unwrap_or(false),
+        schema_mode: match get::<String>(&src, "schema_mode", &name("schema_mode"))? {
+            Some(m) => Some(
+                m.parse()
+                    .map_err(|e: String| ApiError::invalid(name("schema_mode"), e))?,
+            ),
+            None => None,
+        },
         prefix,
     })
 }
+
+/// The options of the `nextok` object (or `nextok_*` fields).
+const NEXTOK_OPTIONS: [&str; 5] = [
+    "pipeline",
+    "logprob_layer",
+    "grammar_policy",
+    "trace",
+    "schema_mode",
+];
 
 /// A schema given as an object or as JSON text.
 fn schema_value(v: Value, param: &str) -> Result<Value, ApiError> {
