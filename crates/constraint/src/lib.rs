@@ -486,6 +486,23 @@ impl ConstraintEngine {
                     }
                     return Err(unsupported_at(original, keyword, message, mode));
                 }
+                Err(ConstraintError::Syntax {
+                    input,
+                    place,
+                    message,
+                }) => {
+                    if mode == SchemaMode::Relaxed
+                        && message.contains("regex parse error")
+                        && schema::relax_patterns(&mut p)
+                    {
+                        continue;
+                    }
+                    return Err(ConstraintError::Syntax {
+                        input,
+                        place,
+                        message,
+                    });
+                }
                 Err(e) => return Err(e),
             }
         }

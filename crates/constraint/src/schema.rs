@@ -620,6 +620,45 @@ pub(crate) fn prepare(schema: &Value, mode: SchemaMode) -> Result<Prepared, Cons
     })
 }
 
+/// Drops the `pattern`s (and `patternProperties` with a pattern) that the mask's regex engine
+/// cannot take (look-around, back-references): relaxed mode's answer to a regex llguidance
+/// refuses. Returns whether anything changed.
+pub(crate) fn relax_patterns(p: &mut Prepared) -> bool {
+    let bad = |rx: &str| regex_automata::meta::Regex::new(rx).is_err();
+    let mut changed = false;
+    let post = &mut p.post;
+    visit_mut(&mut p.schema, "", &mut |m, ptr| {
+        if m.get("pattern").and_then(Value::as_str).is_some_and(bad) {
+            m.remove("pattern");
+            changed = true;
+            post.push(KeywordUse {
+                keyword: "pattern".into(),
+                pointer: ptr.to_string(),
+            });
+        }
+        let pp_bad = m
+            .get("patternProperties")
+            .and_then(Value::as_object)
+            .is_some_and(|pp| pp.keys().any(|k| bad(k)));
+        if pp_bad {
+            for k in [
+                "patternProperties",
+                "additionalProperties",
+                "unevaluatedProperties",
+            ] {
+                if m.remove(k).is_some() {
+                    changed = true;
+                    post.push(KeywordUse {
+                        keyword: k.into(),
+                        pointer: ptr.to_string(),
+                    });
+                }
+            }
+        }
+    });
+    changed
+}
+
 /// Relaxes the keyword llguidance refused (`refused`, as in
 /// [`ConstraintError::Unsupported::keyword`]) in `p`; returns whether anything changed and
 /// whether `oneOf` must now be read as `anyOf`.
