@@ -211,9 +211,9 @@ fn explain_rejection(report: Option<&str>, check: Option<&nextok_constraint::Val
     outln!("schema check: {}", v.summary());
     if v.valid == Some(true) {
         outln!(
-            "note: the text is valid against the full schema; the mask requires an object's \
-             properties in the order the schema lists them (properties not listed come after \
-             those listed), so a text with another order is rejected by the mask only"
+            "note: the text is valid against the full schema but the mask rejects it; the usual \
+             cause is property order: the mask requires an object's properties in the order the \
+             schema lists them (properties not listed come after those listed)"
         );
     }
 }

@@ -493,7 +493,7 @@ impl ConstraintEngine {
                 }) => {
                     if mode == SchemaMode::Relaxed
                         && message.contains("regex parse error")
-                        && schema::relax_patterns(&mut p)
+                        && schema::relax_patterns(&mut p, |rx| self.regex_refused(rx))
                     {
                         continue;
                     }
@@ -509,6 +509,17 @@ impl ConstraintEngine {
         Err(ConstraintError::Engine {
             message: "relaxing the schema did not converge".into(),
         })
+    }
+}
+
+impl ConstraintEngine {
+    /// Whether llguidance refuses `rx` as a JSON-schema `pattern`.
+    fn regex_refused(&self, rx: &str) -> bool {
+        let g = TopLevelGrammar::from_json_schema(serde_json::json!({
+            "type": "string",
+            "pattern": rx,
+        }));
+        llg::compile(&self.factory, g, &self.limits, "json_schema").is_err()
     }
 }
 

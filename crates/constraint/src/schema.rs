@@ -620,15 +620,14 @@ pub(crate) fn prepare(schema: &Value, mode: SchemaMode) -> Result<Prepared, Cons
     })
 }
 
-/// Drops the `pattern`s (and `patternProperties` with a pattern) that the mask's regex engine
-/// cannot take (look-around, back-references): relaxed mode's answer to a regex llguidance
-/// refuses. Returns whether anything changed.
-pub(crate) fn relax_patterns(p: &mut Prepared) -> bool {
-    let bad = |rx: &str| regex_automata::meta::Regex::new(rx).is_err();
+/// Drops the `pattern`s (and `patternProperties` with a pattern) for which `bad` says the
+/// mask's regex engine cannot take them (look-around, back-references, anchors inside groups):
+/// relaxed mode's answer to a regex llguidance refuses. Returns whether anything changed.
+pub(crate) fn relax_patterns(p: &mut Prepared, bad: impl Fn(&str) -> bool) -> bool {
     let mut changed = false;
     let post = &mut p.post;
     visit_mut(&mut p.schema, "", &mut |m, ptr| {
-        if m.get("pattern").and_then(Value::as_str).is_some_and(bad) {
+        if m.get("pattern").and_then(Value::as_str).is_some_and(&bad) {
             m.remove("pattern");
             changed = true;
             post.push(KeywordUse {

@@ -314,3 +314,34 @@ fn relaxed_order_rule_and_escapes() {
         Some(true)
     );
 }
+
+#[test]
+fn relaxed_drops_patterns_the_mask_cannot_take() {
+    let Some((engine, _)) = support::llama3() else {
+        return;
+    };
+    let schema = json!({"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^(?=.*[0-9])[a-z0-9]+$"},
+        "n": {"type": "integer"}}, "required": ["code", "n"]});
+    assert!(engine
+        .compile(&spec(schema.clone(), SchemaMode::Strict))
+        .is_err());
+    let c = engine.compile(&spec(schema, SchemaMode::Relaxed)).unwrap();
+    let r = c.schema_report().unwrap();
+    assert_eq!(
+        r.handling("pattern"),
+        Some(Handling::PostValidation),
+        "{r:?}"
+    );
+    assert_eq!(r.post_validation[0].pointer, "/properties/code");
+    let no_digit = r#"{"code": "abc", "n": 1}"#;
+    assert!(mask_accepts(&c, no_digit));
+    assert_eq!(
+        c.validate_output(no_digit.as_bytes()).unwrap().valid,
+        Some(false)
+    );
+    let ok = r#"{"code": "ab1", "n": 1}"#;
+    assert!(mask_accepts(&c, ok));
+    assert_eq!(c.validate_output(ok.as_bytes()).unwrap().valid, Some(true));
+    assert!(!mask_accepts(&c, r#"{"code": "ab1", "n": "1"}"#));
+}
