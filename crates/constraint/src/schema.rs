@@ -729,6 +729,7 @@ pub(crate) fn finish(original: &Value, p: Prepared, mode: SchemaMode) -> SchemaC
         if let Some(f) = k.strip_prefix("format:") {
             if FORMAT_REGEXES.contains(&f) && !mask.contains(&k) {
                 mask.push(k);
+                mask.push("format".into());
             }
         }
     }

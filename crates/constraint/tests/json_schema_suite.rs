@@ -32,8 +32,9 @@ struct Report {
     invalid_rejected_by_mask: usize,
     invalid_rejected_by_validation: usize,
     errors: BTreeMap<String, usize>,
-    /// keyword -> [schemas using it, mask, post-validation, unchecked, refused]
-    keywords: BTreeMap<String, [usize; 5]>,
+    /// keyword -> [schemas using it, mask, post-validation, unchecked, refused naming it,
+    /// refused for another keyword or reason]
+    keywords: BTreeMap<String, [usize; 6]>,
     failures: Vec<String>,
     /// The valid instances the mask rejected.
     flagged: Vec<String>,
@@ -99,10 +100,18 @@ fn run_dir(dir: &Path, mode: SchemaMode, sample: usize) -> Report {
                     None => e.code().to_string(),
                 };
                 *r.errors.entry(key).or_default() += 1;
+                let named: Vec<&str> = e.keyword().map_or(vec![], |k| k.split(", ").collect());
+                let format_named = named.contains(&"format");
                 for k in &used {
                     let row = r.keywords.entry(k.clone()).or_default();
                     row[0] += 1;
-                    row[4] += 1;
+                    let props = k == "minProperties" || k == "maxProperties";
+                    let this = named.contains(&k.as_str())
+                        || (props && named.contains(&"minProperties/maxProperties"))
+                        || (format_named
+                            && k.strip_prefix("format:")
+                                .is_some_and(|f| e.to_string().contains(&format!("`{f}`"))));
+                    row[if this { 4 } else { 5 }] += 1;
                 }
                 if e.keyword().is_none() {
                     r.failures.push(format!(
@@ -183,11 +192,13 @@ fn print(label: &str, r: &Report) {
     for (k, n) in &r.errors {
         eprintln!("{label}: compile errors {k}: {n}");
     }
-    eprintln!("{label}: | keyword | schemas | mask | post-validation | unchecked | refused |");
+    eprintln!(
+        "{label}: | keyword | schemas | mask | post-validation | unchecked | refused for it | refused for another |"
+    );
     for (k, row) in &r.keywords {
         eprintln!(
-            "{label}: | `{k}` | {} | {} | {} | {} | {} |",
-            row[0], row[1], row[2], row[3], row[4]
+            "{label}: | `{k}` | {} | {} | {} | {} | {} | {} |",
+            row[0], row[1], row[2], row[3], row[4], row[5]
         );
     }
     let all = std::env::var_os("NEXTOK_MASKBENCH_VERBOSE").is_some();
