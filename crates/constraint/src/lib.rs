@@ -172,6 +172,10 @@ pub struct Limits {
     /// `$ref` chains and nesting, so the object count bounds its depth; checked before
     /// compiling.
     pub max_schema_objects: usize,
+    /// Objects in a JSON schema beyond which the validator for the check after generation is
+    /// not built (its build grows faster than linearly along long `$ref` chains): a strict
+    /// schema then reports its outputs as not checked; a relaxed one is refused.
+    pub max_validator_objects: usize,
 }
 
 impl Default for Limits {
@@ -190,6 +194,7 @@ impl Default for Limits {
             max_grammar_size: l.max_grammar_size,
             max_rules: 5_000,
             max_schema_objects: 20_000,
+            max_validator_objects: 10_000,
         }
     }
 }
@@ -472,7 +477,24 @@ impl ConstraintEngine {
         for _ in 0..8 {
             let g = TopLevelGrammar::from_json_schema(json_with_options(p.schema.clone(), &opts)?);
             match llg::compile(&self.factory, g, &self.limits, "json_schema") {
-                Ok((m, _)) => return Ok((m, schema::finish(original, p, mode))),
+                Ok((m, _)) => {
+                    let max = self.limits.max_validator_objects;
+                    let objects = object_count(original, max + 1);
+                    let check = schema::finish(original, p, mode, objects <= max);
+                    if mode == SchemaMode::Relaxed
+                        && !check.report.post_validation.is_empty()
+                        && check.report.validator_error.is_some()
+                    {
+                        return Err(ConstraintError::Limit {
+                            limit: LimitKind::ValidatorObjects,
+                            message: format!(
+                                "the schema has more than {max} objects: relaxed keywords could \
+                                 not be checked after generation"
+                            ),
+                        });
+                    }
+                    return Ok((m, check));
+                }
                 Err(ConstraintError::Unsupported { keyword, message }) => {
                     if mode == SchemaMode::Relaxed {
                         let (changed, coerce) = schema::relax_refused(&mut p, &keyword);

@@ -266,7 +266,7 @@ pub struct KeywordUse {
 pub struct SchemaReport {
     /// The mode the schema was compiled in.
     pub mode: SchemaMode,
-    /// Keywords the mask enforces exactly (sorted; formats as `format:NAME`).
+    /// Keywords the mask enforces exactly (sorted; `format` as `format:NAME`).
     pub mask: Vec<String>,
     /// Keywords relaxed in the mask (dropped, or `oneOf` read as `anyOf`) and checked after
     /// generation, with where they are.
@@ -506,12 +506,14 @@ fn visit_mut(v: &mut Value, ptr: &str, f: &mut impl FnMut(&mut Map<String, Value
 }
 
 /// The JSON-Schema keywords a schema uses (those of [`MASK_KEYWORDS`] and
-/// [`RELAXED_KEYWORDS`]; a format as `format:NAME` besides `format`), sorted.
+/// [`RELAXED_KEYWORDS`]; `format` as `format:NAME`), sorted.
 pub fn schema_keywords(schema: &Value) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     visit(schema, |m, _| {
         for (k, v) in m {
-            if MASK_KEYWORDS.contains(&k.as_str()) || RELAXED_KEYWORDS.contains(&k.as_str()) {
+            if k != "format"
+                && (MASK_KEYWORDS.contains(&k.as_str()) || RELAXED_KEYWORDS.contains(&k.as_str()))
+            {
                 out.insert(k.clone());
             }
             if k == "format" {
@@ -564,6 +566,21 @@ pub(crate) fn prepare(schema: &Value, mode: SchemaMode) -> Result<Prepared, Cons
         let Some(f) = m.get("format").and_then(Value::as_str).map(str::to_string) else {
             return;
         };
+        // `format` applies to strings only: on a schema whose `type` admits no string, nobody
+        // checks it (llguidance and the validator both pass over it)
+        let stringy = match m.get("type") {
+            Some(Value::String(t)) => t == "string",
+            Some(Value::Array(a)) => a.iter().any(|t| t == "string"),
+            _ => true,
+        };
+        if !stringy {
+            m.remove("format");
+            unchecked.push(KeywordUse {
+                keyword: format!("format:{f}"),
+                pointer: ptr.to_string(),
+            });
+            return;
+        }
         if LLG_FORMATS.contains(&f.as_str()) {
             return;
         }
@@ -709,7 +726,12 @@ pub(crate) fn relax_refused(p: &mut Prepared, refused: &str) -> (bool, bool) {
 }
 
 /// Builds the report and the validator once the mask's schema compiled.
-pub(crate) fn finish(original: &Value, p: Prepared, mode: SchemaMode) -> SchemaCheck {
+pub(crate) fn finish(
+    original: &Value,
+    p: Prepared,
+    mode: SchemaMode,
+    build_check: bool,
+) -> SchemaCheck {
     let mut post = p.post;
     post.sort();
     post.dedup();
@@ -729,7 +751,6 @@ pub(crate) fn finish(original: &Value, p: Prepared, mode: SchemaMode) -> SchemaC
         if let Some(f) = k.strip_prefix("format:") {
             if FORMAT_REGEXES.contains(&f) && !mask.contains(&k) {
                 mask.push(k);
-                mask.push("format".into());
             }
         }
     }
@@ -749,7 +770,16 @@ pub(crate) fn finish(original: &Value, p: Prepared, mode: SchemaMode) -> SchemaC
     }
     mask.sort();
     mask.dedup();
-    let (validator, validator_error) = match build_validator(original) {
+    let built = if build_check {
+        build_validator(original)
+    } else {
+        Err(
+            "the schema has too many objects for the check after generation \
+             (Limits::max_validator_objects)"
+                .to_string(),
+        )
+    };
+    let (validator, validator_error) = match built {
         Ok(v) => (Some(v), None),
         Err(e) => (None, Some(e)),
     };
@@ -909,7 +939,6 @@ mod tests {
                 "$ref",
                 "anyOf",
                 "const",
-                "format",
                 "format:uuid",
                 "if",
                 "minimum",

@@ -345,3 +345,39 @@ fn relaxed_drops_patterns_the_mask_cannot_take() {
     assert_eq!(c.validate_output(ok.as_bytes()).unwrap().valid, Some(true));
     assert!(!mask_accepts(&c, r#"{"code": "ab1", "n": "1"}"#));
 }
+
+#[test]
+fn formats_on_non_strings_and_the_validator_limit() {
+    let Some((engine, _)) = support::llama3() else {
+        return;
+    };
+    // `format` on an integer: nobody checks it; strict compiles as llguidance always did
+    let s = json!({"type": "object", "properties": {"n": {"type": "integer", "format": "int32"}}});
+    let c = engine
+        .compile(&spec(s.clone(), SchemaMode::Strict))
+        .unwrap();
+    let r = c.schema_report().unwrap();
+    assert_eq!(
+        r.handling("format:int32"),
+        Some(Handling::Unchecked),
+        "{r:?}"
+    );
+    assert!(!r.mask.iter().any(|k| k.starts_with("format")), "{r:?}");
+    // past Limits::max_validator_objects: strict outputs are "not checked", relaxed refused
+    let small = nextok_constraint::ConstraintEngine::new(engine.vocab().clone())
+        .unwrap()
+        .with_limits(nextok_constraint::Limits {
+            max_validator_objects: 1,
+            ..Default::default()
+        });
+    let c = small.compile(&spec(s, SchemaMode::Strict)).unwrap();
+    assert!(c.schema_report().unwrap().validator_error.is_some());
+    assert_eq!(c.validate_output(br#"{"n": 1}"#).unwrap().valid, None);
+    let relaxed = json!({"type": "array", "items": {"type": "integer"}, "uniqueItems": true,
+                         "maxItems": 3, "minItems": 1});
+    let e = small
+        .compile(&spec(relaxed.clone(), SchemaMode::Relaxed))
+        .unwrap_err();
+    assert!(e.to_string().contains("max_validator_objects"), "{e}");
+    assert!(engine.compile(&spec(relaxed, SchemaMode::Relaxed)).is_ok());
+}
