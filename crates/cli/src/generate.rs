@@ -7,13 +7,19 @@
 //! `reference`); `--pipeline FILE` takes a pipeline JSON instead. The finish reason goes to
 //! stderr.
 //!
+//! With `--json-schema`, stderr first says which keywords the mask enforces and which are
+//! checked after generation (`--schema-mode relaxed` compiles schemas with keywords the mask
+//! cannot enforce), and each finish line ends with the check of the output against the full
+//! schema (`; schema check: valid`, `invalid: …` or `not checked: …`).
+//!
 //! `-n N` runs N sequences from one prefilled prompt, sequence `i` with seed `seed + i`
 //! (wrapping). Each sequence forks the prompt's KV branch and owns its random stream, so its
 //! tokens are the same whether it runs with others or alone with that seed.
 //!
 //! `--trace FILE` writes JSON Lines: a header (`{"nextok_trace": 1, ...}`: model SHA-256,
 //! re-quantisation, prompt ids, parameters, pipeline and its hash, stop config, seeds, how many
-//! candidates each record keeps), then one [`StepRecord`] per step, sequence after sequence.
+//! candidates each record keeps, and for a JSON schema its keyword report), then one
+//! [`StepRecord`] per step, sequence after sequence.
 //! `nextok replay FILE` re-runs that request on the same model and compares every record
 //! field by field; the first difference is named (step, sequence, field) and the exit status is
 //! non-zero. Logits are bit-identical across runs and thread counts of one build, not across
