@@ -676,7 +676,7 @@ pub(crate) fn relax_patterns(p: &mut Prepared, bad: impl Fn(&str) -> bool) -> bo
 }
 
 /// Relaxes the keyword llguidance refused (`refused`, as in
-/// [`ConstraintError::Unsupported::keyword`]) in `p`; returns whether anything changed and
+/// the `keyword` of a `ConstraintError::Unsupported`) in `p`; returns whether anything changed and
 /// whether `oneOf` must now be read as `anyOf`.
 pub(crate) fn relax_refused(p: &mut Prepared, refused: &str) -> (bool, bool) {
     if refused == "oneOf" {
