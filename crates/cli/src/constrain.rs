@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! nextok constrain --tokenizer tokenizer.json (--json-schema S | --regex R | --choice A --choice B
-//!                  | --grammar G | --gbnf G | --json) [--compact] --text T
+//!                  | --grammar G | --gbnf G | --json) [--compact] [--schema-mode strict|relaxed]
+//!                  --text T
 //! ```
 //!
 //! The text is tokenized with the tokenizer, then fed to the compiled constraint one token at a
@@ -13,10 +14,20 @@
 //! Exit status: 0 when the whole text is accepted; 1 when it is rejected (the first rejected
 //! token, its index and the bytes the constraint forces next are printed); 2 on bad input (an
 //! unreadable file, a malformed schema, an unsupported keyword).
+//!
+//! With `--json-schema`, the text is also validated against the full schema (every keyword,
+//! formats asserted) and the result printed with the schema report (which keywords the mask
+//! enforces, which are checked after generation). `--schema-mode relaxed` compiles schemas with
+//! keywords the mask cannot enforce, checking those only in that validation: a text the mask
+//! accepts but the validation refuses is rejected (exit 1). JSON string escapes the mask does
+//! not take (`\u00b0`, surrogate pairs, `\/`, as `json.dumps` writes them) are checked as the
+//! characters themselves.
 
 use std::sync::Arc;
 
-use nextok_constraint::{ConstraintEngine, ConstraintSpec, ConstraintVocab, JsonOptions};
+use nextok_constraint::{
+    json_text_for_mask, ConstraintEngine, ConstraintSpec, ConstraintVocab, JsonOptions, SchemaMode,
+};
 use nextok_core::constraint::{bitset_words, ConstraintState, ConstraintStatus};
 use nextok_vocab::display::escape;
 use nextok_vocab::encode::Encoder;
@@ -49,6 +60,10 @@ pub struct ConstrainArgs {
     /// JSON without whitespace between tokens (for --json-schema and --json).
     #[arg(long)]
     pub compact: bool,
+    /// With --json-schema: `strict` refuses keywords the mask cannot enforce exactly; `relaxed`
+    /// masks a superset and validates the text against the full schema.
+    #[arg(long = "schema-mode", value_name = "MODE", default_value = "strict")]
+    pub schema_mode: SchemaMode,
     /// The text to check.
     #[arg(long, value_name = "T")]
     pub text: String,
@@ -67,6 +82,7 @@ fn file_or_text(flag: &str, arg: &str, inline: bool) -> Result<String, String> {
 fn spec(a: &ConstrainArgs) -> Result<ConstraintSpec, String> {
     let options = JsonOptions {
         compact: a.compact,
+        schema_mode: a.schema_mode,
         ..Default::default()
     };
     let mut specs = Vec::new();
@@ -114,7 +130,17 @@ pub fn run(a: ConstrainArgs) -> Result<(), String> {
     let cv = ConstraintVocab::new(&v.bytes, &v.info).map_err(|e| e.to_string())?;
     let engine = ConstraintEngine::new(Arc::new(cv)).map_err(|e| e.to_string())?;
     let compiled = engine.compile(&spec).map_err(|e| e.to_string())?;
-    let ids = enc.encode(&a.text, false).map_err(|e| e.to_string())?;
+    // JSON: `\uXXXX` escapes of ordinary characters (as `json.dumps` writes them) are checked
+    // as the characters themselves, the spelling the mask generates
+    let text = match spec {
+        ConstraintSpec::JsonSchema { .. } | ConstraintSpec::Json { .. } => {
+            json_text_for_mask(&a.text).into_owned()
+        }
+        _ => a.text.clone(),
+    };
+    let report = compiled.schema_report().map(|r| r.summary());
+    let check = compiled.validate_output(a.text.as_bytes());
+    let ids = enc.encode(&text, false).map_err(|e| e.to_string())?;
     let mut state = compiled.start();
     let n = v.len();
     let mut mask = vec![0u64; bitset_words(n)];
@@ -136,6 +162,7 @@ pub fn run(a: ConstrainArgs) -> Result<(), String> {
                 "expected: {count} allowed tokens; forced next bytes: \"{}\"",
                 escape(&forced)
             );
+            explain_rejection(report.as_deref(), check.as_ref());
             std::process::exit(1);
         }
     }
@@ -147,6 +174,18 @@ pub fn run(a: ConstrainArgs) -> Result<(), String> {
                 compiled.engine(),
                 compiled.kind()
             );
+            if let Some(r) = &report {
+                outln!("{r}");
+            }
+            match &check {
+                Some(v) if v.valid == Some(false) => {
+                    outln!("schema check: {}", v.summary());
+                    outln!("rejected: the mask accepts the text but the full schema does not");
+                    std::process::exit(1);
+                }
+                Some(v) => outln!("schema check: {}", v.summary()),
+                None => {}
+            }
             Ok(())
         }
         st => {
@@ -156,7 +195,25 @@ pub fn run(a: ConstrainArgs) -> Result<(), String> {
                 ids.len(),
                 escape(&forced)
             );
+            explain_rejection(report.as_deref(), check.as_ref());
             std::process::exit(1);
         }
+    }
+}
+
+/// After a mask rejection of a JSON-schema text: what the full schema says of it, and the
+/// mask's rule on property order when the text is valid nonetheless.
+fn explain_rejection(report: Option<&str>, check: Option<&nextok_constraint::Validation>) {
+    if let Some(r) = report {
+        outln!("{r}");
+    }
+    let Some(v) = check else { return };
+    outln!("schema check: {}", v.summary());
+    if v.valid == Some(true) {
+        outln!(
+            "note: the text is valid against the full schema but the mask rejects it; the usual \
+             cause is property order: the mask requires an object's properties in the order the \
+             schema lists them (properties not listed come after those listed)"
+        );
     }
 }

@@ -7,13 +7,19 @@
 //! `reference`); `--pipeline FILE` takes a pipeline JSON instead. The finish reason goes to
 //! stderr.
 //!
+//! With `--json-schema`, stderr first says which keywords the mask enforces and which are
+//! checked after generation (`--schema-mode relaxed` compiles schemas with keywords the mask
+//! cannot enforce), and each finish line ends with the check of the output against the full
+//! schema (`; schema check: valid`, `invalid: …` or `not checked: …`).
+//!
 //! `-n N` runs N sequences from one prefilled prompt, sequence `i` with seed `seed + i`
 //! (wrapping). Each sequence forks the prompt's KV branch and owns its random stream, so its
 //! tokens are the same whether it runs with others or alone with that seed.
 //!
 //! `--trace FILE` writes JSON Lines: a header (`{"nextok_trace": 1, ...}`: model SHA-256,
 //! re-quantisation, prompt ids, parameters, pipeline and its hash, stop config, seeds, how many
-//! candidates each record keeps), then one [`StepRecord`] per step, sequence after sequence.
+//! candidates each record keeps, and for a JSON schema its keyword report), then one
+//! [`StepRecord`] per step, sequence after sequence.
 //! `nextok replay FILE` re-runs that request on the same model and compares every record
 //! field by field; the first difference is named (step, sequence, field) and the exit status is
 //! non-zero. Logits are bit-identical across runs and thread counts of one build, not across
@@ -165,6 +171,10 @@ pub struct GenerateArgs {
     /// Constrain the output to JSON valid against this JSON-schema file.
     #[arg(long = "json-schema")]
     pub json_schema: Option<PathBuf>,
+    /// With --json-schema: `strict` refuses keywords the mask cannot enforce exactly; `relaxed`
+    /// masks a superset and validates the finished output against the full schema.
+    #[arg(long = "schema-mode", value_name = "MODE", default_value = "strict")]
+    pub schema_mode: nextok_constraint::SchemaMode,
     /// Constrain the output to any JSON value.
     #[arg(long)]
     pub json: bool,
@@ -419,6 +429,8 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), String> {
 #[derive(Default)]
 struct Pending {
     out: String,
+    /// The whole output (for the check against a JSON schema).
+    full: String,
     err: Vec<String>,
     ledger: Option<String>,
     finish: Option<(Option<FinishReason>, usize)>,
@@ -493,6 +505,9 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
             info.seeds[0], info.seeds[0]
         );
     }
+    if let Some(r) = info.schema_report() {
+        eprintln!("nextok: {}", r.summary());
+    }
     let header = TraceHeader::new(
         &info,
         &model,
@@ -559,6 +574,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
                     }
                 }
                 p.steps += 1;
+                p.full.push_str(&text);
                 if seq == current {
                     print_out(&text);
                 } else {
@@ -576,6 +592,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
                 tokens,
             } => {
                 let p = &mut pending[seq];
+                p.full.push_str(&text);
                 if seq == current {
                     print_out(&text);
                 } else {
@@ -595,8 +612,12 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
                         }
                         _ => {}
                     }
+                    let check = match info.validate_output(&pending[current].full) {
+                        Some(v) => format!("; schema check: {}", v.summary()),
+                        None => String::new(),
+                    };
                     eprintln!(
-                        "nextok: finish: {} after {tokens} tokens",
+                        "nextok: finish: {} after {tokens} tokens{check}",
                         finish_text(&model, &info.stop, reason)
                     );
                     current += 1;
@@ -677,7 +698,10 @@ fn constraint_spec(a: &GenerateArgs) -> Result<Option<ConstraintSpec>, String> {
             .map_err(|e| format!("--json-schema `{}`: not JSON: {e}", p.display()))?;
         specs.push(ConstraintSpec::JsonSchema {
             schema,
-            options: Default::default(),
+            options: nextok_constraint::JsonOptions {
+                schema_mode: a.schema_mode,
+                ..Default::default()
+            },
         });
     }
     if a.json {

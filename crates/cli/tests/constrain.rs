@@ -192,3 +192,48 @@ fn llama3_choice_vector() {
         assert_eq!(code, want, "{text}: {out}{err}");
     }
 }
+
+#[test]
+fn llama3_schema_modes_escapes_and_order() {
+    let Some(t) = llama3() else { return };
+    let schema = r#"{"type":"object","properties":{"a":{"type":"string"},
+        "tags":{"type":"array","items":{"type":"string"},"uniqueItems":true}},
+        "required":["a","tags"]}"#;
+    let run = |mode: &str, text: &str| {
+        nextok(&[
+            "constrain",
+            "--tokenizer",
+            &t,
+            "--json-schema",
+            schema,
+            "--schema-mode",
+            mode,
+            "--text",
+            text,
+        ])
+    };
+    // strict: refused, naming the keyword and where it is
+    let (code, _, err) = run("strict", r#"{"a": "x", "tags": []}"#);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("uniqueItems") && err.contains("/properties/tags"),
+        "{err}"
+    );
+    // relaxed: the mask admits duplicates, the check after it refuses them; `json.dumps`
+    // escapes (ensure_ascii) are accepted
+    let (code, out, err) = run(
+        "relaxed",
+        r#"{"a": "\u00b0C \ud83d\ude00", "tags": ["p", "q"]}"#,
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("schema check: valid"), "{out}");
+    assert!(out.contains("uniqueItems at /properties/tags"), "{out}");
+    let (code, out, _) = run("relaxed", r#"{"a": "x", "tags": ["p", "p"]}"#);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("schema check: invalid"), "{out}");
+    // another property order: rejected by the mask, and the rule is stated
+    let (code, out, _) = run("relaxed", r#"{"tags": [], "a": "x"}"#);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("schema check: valid"), "{out}");
+    assert!(out.contains("order the schema lists them"), "{out}");
+}

@@ -365,6 +365,12 @@ fn the_readme_demo_answers_json_and_shows_the_ledger_of_one_step() {
     assert_eq!(obj.len(), 3, "{v}");
     assert!(obj["name"].is_string() && obj["age"].is_i64() && obj["city"].is_string());
     assert!(err.contains("finish: grammar accepted"), "{err}");
+    // the schema report, and the output checked against the full schema on the finish line
+    assert!(
+        err.contains("nextok: schema mode strict; mask enforces: "),
+        "{err}"
+    );
+    assert!(err.contains("; schema check: valid"), "{err}");
     // the ledger of step 0: the stages, and the constraint's effect on the model's favourite
     let ledger = &err[err.find("the ledger of step 0:").expect("a ledger")..];
     assert!(ledger.contains("grammar_mask v1"), "{ledger}");

@@ -33,6 +33,9 @@ pub enum LimitKind {
     Rules,
     /// Number of objects in a JSON schema ([`crate::Limits::max_schema_objects`]).
     SchemaObjects,
+    /// Objects in a JSON schema for building the check after generation
+    /// ([`crate::Limits::max_validator_objects`]).
+    ValidatorObjects,
     /// Nesting depth of groups in a GBNF grammar ([`crate::gbnf::MAX_GROUP_NESTING`], the Lark
     /// parser's own limit).
     GroupNesting,
@@ -52,6 +55,7 @@ impl LimitKind {
             LimitKind::States => "max_states",
             LimitKind::Rules => "max_rules",
             LimitKind::SchemaObjects => "max_schema_objects",
+            LimitKind::ValidatorObjects => "max_validator_objects",
             LimitKind::GroupNesting => "max_group_nesting",
         }
     }

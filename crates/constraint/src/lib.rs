@@ -36,6 +36,7 @@ pub mod error;
 pub mod gbnf;
 mod llg;
 mod machine;
+pub mod schema;
 mod vocab;
 
 use std::sync::Arc;
@@ -50,6 +51,7 @@ use sha2::{Digest, Sha256};
 
 pub use error::{ConstraintError, LimitKind};
 pub use llguidance;
+pub use schema::{json_text_for_mask, Handling, KeywordUse, SchemaMode, SchemaReport, Validation};
 pub use vocab::ConstraintVocab;
 
 use llg::LlgState;
@@ -67,6 +69,10 @@ pub struct JsonOptions {
     /// Treat `oneOf` as `anyOf` (accepts values matching more than one branch). Off by default:
     /// `oneOf` is then an unsupported keyword.
     pub coerce_one_of: bool,
+    /// What to do with keywords the mask cannot enforce exactly ([`SchemaMode`]; `json_schema`
+    /// only). Left out of the canonical form when strict, so strict specs hash as before.
+    #[serde(skip_serializing_if = "SchemaMode::is_strict")]
+    pub schema_mode: SchemaMode,
 }
 
 /// What the output must match, chosen per request. JSON form: `{"type": "choice", "choices":
@@ -166,6 +172,10 @@ pub struct Limits {
     /// `$ref` chains and nesting, so the object count bounds its depth; checked before
     /// compiling.
     pub max_schema_objects: usize,
+    /// Objects in a JSON schema beyond which the validator for the check after generation is
+    /// not built (its build grows faster than linearly along long `$ref` chains): a strict
+    /// schema then reports its outputs as not checked; a relaxed one is refused.
+    pub max_validator_objects: usize,
 }
 
 impl Default for Limits {
@@ -184,6 +194,7 @@ impl Default for Limits {
             max_grammar_size: l.max_grammar_size,
             max_rules: 5_000,
             max_schema_objects: 20_000,
+            max_validator_objects: 10_000,
         }
     }
 }
@@ -346,9 +357,12 @@ impl ConstraintEngine {
         Ok(match spec {
             ConstraintSpec::Choice { .. } => None,
             ConstraintSpec::Regex { pattern } => Some(TopLevelGrammar::from_regex(pattern)),
-            ConstraintSpec::JsonSchema { schema, options } => Some(
-                TopLevelGrammar::from_json_schema(json_with_options(schema.clone(), options)?),
-            ),
+            ConstraintSpec::JsonSchema { schema, options } => {
+                let p = schema::prepare(schema, options.schema_mode)?;
+                Some(TopLevelGrammar::from_json_schema(json_with_options(
+                    p.schema, options,
+                )?))
+            }
             ConstraintSpec::Json { options } => Some(TopLevelGrammar::from_json_schema(
                 json_with_options(Value::Object(Default::default()), options)?,
             )),
@@ -394,7 +408,13 @@ impl ConstraintEngine {
             }
             _ => None,
         };
+        let mut check = None;
         let backend = match spec {
+            ConstraintSpec::JsonSchema { schema, options } => {
+                let (m, c) = self.compile_schema(schema, options)?;
+                check = Some(c);
+                Backend::Llg(Box::new(m))
+            }
             ConstraintSpec::Choice { choices } => {
                 let t = ChoiceTrie::new(choices, self.limits.max_states)?;
                 Backend::Own(Machine::choice(
@@ -437,7 +457,123 @@ impl ConstraintEngine {
             vocab: self.vocab.clone(),
             backend,
             compile_time: elapsed,
+            schema: check,
         }))
+    }
+
+    /// Compiles a JSON schema under its [`SchemaMode`]: in relaxed mode, a keyword llguidance
+    /// refuses is relaxed and compilation retried (a few rounds at most).
+    fn compile_schema(
+        &self,
+        original: &Value,
+        o: &JsonOptions,
+    ) -> Result<(llguidance::Matcher, schema::SchemaCheck), ConstraintError> {
+        let mode = o.schema_mode;
+        let mut p = schema::prepare(original, mode)?;
+        let mut opts = o.clone();
+        if opts.coerce_one_of {
+            schema::relax_refused(&mut p, "oneOf");
+        }
+        for _ in 0..8 {
+            let g = TopLevelGrammar::from_json_schema(json_with_options(p.schema.clone(), &opts)?);
+            match llg::compile(&self.factory, g, &self.limits, "json_schema") {
+                Ok((m, _)) => {
+                    let max = self.limits.max_validator_objects;
+                    let objects = object_count(original, max + 1);
+                    let check = schema::finish(original, p, mode, objects <= max);
+                    if mode == SchemaMode::Relaxed
+                        && !check.report.post_validation.is_empty()
+                        && check.report.validator_error.is_some()
+                    {
+                        return Err(ConstraintError::Limit {
+                            limit: LimitKind::ValidatorObjects,
+                            message: format!(
+                                "the schema has more than {max} objects: relaxed keywords could \
+                                 not be checked after generation"
+                            ),
+                        });
+                    }
+                    return Ok((m, check));
+                }
+                Err(ConstraintError::Unsupported { keyword, message }) => {
+                    if mode == SchemaMode::Relaxed {
+                        let (changed, coerce) = schema::relax_refused(&mut p, &keyword);
+                        if coerce && !opts.coerce_one_of {
+                            opts.coerce_one_of = true;
+                            continue;
+                        }
+                        if changed && !coerce {
+                            continue;
+                        }
+                    }
+                    return Err(unsupported_at(original, keyword, message, mode));
+                }
+                Err(ConstraintError::Syntax {
+                    input,
+                    place,
+                    message,
+                }) => {
+                    if mode == SchemaMode::Relaxed
+                        && message.contains("regex parse error")
+                        && schema::relax_patterns(&mut p, |rx| self.regex_refused(rx))
+                    {
+                        continue;
+                    }
+                    return Err(ConstraintError::Syntax {
+                        input,
+                        place,
+                        message,
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ConstraintError::Engine {
+            message: "relaxing the schema did not converge".into(),
+        })
+    }
+}
+
+impl ConstraintEngine {
+    /// Whether llguidance refuses `rx` as a JSON-schema `pattern`.
+    fn regex_refused(&self, rx: &str) -> bool {
+        let g = TopLevelGrammar::from_json_schema(serde_json::json!({
+            "type": "string",
+            "pattern": rx,
+        }));
+        llg::compile(&self.factory, g, &self.limits, "json_schema").is_err()
+    }
+}
+
+/// An llguidance refusal with the JSON pointer of the keyword added.
+fn unsupported_at(
+    schema: &Value,
+    keyword: String,
+    message: String,
+    mode: SchemaMode,
+) -> ConstraintError {
+    let first = keyword.split(", ").next().unwrap_or("");
+    let first = if first == "minProperties/maxProperties" {
+        ["minProperties", "maxProperties"]
+            .into_iter()
+            .find(|k| schema::keyword_pointer(schema, k).is_some())
+            .unwrap_or("minProperties")
+    } else {
+        first
+    };
+    let place = match schema::keyword_pointer(schema, first) {
+        Some(p) if p.is_empty() => " at `/`".to_string(),
+        Some(p) => format!(" at `{p}`"),
+        None => String::new(),
+    };
+    let hint = if mode == SchemaMode::Strict && first != "$ref" {
+        "; schema_mode relaxed masks a superset and checks it after generation"
+    } else {
+        ""
+    };
+    ConstraintError::Unsupported {
+        message: format!("{message}{place}{hint}"),
+        keyword,
     }
 }
 
@@ -486,6 +622,8 @@ pub struct CompiledConstraint {
     vocab: Arc<ConstraintVocab>,
     backend: Backend,
     compile_time: Duration,
+    /// `json_schema` only: the keyword report and the post-generation validator.
+    schema: Option<schema::SchemaCheck>,
 }
 
 impl std::fmt::Debug for CompiledConstraint {
@@ -528,6 +666,18 @@ impl CompiledConstraint {
     /// The vocabulary it was compiled for.
     pub fn vocab(&self) -> &Arc<ConstraintVocab> {
         &self.vocab
+    }
+
+    /// `json_schema` only: which keywords the mask enforces and which are checked after
+    /// generation.
+    pub fn schema_report(&self) -> Option<&SchemaReport> {
+        self.schema.as_ref().map(|c| &c.report)
+    }
+
+    /// `json_schema` only: validates a finished output against the full schema (every
+    /// keyword, formats asserted). `None` for other kinds.
+    pub fn validate_output(&self, text: &[u8]) -> Option<Validation> {
+        self.schema.as_ref().map(|c| c.validate(text))
     }
 
     /// A fresh state for one sequence.

@@ -289,6 +289,7 @@ impl ModelShared {
                 seeds,
                 max_tokens,
                 speculative: req.speculative,
+                constraint: constraint.clone(),
             },
             sampler: Arc::new(sampler),
             constraint,

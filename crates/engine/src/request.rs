@@ -130,6 +130,25 @@ pub struct RequestInfo {
     pub max_tokens: u64,
     /// Speculative decoding, when the request asked for it.
     pub speculative: Option<crate::speculative::SpecOptions>,
+    /// The compiled constraint, if any: for a JSON schema, its keyword report
+    /// ([`CompiledConstraint::schema_report`]) and the check of a finished output against the
+    /// full schema ([`CompiledConstraint::validate_output`]).
+    pub constraint: Option<std::sync::Arc<nextok_constraint::CompiledConstraint>>,
+}
+
+impl RequestInfo {
+    /// The JSON-schema keyword report, when the constraint is a JSON schema.
+    pub fn schema_report(&self) -> Option<&nextok_constraint::SchemaReport> {
+        self.constraint.as_ref().and_then(|c| c.schema_report())
+    }
+
+    /// Validates a finished output against the request's full JSON schema (`None` when the
+    /// constraint is not a JSON schema).
+    pub fn validate_output(&self, text: &str) -> Option<nextok_constraint::Validation> {
+        self.constraint
+            .as_ref()
+            .and_then(|c| c.validate_output(text.as_bytes()))
+    }
 }
 
 /// A selected token's logprobs in the requested layer.

@@ -54,6 +54,10 @@ pub struct TraceHeader {
     /// Its SHA-256.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_model_sha256: Option<String>,
+    /// For a JSON-schema constraint: the schema mode, the keywords the mask enforces and those
+    /// checked after generation (the mode itself is also in `params.constraint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<nextok_constraint::SchemaReport>,
 }
 
 impl TraceHeader {
@@ -85,6 +89,7 @@ impl TraceHeader {
             speculative: info.speculative,
             draft_model: None,
             draft_model_sha256: None,
+            schema: info.schema_report().cloned(),
         }
     }
 

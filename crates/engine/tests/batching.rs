@@ -292,3 +292,41 @@ proptest! {
         }
     }
 }
+
+/// A relaxed JSON-schema constraint: the trace header records the mode (in
+/// `params.constraint`) and the keyword report, replay gets the same constraint back, and the
+/// request info checks an output against the full schema.
+#[test]
+fn the_trace_header_records_the_schema_mode_and_report() {
+    let Some(m) = model() else { return };
+    let engine = Engine::new(m.clone(), EngineConfig::default()).unwrap();
+    let mut req = request(5, 3, 4, 0.0, false);
+    req.constraint = Some(ConstraintSpec::JsonSchema {
+        schema: serde_json::json!({"type": "array", "items": {"type": "integer"},
+                                   "uniqueItems": true}),
+        options: nextok_constraint::JsonOptions {
+            schema_mode: nextok_constraint::SchemaMode::Relaxed,
+            ..Default::default()
+        },
+    });
+    let p = engine.prepare(&req).unwrap();
+    let h = nextok_engine::trace::TraceHeader::new(&p.info, &m, "reference", 0);
+    let v = serde_json::to_value(&h).unwrap();
+    assert_eq!(
+        v["params"]["constraint"]["options"]["schema_mode"],
+        "relaxed"
+    );
+    assert_eq!(v["schema"]["mode"], "relaxed");
+    assert_eq!(v["schema"]["post_validation"][0]["keyword"], "uniqueItems");
+    let text = serde_json::to_string(&h).unwrap();
+    let (back, _) = nextok_engine::trace::parse(&text).unwrap();
+    let again = nextok_engine::trace::replay_request(&back).unwrap();
+    let spec: ConstraintSpec = match (&again.constraint, &again.params.constraint) {
+        (Some(s), _) => s.clone(),
+        (None, Some(c)) => serde_json::from_value(c.clone()).unwrap(),
+        _ => panic!("replay lost the constraint"),
+    };
+    assert_eq!(Some(spec), req.constraint);
+    assert_eq!(p.info.validate_output("[1, 2]").unwrap().valid, Some(true));
+    assert_eq!(p.info.validate_output("[1, 1]").unwrap().valid, Some(false));
+}

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use nextok_constraint::SchemaMode;
 use nextok_core::pipeline::GrammarPolicy;
 use nextok_core::{Layer, PipelineConfig, Preset, SamplingParams};
 use nextok_engine::speculative::{Acceptance, SpecOptions};
@@ -127,6 +128,7 @@ const COMMON: &[&str] = &[
     "nextok_trace",
     "nextok_speculative",
     "nextok_spec_acceptance",
+    "nextok_schema_mode",
 ];
 const CHAT_ONLY: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
 const COMPLETIONS_ONLY: &[&str] = &["prompt", "echo", "suffix", "best_of"];
@@ -375,7 +377,19 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
     };
 
     // the constraint: one source at most
-    let (constraint, constraint_param) = constraint(obj)?;
+    let (mut constraint, constraint_param) = constraint(obj)?;
+    if let Some(mode) = nx.schema_mode {
+        match &mut constraint {
+            Some(ConstraintSpec::JsonSchema { options, .. }) => options.schema_mode = mode,
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("{}schema_mode", nx.prefix),
+                    "applies to a JSON-schema constraint (response_format json_schema, \
+                     structured_outputs.json, guided_json), and the request has none",
+                ))
+            }
+        }
+    }
 
     // the pipeline
     let (pipeline, pipeline_source) = match nx.pipeline.clone() {
@@ -528,18 +542,21 @@ struct NextokOptions {
     grammar_policy: Option<GrammarPolicy>,
     trace: bool,
     speculative: Option<Option<SpecOptions>>,
+    /// `strict` or `relaxed`, for a JSON-schema constraint.
+    schema_mode: Option<SchemaMode>,
     /// `nextok.` or `nextok_`, as the request named them.
     prefix: &'static str,
 }
 
 /// nextok's option names (in the `nextok` object, or with a `nextok_` prefix).
-const NEXTOK_OPTIONS: [&str; 6] = [
+const NEXTOK_OPTIONS: [&str; 7] = [
     "pipeline",
     "logprob_layer",
     "grammar_policy",
     "trace",
     "speculative",
     "spec_acceptance",
+    "schema_mode",
 ];
 
 fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
@@ -609,6 +626,13 @@ fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
         logprob_layer: get(&src, "logprob_layer", &name("logprob_layer"))?,
         grammar_policy: get(&src, "grammar_policy", &name("grammar_policy"))?,
         trace: get(&src, "trace", &name("trace"))?.unwrap_or(false),
+        schema_mode: match get::<String>(&src, "schema_mode", &name("schema_mode"))? {
+            Some(m) => Some(
+                m.parse()
+                    .map_err(|e: String| ApiError::invalid(name("schema_mode"), e))?,
+            ),
+            None => None,
+        },
         prefix,
     })
 }

@@ -211,7 +211,19 @@ impl Gen {
         if let Some(sp) = &info.speculative {
             m["speculative"] = json!(sp);
         }
+        if let Some(r) = info.schema_report() {
+            // which keywords the mask enforces and which only the check after generation
+            m["schema"] = serde_json::to_value(r).unwrap_or(Value::Null);
+        }
         m
+    }
+
+    /// The check of sequence `seq`'s finished text against the full JSON schema, as JSON
+    /// (`None` without a JSON-schema constraint).
+    fn validation(&self, seq: usize) -> Option<Value> {
+        let text = self.seqs.get(seq).map(|s| s.text.as_str()).unwrap_or("");
+        let v = self.handle.info.validate_output(text)?;
+        Some(json!({"index": seq, "valid": v.valid, "errors": v.errors}))
     }
 
     fn token_name(&self, id: u32) -> (String, Vec<u8>) {
@@ -408,8 +420,20 @@ impl Gen {
             "system_fingerprint": self.fingerprint(),
             "choices": choices,
             "usage": self.usage_json(),
-            "nextok": self.meta(),
+            "nextok": self.meta_with_validation(),
         })
+    }
+
+    /// [`Gen::meta`] with the check of every finished sequence against the JSON schema.
+    fn meta_with_validation(&self) -> Value {
+        let mut m = self.meta();
+        let v: Vec<Value> = (0..self.seqs.len())
+            .filter_map(|i| self.validation(i))
+            .collect();
+        if !v.is_empty() {
+            m["validation"] = Value::Array(v);
+        }
+        m
     }
 
     fn fingerprint(&self) -> String {
@@ -419,6 +443,12 @@ impl Gen {
 
     /// A streamed chunk with these choices.
     fn chunk(&mut self, choices: Vec<Value>) -> Bytes {
+        self.chunk_with(choices, None)
+    }
+
+    /// A streamed chunk with these choices and, when given, a sequence's schema check in its
+    /// `nextok` object.
+    fn chunk_with(&mut self, choices: Vec<Value>, validation: Option<Value>) -> Bytes {
         let mut c = json!({
             "id": self.id,
             "object": match self.req.endpoint { Endpoint::Chat => "chat.completion.chunk", Endpoint::Completions => "text_completion" },
@@ -430,6 +460,12 @@ impl Gen {
         if !self.meta_sent {
             c["nextok"] = self.meta();
             self.meta_sent = true;
+        }
+        if let Some(v) = validation {
+            if c.get("nextok").is_none() {
+                c["nextok"] = json!({});
+            }
+            c["nextok"]["validation"] = json!([v]);
         }
         frame(&c)
     }
@@ -515,7 +551,9 @@ impl Gen {
                             json!({"index": seq, "text": text, "logprobs": null, "finish_reason": fr})
                         }
                     };
-                    let f = self.chunk(vec![c]);
+                    // the sequence's text is complete (absorbed above): its schema check
+                    let v = self.validation(seq);
+                    let f = self.chunk_with(vec![c], v);
                     self.pending.push_back(f);
                 }
                 Event::Done { usage, .. } => {

@@ -578,3 +578,82 @@ async fn shutdown_lets_a_running_stream_finish_and_refuses_new_connections() {
     assert!(r.is_ok());
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+#[tokio::test]
+async fn relaxed_schema_mode_reports_and_validates() {
+    let Some((app, _)) = app() else { return };
+    let schema = json!({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+                        "minItems": 1, "maxItems": 3, "uniqueItems": true});
+    let msgs = json!([{"role": "user", "content": "Three digits as a JSON array."}]);
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "d", "schema": schema}});
+    // strict (the default): refused, naming the keyword and where it is
+    let (status, _, out) = call(
+        &app,
+        post(
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "response_format": rf, "max_tokens": 30}),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+    let msg = out["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("uniqueItems") && msg.contains("`/`"), "{out}");
+    // schema_mode without a JSON schema
+    let (status, _, out) = call(
+        &app,
+        post(
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "nextok": {"schema_mode": "relaxed"}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+    assert_eq!(out["error"]["param"], "nextok.schema_mode", "{out}");
+    // relaxed: the report, and each choice checked against the full schema
+    let body = json!({"messages": msgs, "response_format": rf, "max_tokens": 30, "n": 2,
+                      "seed": 5, "temperature": 1.0, "nextok": {"schema_mode": "relaxed"}});
+    let (status, _, out) = call(&app, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let nx = &out["nextok"];
+    assert_eq!(nx["schema"]["mode"], "relaxed", "{nx}");
+    assert_eq!(nx["schema"]["post_validation"][0]["keyword"], "uniqueItems");
+    assert!(nx["schema"]["mask"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("maxItems")));
+    for (i, c) in out["choices"].as_array().unwrap().iter().enumerate() {
+        let text = c["message"]["content"].as_str().unwrap();
+        // the mask guarantees the shape when the output is complete; uniqueness only the check
+        let want = match serde_json::from_str::<Vec<i64>>(text) {
+            Ok(v) => {
+                let mut u = v.clone();
+                u.sort();
+                u.dedup();
+                u.len() == v.len()
+            }
+            Err(_) => false,
+        };
+        assert_eq!(nx["validation"][i]["index"], i, "{nx}");
+        assert_eq!(nx["validation"][i]["valid"], want, "{text}: {nx}");
+    }
+    // streamed: each choice's last chunk carries its check
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let r = app
+        .clone()
+        .oneshot(post("/v1/chat/completions", &sbody))
+        .await
+        .unwrap();
+    let bytes = r.into_body().collect().await.unwrap().to_bytes();
+    let evs = events(std::str::from_utf8(&bytes).unwrap());
+    let mut checks = 0;
+    for e in &evs[..evs.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(a) = v["nextok"]["validation"].as_array() {
+            assert!(!v["choices"][0]["finish_reason"].is_null());
+            assert!(a[0]["valid"].is_boolean());
+            checks += 1;
+        }
+    }
+    assert_eq!(checks, 2);
+}
