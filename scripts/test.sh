@@ -10,3 +10,5 @@ cargo test --workspace --all-targets
 cargo test --workspace --doc
 # the official OpenAI client against `nextok serve` (ephemeral 127.0.0.1 port, real model)
 bash scripts/test-server.sh
+# the decoding ledger page in Debian's Chromium driven by Playwright (ephemeral 127.0.0.1 port)
+bash scripts/test-page.sh

@@ -9,6 +9,9 @@
 //! * `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text, see [`metrics`]);
 //! * `POST /v1/explain` — `nextok explain`'s request and `--json` response, or, given a
 //!   `prompt` or `messages`, the ledger of the model's next step;
+//! * `POST /v1/explain/beam`, `POST /v1/explain/streams` — beam search on a probability tree,
+//!   random-stream scheduling (the ledger page's demonstrations, see [`page`]);
+//! * `GET /` — the decoding ledger page, `GET /assets/{file}` its files (see [`page`]);
 //! * `GET /v1/traces/{id}` — the JSON Lines trace of a request run with `nextok.trace: true`,
 //!   as `nextok replay` reads it.
 //!
@@ -24,6 +27,7 @@ pub mod api;
 mod error;
 mod generate;
 pub mod metrics;
+pub mod page;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -123,10 +127,14 @@ pub fn router(engine: Arc<Engine>, config: ServerConfig) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/explain", post(explain))
+        .route("/v1/explain/beam", post(page::beam))
+        .route("/v1/explain/streams", post(page::streams))
         .route("/v1/traces/{id}", get(trace))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(v1)
+        .route("/", get(page::index))
+        .route("/assets/{file}", get(page::asset))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
@@ -199,6 +207,10 @@ fn endpoint_name(path: &str) -> &'static str {
         "/v1/completions" => "completions",
         "/v1/models" => "models",
         "/v1/explain" => "explain",
+        "/v1/explain/beam" => "explain_beam",
+        "/v1/explain/streams" => "explain_streams",
+        "/" => "page",
+        p if p.starts_with("/assets/") => "page",
         "/health" => "health",
         "/metrics" => "metrics",
         p if p.starts_with("/v1/traces/") => "traces",
@@ -401,6 +413,7 @@ async fn explain(
                     )
                 })?;
                 body["prompt_tokens"] = json!(h.info.prompt_ids.len());
+                body["prompt_ids"] = json!(h.info.prompt_ids);
                 body["seed"] = json!(h.info.seeds.first());
                 return Ok(Json(body).into_response());
             }
