@@ -131,7 +131,7 @@ function layerChart(title, rows, value, color, testid) {
     rows.map((r) => h("div", { class: "row" },
       h("span", { class: "name", text: showToken(r.token) }),
       h("span", { class: "track", "aria-hidden": "true" },
-        h("span", { style: `width:${(Math.max(0, Math.min(1, value(r))) * 100).toFixed(1)}%;background:${color}` })),
+        h("span", { style: { width: `${(Math.max(0, Math.min(1, value(r))) * 100).toFixed(1)}%`, background: color } })),
       h("span", { class: "v", text: prob(value(r)) }))));
 }
 

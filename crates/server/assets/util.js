@@ -79,6 +79,7 @@ export function h(tag, attrs = {}, ...children) {
     else if (k === "text") el.textContent = v;
     else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
     else if (k === "dataset") Object.assign(el.dataset, v);
+    else if (k === "style") Object.assign(el.style, v); // CSSOM: allowed by the page's CSP
     else el.setAttribute(k, v === true ? "" : v);
   }
   for (const c of children.flat()) {
@@ -92,7 +93,7 @@ export function h(tag, attrs = {}, ...children) {
 export function bar(p, color) {
   const w = Math.max(0, Math.min(1, num(p))) * 100;
   return h("span", { class: "bar", "aria-hidden": "true" },
-    h("span", { style: `width:${w.toFixed(1)}%;background:${color}` }));
+    h("span", { style: { width: `${w.toFixed(1)}%`, background: color } }));
 }
 
 /** A table cell with a probability and its bar. */

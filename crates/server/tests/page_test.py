@@ -63,7 +63,10 @@ if base is None:
     sys.exit(1)
 
 passed, failed = 0, []
-console_errors, foreign = [], []
+console_errors, foreign, http_errors = [], [], []
+# the page's one designed error: top-k before the grammar mask leaves no legal candidate (a
+# typed 400 the page shows); the browser logs every 4xx fetch as a console error
+EXPECTED_ERROR_CODES = {"empty_support"}
 
 
 def check(name, fn):
@@ -142,7 +145,20 @@ def final_probs(page, decimals):
 with sync_playwright() as pw:
     browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
     page = browser.new_page(viewport={"width": 1366, "height": 900})
-    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    def on_console(m):
+        if m.type == "error":
+            console_errors.append(m.text)
+
+    def on_response(r):
+        if r.status >= 400:
+            try:
+                code = r.json()["error"]["code"]
+            except Exception:  # noqa: BLE001 — not an OpenAI-shaped error
+                code = None
+            http_errors.append((r.status, r.url, code))
+
+    page.on("console", on_console)
+    page.on("response", on_response)
     page.on("pageerror", lambda e: console_errors.append(str(e)))
     page.on(
         "request",
@@ -390,21 +406,31 @@ with sync_playwright() as pw:
         page.screenshot(path=os.path.join(SHOTS, "desktop.png"), full_page=True)
         page.click("#preset-pk")  # a populated ledger at the top for the phone view
         phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=1, is_mobile=True)
-        phone.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+        phone.on("console", on_console)
+        phone.on("response", on_response)
         phone.on("pageerror", lambda e: console_errors.append(str(e)))
         phone.goto(base + "/", timeout=WAIT_MS)
         phone.wait_for_selector("body[data-ready='1']", timeout=WAIT_MS)
         eventually(lambda: phone.locator("#m-table tbody tr").count() > 3, "the phone's model ledger", MODEL_WAIT_MS)
         eventually(lambda: phone.locator("#beam-table tbody tr").count() == 4, "the phone's beam table")
-        width = phone.evaluate("document.documentElement.scrollWidth")
-        assert width <= 390, f"the page is {width}px wide on a 390px phone"
         phone.screenshot(path=os.path.join(SHOTS, "phone.png"), full_page=True)
+        width = phone.evaluate("document.documentElement.scrollWidth")
+        wide = phone.evaluate(
+            "() => [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > 391"
+            " && !e.closest('.table-wrap')).slice(0, 5).map(e => e.tagName + '#' + e.id + '.' + e.className)"
+        )
+        assert width <= 390, f"the page is {width}px wide on a 390px phone: {wide}"
         phone.close()
 
     check("screenshots at desktop and phone widths (no sideways scrolling)", screenshots)
 
     def clean():
-        assert not console_errors, console_errors
+        unexpected = [e for e in http_errors if e[0] != 400 or e[2] not in EXPECTED_ERROR_CODES]
+        assert not unexpected, unexpected
+        assert http_errors, "the constraint error case was not requested"
+        logged = [e for e in console_errors if "status of 400" not in e]
+        assert not logged, logged
+        assert len(console_errors) - len(logged) <= len(http_errors), console_errors
         assert not foreign, foreign
 
     check("no console errors, no request to another host", clean)
