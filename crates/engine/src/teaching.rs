@@ -491,7 +491,11 @@ pub fn schedule_streams(req: &StreamScheduleRequest) -> Result<StreamScheduleOut
     let mut req_cursor = vec![0usize; n];
     let mut states = Vec::with_capacity(n);
     for (i, r) in req.requests.iter().enumerate() {
-        states.push(samplers[i].new_state(&[], r.seed).map_err(EngineError::core)?);
+        states.push(
+            samplers[i]
+                .new_state(&[], r.seed)
+                .map_err(EngineError::core)?,
+        );
     }
     let mut ws: Vec<_> = samplers.iter().map(|s| s.new_workspace()).collect();
     let mut draws = Vec::new();
@@ -656,12 +660,16 @@ mod tests {
     #[test]
     fn bad_trees_name_the_field() {
         let bad = |t: serde_json::Value, w: usize| {
-            let r: BeamTreeRequest = serde_json::from_value(json!({"tree": t, "width": w})).unwrap();
+            let r: BeamTreeRequest =
+                serde_json::from_value(json!({"tree": t, "width": w})).unwrap();
             beam_tree(&r).unwrap_err().field().unwrap_or("").to_string()
         };
         assert_eq!(bad(tree(), 0), "width");
         assert_eq!(
-            bad(json!([{"token": "A", "p": 0.6}, {"token": "B", "p": 0.3}]), 1),
+            bad(
+                json!([{"token": "A", "p": 0.6}, {"token": "B", "p": 0.3}]),
+                1
+            ),
             "tree"
         );
         assert_eq!(bad(json!([{"token": "A", "p": 1.5}]), 1), "tree[0].p");
@@ -674,7 +682,11 @@ mod tests {
         );
     }
 
-    fn schedule(ownership: &str, orders: serde_json::Value, pause: Option<(usize, &str)>) -> StreamScheduleOutput {
+    fn schedule(
+        ownership: &str,
+        orders: serde_json::Value,
+        pause: Option<(usize, &str)>,
+    ) -> StreamScheduleOutput {
         let mut v = json!({
             "tokens": ["x", "y", "z"],
             "requests": [
@@ -708,7 +720,10 @@ mod tests {
 
     #[test]
     fn per_request_lists_give_002s_draws_in_any_order() {
-        for orders in [json!([["A", "B", "C"]]), json!([["C", "B", "A"], ["B", "A", "C"]])] {
+        for orders in [
+            json!([["A", "B", "C"]]),
+            json!([["C", "B", "A"], ["B", "A", "C"]]),
+        ] {
             for pause in [None, Some((1, "resume")), Some((2, "resume"))] {
                 let o = schedule("request", orders.clone(), pause);
                 assert_eq!(out(&o, "A"), "x z y");
@@ -738,7 +753,10 @@ mod tests {
         let o = schedule("slot", json!([["A", "B", "C"]]), Some((1, "resume")));
         let r2: Vec<_> = o.draws.iter().filter(|d| d.round == 2).collect();
         assert_eq!(r2.len(), 2);
-        assert_eq!((r2[1].request.as_str(), r2[1].slot, r2[1].u), ("C", 1, Some(0.49)));
+        assert_eq!(
+            (r2[1].request.as_str(), r2[1].slot, r2[1].u),
+            ("C", 1, Some(0.49))
+        );
         // per request: reset replays B's first u
         let o = schedule("request", json!([["A", "B", "C"]]), Some((1, "reset")));
         assert_eq!(out(&o, "B"), "z z x");
@@ -750,17 +768,39 @@ mod tests {
     #[test]
     fn philox_streams_ignore_the_order() {
         let a = schedule("philox", json!([["A", "B", "C"]]), None);
-        let b = schedule("philox", json!([["C", "A", "B"], ["B", "C", "A"]]), Some((1, "resume")));
+        let b = schedule(
+            "philox",
+            json!([["C", "A", "B"], ["B", "C", "A"]]),
+            Some((1, "resume")),
+        );
         assert_eq!(a.outputs, b.outputs);
-        let ua: Vec<_> = a.draws.iter().filter(|d| d.request == "B").map(|d| d.u).collect();
-        let ub: Vec<_> = b.draws.iter().filter(|d| d.request == "B").map(|d| d.u).collect();
+        let ua: Vec<_> = a
+            .draws
+            .iter()
+            .filter(|d| d.request == "B")
+            .map(|d| d.u)
+            .collect();
+        let ub: Vec<_> = b
+            .draws
+            .iter()
+            .filter(|d| d.request == "B")
+            .map(|d| d.u)
+            .collect();
         assert_eq!(ua, ub);
         // the u is the core's stream at (seed, step, select)
         let s = nextok_core::RngState::new(2);
-        assert_eq!(ua[1], Some(s.uniform(1, nextok_core::rng::Purpose::Select, 0)));
+        assert_eq!(
+            ua[1],
+            Some(s.uniform(1, nextok_core::rng::Purpose::Select, 0))
+        );
         // a reset starts the stream again at step 0
         let r = schedule("philox", json!([["A", "B", "C"]]), Some((1, "reset")));
-        let ur: Vec<_> = r.draws.iter().filter(|d| d.request == "B").map(|d| d.u).collect();
+        let ur: Vec<_> = r
+            .draws
+            .iter()
+            .filter(|d| d.request == "B")
+            .map(|d| d.u)
+            .collect();
         assert_eq!(ur[1], ur[0]);
     }
 
@@ -776,13 +816,23 @@ mod tests {
                 v[k] = x.clone();
             }
             let r: StreamScheduleRequest = serde_json::from_value(v).unwrap();
-            schedule_streams(&r).unwrap_err().field().unwrap_or("").to_string()
+            schedule_streams(&r)
+                .unwrap_err()
+                .field()
+                .unwrap_or("")
+                .to_string()
         };
         assert_eq!(bad(json!({"orders": [["B"]]})), "orders[0][0]");
         assert_eq!(bad(json!({"orders": [[]]})), "orders[0]");
         assert_eq!(bad(json!({"draws": 0})), "draws");
         assert_eq!(bad(json!({"global_u": [1.0]})), "global_u[0]");
-        assert_eq!(bad(json!({"requests": [{"name": "A", "probs": [0.5]}]})), "requests[0].probs");
-        assert_eq!(bad(json!({"pause": {"request": "A", "after": 1}})), "pause.after");
+        assert_eq!(
+            bad(json!({"requests": [{"name": "A", "probs": [0.5]}]})),
+            "requests[0].probs"
+        );
+        assert_eq!(
+            bad(json!({"pause": {"request": "A", "after": 1}})),
+            "pause.after"
+        );
     }
 }

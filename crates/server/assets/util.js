@@ -65,9 +65,10 @@ export function logit(z) {
   return v.toFixed(3);
 }
 
-/** A token name shown with its spaces and newlines visible. */
+/** A token name shown with its spaces (·), newlines (↵) and tabs (→) visible. */
 export function showToken(name) {
-  return String(name).replace(/ /g, "␠").replace(/\n/g, "⏎").replace(/\t/g, "⇥");
+  // a middle dot for a space: every font has it
+  return String(name).replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "→");
 }
 
 /** Creates an element: `h("td", {class: "n"}, "0.5")`. */

@@ -27,6 +27,7 @@ BIN, MODEL, CHROMIUM = sys.argv[1], sys.argv[2], sys.argv[3]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SHOTS = os.path.join(ROOT, "target", "page-screenshots")
 STARTUP_SECONDS = 180
+SECTIONS = ["distribution", "constraints", "beam", "streams", "model"]
 WAIT_MS = 30_000  # every wait on the page is bounded by this
 MODEL_WAIT_MS = 180_000  # a model step in a debug build
 
@@ -131,7 +132,7 @@ def num(s):
 
 
 def wait_selected(page, token):
-    eventually(lambda: text(page, "[data-testid=selected]") == token.replace(" ", "␠"), f"selected {token!r}")
+    eventually(lambda: text(page, "[data-testid=selected]") == token.replace(" ", "·"), f"selected {token!r}")
 
 
 def support_of(page):
@@ -404,6 +405,8 @@ with sync_playwright() as pw:
     def screenshots():
         os.makedirs(SHOTS, exist_ok=True)
         page.screenshot(path=os.path.join(SHOTS, "desktop.png"), full_page=True)
+        for sec in SECTIONS:
+            page.locator(f"#{sec}").screenshot(path=os.path.join(SHOTS, f"desktop-{sec}.png"))
         page.click("#preset-pk")  # a populated ledger at the top for the phone view
         phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=1, is_mobile=True)
         phone.on("console", on_console)
@@ -414,6 +417,8 @@ with sync_playwright() as pw:
         eventually(lambda: phone.locator("#m-table tbody tr").count() > 3, "the phone's model ledger", MODEL_WAIT_MS)
         eventually(lambda: phone.locator("#beam-table tbody tr").count() == 4, "the phone's beam table")
         phone.screenshot(path=os.path.join(SHOTS, "phone.png"), full_page=True)
+        for sec in SECTIONS:
+            phone.locator(f"#{sec}").screenshot(path=os.path.join(SHOTS, f"phone-{sec}.png"))
         width = phone.evaluate("document.documentElement.scrollWidth")
         wide = phone.evaluate(
             "() => [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > 391"
