@@ -100,7 +100,9 @@ pub fn beam_tree(req: &BeamTreeRequest) -> Result<BeamTreeOutput> {
     // token names → ids; the prompt is one more id after them
     let mut names: Vec<String> = Vec::new();
     let mut ids: HashMap<String, u32> = HashMap::new();
-    let mut rows: Vec<(Vec<u32>, Vec<(u32, f64)>)> = Vec::new();
+    // (path, the next step's (token, p)) per inner node
+    type Row = (Vec<u32>, Vec<(u32, f64)>);
+    let mut rows: Vec<Row> = Vec::new();
     let mut depth = None;
     let mut count = 0usize;
     // (path so far, siblings, field name)
@@ -206,7 +208,7 @@ pub fn beam_tree(req: &BeamTreeRequest) -> Result<BeamTreeOutput> {
     };
     let mut trace: Vec<BeamProposal> = Vec::new();
     let best = beam_search_traced(source, &[prompt], &cfg, &scorer, &mut trace)
-        .map_err(|e| EngineError::model(e))?;
+        .map_err(EngineError::model)?;
     let named = |t: &[u32]| -> Vec<String> {
         t.iter()
             .map(|&i| names.get(i as usize).cloned().unwrap_or_default())
