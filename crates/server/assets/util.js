@@ -105,7 +105,7 @@ export function probCell(p, color, testid) {
 
 /** ✓ / ✗ cell. */
 export function yesNo(b) {
-  return h("td", { class: b ? "yes" : "no", text: b ? "✓ yes" : "✗ no" });
+  return h("td", { class: b ? "yes" : "no" }, b ? "✓" : "✗", h("span", { class: "word", text: b ? " yes" : " no" }));
 }
 
 /** "code: message (field)" for an error. */
