@@ -476,7 +476,7 @@ function initStreams() {
 
 // ---------------------------------------------------------------- 5. the real model
 
-const model = { promptIds: null, accepted: [], last: null };
+const model = { accepted: [], last: null, ended: null };
 
 function modelBody() {
   const body = {
@@ -495,13 +495,13 @@ function modelBody() {
     try { schema = JSON.parse(text); } catch (e) { throw new Error(`the JSON schema is not JSON: ${e.message}`); }
     body.structured_outputs = { json: schema };
   }
-  if (model.promptIds) {
-    body.prompt = [...model.promptIds, ...model.accepted.map((a) => a.id)];
-  } else if ($("m-mode").value === "chat") {
+  if ($("m-mode").value === "chat") {
     body.messages = [{ role: "user", content: $("m-prompt").value }];
   } else {
     body.prompt = $("m-prompt").value;
   }
+  // the output so far: the model reads it after the prompt, the sampler has committed it
+  body.accepted = model.accepted.map((a) => a.id);
   return body;
 }
 
@@ -535,14 +535,14 @@ async function refreshModel() {
   }
   const out = res.out;
   model.last = out;
-  if (!model.promptIds) model.promptIds = out.prompt_ids.slice(0, out.prompt_ids.length - model.accepted.length);
-  const constrained = $("m-con").value !== "none";
-  $("m-accept").disabled = constrained;
-  $("m-accept").title = constrained ? "With a constraint, an accepted token would become part of the prompt and the constraint would start again: accept works without one" : "";
+  $("m-accept").disabled = false;
+  const fin = out.selected_finishes;
+  $("m-accept").textContent = fin ? `Accept the selected token (it ends the sequence: ${fin.reason.replace(/_/g, " ")})` : "Accept the selected token";
   sum.append(
     h("span", { class: "item" }, "Prompt tokens: ", h("b", { "data-testid": "m-prompt-tokens", text: out.prompt_tokens })),
+    h("span", { class: "item" }, "Step: ", h("b", { "data-testid": "m-step", text: out.record.step })),
     h("span", { class: "item" }, "Seed: ", h("b", { text: out.seed })),
-    h("span", { class: "item" }, "u = ", h("b", { text: out.u === null || out.u === undefined ? "— (greedy)" : num(out.u).toFixed(4) })),
+    h("span", { class: "item" }, "u = ", h("b", { "data-testid": "m-u", text: out.u === null || out.u === undefined ? "— (greedy)" : num(out.u).toFixed(4) })),
     h("span", { class: "item" }, "Selected: ", h("b", { "data-testid": "m-selected", "data-id": out.selected, text: `${showToken(out.selected_token)} (id ${out.selected})` })),
     h("span", { class: "item" }, "Support: ", h("b", { "data-testid": "m-support-size", text: out.support.length }), " of 49,152-token vocabulary"),
   );
@@ -576,15 +576,28 @@ function initModel() {
     if (c === "schema") $("m-con-text").value = JSON.stringify({ type: "object", properties: { city: { type: "string" } }, required: ["city"] }, null, 1);
   });
   $("m-run").addEventListener("click", refreshModel);
-  $("m-reset").addEventListener("click", () => {
-    model.promptIds = null; model.accepted = []; renderAccepted(); refreshModel();
-  });
-  $("m-prompt").addEventListener("change", () => { model.promptIds = null; model.accepted = []; renderAccepted(); });
-  $("m-mode").addEventListener("change", () => { model.promptIds = null; model.accepted = []; renderAccepted(); });
+  const restart = () => { model.accepted = []; model.ended = null; renderAccepted(); };
+  $("m-reset").addEventListener("click", () => { restart(); refreshModel(); });
+  $("m-prompt").addEventListener("change", restart);
+  $("m-mode").addEventListener("change", restart);
+  $("m-con").addEventListener("change", restart);
+  $("m-con-text").addEventListener("change", restart);
   $("m-accept").addEventListener("click", () => {
     if (!model.last) return;
     model.accepted.push({ id: model.last.selected, name: model.last.selected_token });
+    $("m-accept").disabled = true;
     renderAccepted();
+    const fin = model.last.selected_finishes;
+    if (fin) {
+      // nothing comes after the last token: show the end instead of asking for a next step
+      model.ended = fin;
+      $("m-accept").textContent = "Accept the selected token";
+      $("m-summary").replaceChildren(h("span", { class: "item", "data-testid": "m-ended" },
+        "The sequence has ended: ", h("b", { text: fin.reason.replace(/_/g, " ") }), ". Start again from the prompt to explore another path."));
+      $("m-table").querySelector("tbody").replaceChildren();
+      $("m-stages").replaceChildren();
+      return;
+    }
     refreshModel();
   });
   $("m-record-toggle").addEventListener("click", () => {

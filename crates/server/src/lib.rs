@@ -89,6 +89,9 @@ pub(crate) struct AppState {
     pub(crate) metrics: metrics::Metrics,
     pub(crate) traces: Mutex<VecDeque<(String, Arc<String>)>>,
     pub(crate) started: u64,
+    /// One model step after accepted tokens at a time (each runs its own forward pass outside
+    /// the engine's batch).
+    pub(crate) after_accepted: tokio::sync::Semaphore,
 }
 
 impl AppState {
@@ -120,6 +123,7 @@ pub fn router(engine: Arc<Engine>, config: ServerConfig) -> Router {
         metrics: metrics::Metrics::default(),
         traces: Mutex::new(VecDeque::new()),
         started: unix_now(),
+        after_accepted: tokio::sync::Semaphore::new(1),
         config,
     });
     let v1 = Router::new()
@@ -368,7 +372,14 @@ async fn explain(
             .map_err(|e| explain_error(&e, |f| f.to_string()))?;
         return Ok(Json(out).into_response());
     }
-    // the model's next step
+    // the model's next step, after the output tokens already accepted, if any
+    let mut v = v;
+    let accepted: Option<Vec<u32>> = match v.as_object_mut().and_then(|o| o.remove("accepted")) {
+        None | Some(Value::Null) => None,
+        Some(a) => Some(serde_json::from_value(a).map_err(|e| {
+            ApiError::invalid("accepted", format!("must be a list of token ids: {e}"))
+        })?),
+    };
     let ep = if v.as_object().is_some_and(|o| o.contains_key("messages")) {
         Endpoint::Chat
     } else {
@@ -379,10 +390,48 @@ async fn explain(
     if req.gen.n != 1 {
         return Err(ApiError::invalid("n", "the ledger explains one sequence"));
     }
-    req.gen.params.max_tokens = Some(1);
+    req.gen.params.max_tokens = Some(accepted.as_ref().map_or(0, |a| a.len()) as u64 + 1);
     req.gen.ledger_step = Some(0);
     req.gen.logprobs = None;
     req.gen.records = None;
+    if let Some(accepted) = accepted {
+        let _one = s.after_accepted.acquire().await.map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                e.to_string(),
+            )
+        })?;
+        let engine = s.engine.clone();
+        let gen = req.gen.clone();
+        let acc = accepted.clone();
+        let (prepared, (ex, finish)) = tokio::task::spawn_blocking(move || {
+            let p = engine.prepare(&gen)?;
+            let ex = nextok_engine::explain::model_step_after(engine.model(), &p, &acc)?;
+            Ok::<_, nextok_engine::EngineError>((p, ex))
+        })
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                e.to_string(),
+            )
+        })?
+        .map_err(|e| {
+            explain_error(&e, |f| {
+                if f.starts_with("accepted") {
+                    f.to_string()
+                } else {
+                    req.param(f)
+                }
+            })
+        })?;
+        let mut r = model_step_body(&s, &prepared.info, &ex)?;
+        r["accepted"] = json!(accepted);
+        r["selected_finishes"] = json!(finish);
+        return Ok(Json(r).into_response());
+    }
     let engine = s.engine.clone();
     let gen = req.gen.clone();
     let mut h = tokio::task::spawn_blocking(move || engine.submit(gen))
@@ -398,24 +447,7 @@ async fn explain(
     while let Some(ev) = h.next_event().await {
         match ev {
             Event::Ledger { explanation, .. } => {
-                let out = nextok_engine::explain::model_step_output(
-                    s.engine.model(),
-                    &h.info,
-                    &explanation,
-                    20,
-                    10,
-                );
-                let mut body = serde_json::to_value(out).map_err(|e| {
-                    ApiError::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "server_error",
-                        e.to_string(),
-                    )
-                })?;
-                body["prompt_tokens"] = json!(h.info.prompt_ids.len());
-                body["prompt_ids"] = json!(h.info.prompt_ids);
-                body["seed"] = json!(h.info.seeds.first());
-                return Ok(Json(body).into_response());
+                return Ok(Json(model_step_body(&s, &h.info, &explanation)?).into_response());
             }
             Event::Error(e) => return Err(explain_error(&e, |f| req.param(f))),
             Event::Done { .. } => break,
@@ -427,6 +459,27 @@ async fn explain(
         "server_error",
         "the engine ended the request without a ledger",
     ))
+}
+
+/// The answer of `/v1/explain` for a model step: its ledger (20 support rows, then 10 outside),
+/// the prompt's ids and count, and the seed.
+fn model_step_body(
+    s: &AppState,
+    info: &nextok_engine::RequestInfo,
+    ex: &nextok_core::Explanation,
+) -> Result<Value, ApiError> {
+    let out = nextok_engine::explain::model_step_output(s.engine.model(), info, ex, 20, 10);
+    let mut body = serde_json::to_value(out).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            e.to_string(),
+        )
+    })?;
+    body["prompt_tokens"] = json!(info.prompt_ids.len());
+    body["prompt_ids"] = json!(info.prompt_ids);
+    body["seed"] = json!(info.seeds.first());
+    Ok(body)
 }
 
 /// Every error of an explained step but the model's and the engine's own is the request's.

@@ -367,11 +367,38 @@ with sync_playwright() as pw:
 
     check("random streams: per request, global, compaction, resume, reset, Philox", streams)
 
+    def explain(body):
+        r = page.request.post(
+            base + "/v1/explain",
+            data=json.dumps(body),
+            headers={"content-type": "application/json"},
+            timeout=MODEL_WAIT_MS,
+        )
+        assert r.ok, r.text()
+        return r.json()
+
     def model():
         page.locator("#model").scroll_into_view_if_needed()
         eventually(lambda: page.locator("#m-table tbody tr").count() > 3, "the model's ledger", MODEL_WAIT_MS)
         n0 = int(text(page, "[data-testid=m-prompt-tokens]"))
         assert "49,152" in text(page, "#m-summary")
+        # seed 7 (the page's default) reaches EOS at its third step: accepting it ends the sequence
+        for k in range(1, 4):
+            page.click("#m-accept")
+            eventually(
+                lambda k=k: page.locator("[data-testid=accepted-chip]").count() == k
+                and (page.locator("[data-testid=m-ended]").count() > 0
+                     or (text(page, "[data-testid=m-step]") == str(k) and not page.is_disabled("#m-accept"))),
+                f"seed 7 after {k} accepted tokens",
+                MODEL_WAIT_MS,
+            )
+        assert "eos" in text(page, "[data-testid=m-ended]")
+        # seed 3 does not end within four steps
+        page.fill("#m-seed", "3")
+        page.click("#m-reset")
+        eventually(lambda: page.locator("[data-testid=accepted-chip]").count() == 0
+                   and text(page, "[data-testid=m-step]") == "0" and not page.is_disabled("#m-accept"),
+                   "seed 3's first step", MODEL_WAIT_MS)
         accepted = []
         for k in range(1, 4):
             sel = page.locator("[data-testid=m-selected]")
@@ -379,28 +406,60 @@ with sync_playwright() as pw:
             page.click("#m-accept")
             eventually(
                 lambda k=k: page.locator("[data-testid=accepted-chip]").count() == k
-                and text(page, "[data-testid=m-prompt-tokens]") == str(n0 + k)
+                and text(page, "[data-testid=m-step]") == str(k)
                 and not page.is_disabled("#m-accept"),
                 f"the ledger after {k} accepted tokens",
                 MODEL_WAIT_MS,
             )
-        # the server's own answer for the accepted prefix equals what the page shows
-        r = page.request.post(base + "/v1/explain", data=json.dumps({"prompt": "The capital of France is", "temperature": 0.7, "top_p": 0.9, "seed": 7}), headers={"content-type": "application/json"}, timeout=MODEL_WAIT_MS)
-        ids = r.json()["prompt_ids"] + accepted
-        r = page.request.post(base + "/v1/explain", data=json.dumps({"prompt": ids, "temperature": 0.7, "top_p": 0.9, "seed": 7}), headers={"content-type": "application/json"}, timeout=MODEL_WAIT_MS)
-        out = r.json()
-        assert out["prompt_ids"] == ids, (out["prompt_ids"], ids)
+        # the prompt is unchanged; the accepted tokens are output, the step is the 4th
+        assert int(text(page, "[data-testid=m-prompt-tokens]")) == n0
+        params = {"prompt": "The capital of France is", "temperature": 0.7, "top_p": 0.9, "seed": 3}
+        out = explain({**params, "accepted": accepted})
+        assert out["accepted"] == accepted and out["record"]["step"] == 3, out["record"]["step"]
+        # the page shows the server's answer for that prefix
         assert int(page.locator("[data-testid=m-selected]").get_attribute("data-id")) == out["selected"]
         first = table(page, "#m-table")[0]
         assert first[1] == str(out["tokens"][0]["id"]), (first, out["tokens"][0])
         assert first[6].endswith(f"{out['tokens'][0]['selection_prob']:.4f}"), (first, out["tokens"][0])
         assert int(text(page, "[data-testid=m-support-size]")) == len(out["support"])
+        assert text(page, "[data-testid=m-u]") == f"{out['u']:.4f}"
+        # the accepted chips name the accepted tokens, in order
+        chips = page.locator("[data-testid=accepted-chip]").all()
+        assert [c.get_attribute("title") for c in chips] == [f"id {t}" for t in accepted]
         # the trace record on demand
         page.click("#m-record-toggle")
         rec = json.loads(text(page, "#m-record"))
         assert rec["selected"] == out["selected"] and rec["pipeline_hash"] == out["pipeline_hash"]
+        assert rec["state_before"]["output_len"] == 3
+        page.click("#m-record-toggle")
+
+
+    def model_constrained():
+        # a choice constraint: accepting follows it to the end of the choice
+        page.select_option("#m-con", "choice")
+        page.fill("#m-con-text", "Paris\nLyon")
+        page.click("#m-run")
+        eventually(lambda: text(page, "[data-testid=m-step]") == "0" and not page.is_disabled("#m-accept"), "the constrained first step", MODEL_WAIT_MS)
+        sizes = set()
+        for k in range(1, 3):
+            page.click("#m-accept")
+            eventually(
+                lambda k=k: (text(page, "[data-testid=m-step]") == str(k) and not page.is_disabled("#m-accept"))
+                or page.locator("[data-testid=m-error]").count() > 0,
+                f"the constrained step {k}",
+                MODEL_WAIT_MS,
+            )
+            if page.locator("[data-testid=m-error]").count():
+                break
+            sizes.add(int(text(page, "[data-testid=m-support-size]")))
+        # every support under the constraint is a continuation of Paris or Lyon, and small
+        assert sizes and max(sizes) <= 4, sizes
+        page.select_option("#m-con", "none")
+        page.click("#m-run")
+        eventually(lambda: text(page, "[data-testid=m-step]") == "0", "back to the free first step", MODEL_WAIT_MS)
 
     check("the real model: three accepted tokens", model)
+    check("the real model under a choice constraint", model_constrained)
 
     def screenshots():
         os.makedirs(SHOTS, exist_ok=True)

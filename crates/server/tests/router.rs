@@ -805,3 +805,49 @@ async fn the_model_step_follows_an_accepted_prefix_of_ids() {
     assert_eq!(next["prompt_ids"], json!(ids));
     assert_eq!(next["record"]["selected"], next["selected"]);
 }
+
+#[tokio::test]
+async fn the_model_step_after_accepted_tokens_is_the_generations_step() {
+    let Some((app, engine)) = app() else { return };
+    for constraint in [None, Some(json!({"choice": ["Paris is lovely", "Lyon"]}))] {
+        // the engine's own generation: four tokens
+        let mut req = GenerateRequest::new(Prompt::Text("The capital of France is".into()));
+        req.params.temperature = Some(0.7);
+        req.params.top_p = Some(0.9);
+        req.params.seed = Some(3);
+        req.params.max_tokens = Some(4);
+        if let Some(c) = &constraint {
+            req.constraint = Some(nextok_engine::ConstraintSpec::Choice {
+                choices: serde_json::from_value(c["choice"].clone()).unwrap(),
+            });
+        }
+        let e = engine.clone();
+        let want = tokio::task::spawn_blocking(move || e.generate(req).unwrap())
+            .await
+            .unwrap();
+        let toks = want.sequences[0].tokens.clone();
+        assert!(toks.len() >= 2, "{toks:?}");
+        for k in 0..toks.len() {
+            let mut body = json!({"prompt": "The capital of France is", "temperature": 0.7,
+                "top_p": 0.9, "seed": 3, "accepted": &toks[..k]});
+            if let Some(c) = &constraint {
+                body["structured_outputs"] = c.clone();
+            }
+            let (status, _, out) = call(&app, post("/v1/explain", &body)).await;
+            assert_eq!(status, StatusCode::OK, "{out}");
+            assert_eq!(out["selected"], json!(toks[k]), "step {k} of {toks:?}");
+            assert_eq!(out["record"]["step"], json!(k));
+            assert_eq!(out["accepted"], json!(&toks[..k]));
+        }
+    }
+    // a token the constraint refuses, and a token after the end, are named
+    let body = json!({"prompt": "x", "structured_outputs": {"choice": ["Paris"]},
+        "accepted": [2]});
+    let (status, _, out) = call(&app, post("/v1/explain", &body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+    assert_eq!(out["error"]["param"], "accepted[0]");
+    let body = json!({"prompt": "x", "accepted": "no"});
+    let (status, _, out) = call(&app, post("/v1/explain", &body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+    assert_eq!(out["error"]["param"], "accepted");
+}
