@@ -8,7 +8,8 @@
 //!   (see [`api`]);
 //! * `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text, see [`metrics`]);
 //! * `POST /v1/explain` — `nextok explain`'s request and `--json` response, or, given a
-//!   `prompt` or `messages`, the ledger of the model's next step;
+//!   `prompt` or `messages`, the ledger of the model's next step (after the output tokens in
+//!   `accepted`, when given);
 //! * `POST /v1/explain/beam`, `POST /v1/explain/streams` — beam search on a probability tree,
 //!   random-stream scheduling (the ledger page's demonstrations, see [`page`]);
 //! * `GET /` — the decoding ledger page, `GET /assets/{file}` its files (see [`page`]);
