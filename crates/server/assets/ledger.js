@@ -312,7 +312,7 @@ function drawTree(out) {
   });
   walk(TREE, []);
   const depth = Math.max(...leaves.map((l) => l.split("·").length));
-  const W = 420, H = 230, x0 = 24, dx = (W - 110) / depth;
+  const W = 420, H = 230, x0 = 24, dx = (W - 140) / depth;
   const ys = new Map();
   leaves.forEach((l, i) => ys.set(l, 22 + (i * (H - 44)) / Math.max(1, leaves.length - 1)));
   const yOf = (key) => {
@@ -336,7 +336,7 @@ function drawTree(out) {
     nodes.append(s("text", { x: x - 4, y: y - 11 }, n.token));
     if (n.children && n.children.length) place(n.children, p, x, y);
     else if (joint.has(key)) nodes.append(s("text", { x: x + 12, y: y + 4, class: "joint" }, `${key} ${prob(joint.get(key))}`));
-    else nodes.append(s("text", { x: x + 12, y: y + 4, class: "joint p" }, `${key} not proposed`));
+    else nodes.append(s("text", { x: x + 12, y: y + 4, class: "joint p" }, `${key} —`));
   });
   place(TREE, [], root.x, root.y);
   svg.append(edges, nodes);
