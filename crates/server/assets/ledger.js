@@ -361,7 +361,7 @@ async function refreshBeam(width) {
       yesNo(r.kept)));
   }
   const b = out.best[0];
-  best.append(h("span", { class: "item" }, `Width ${out.width} keeps, best complete sequence: `,
+  best.append(h("span", { class: "item" }, `Best complete sequence at width ${out.width}: `,
     h("b", { "data-testid": "beam-best-path", text: b.path.join("·") }), ", joint probability ",
     h("b", { "data-testid": "beam-best-prob", text: b.joint_prob.toFixed(3) })));
   if (out.width === 1) best.append(h("span", { class: "item note", text: "Width 1 is greedy: it commits to A (0.6) and never sees B·x." }));
