@@ -172,6 +172,9 @@ with sync_playwright() as pw:
         page.wait_for_selector("body[data-ready='1']", timeout=WAIT_MS)
         eventually(lambda: len(table(page, "#dist-table")) == 6, "the six-token ledger")
         assert page.title().startswith("nextok")
+        # bar charts of the four layers, one bar per token
+        eventually(lambda: page.locator("#dist-layers .layer").count() == 4, "four layer charts")
+        assert page.locator("#dist-layers .layer .row").count() == 24
 
     check("the page loads", loads)
 
