@@ -24,7 +24,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nextok_engine::speculative::SpecOptions;
+use nextok_engine::speculative::{Acceptance, SpecOptions};
 
 use nextok_constraint::ConstraintSpec;
 use nextok_core::{FinishReason, Layer, PipelineConfig, Preset, SamplingParams, StopConfig};
@@ -209,39 +209,34 @@ pub struct GenerateArgs {
     /// Beam search length penalty `α` in `logprob / len^α`.
     #[arg(long, default_value_t = 1.0)]
     pub length_penalty: f64,
-    /// Speculative decoding, `ngram` or `ngram:K`: prompt-lookup drafts of at most K tokens
-    /// (default 5), accepted only where the sampler selects the drafted token itself, so the
-    /// output and the trace are exactly those of plain decoding.
+    /// Speculative decoding, `ngram` or `ngram:K` (prompt-lookup drafts of at most K tokens,
+    /// default 5) or `model` / `model:K` (the greedy drafts of `--draft-model`), verified in
+    /// one forward pass and judged by `--spec-acceptance`.
     #[arg(long)]
     pub speculative: Option<String>,
+    /// How drafted tokens are accepted: `exact` (only where the sampler selects the drafted
+    /// token itself, so the output and the trace's tokens are exactly plain decoding's) or
+    /// `rejection` (Leviathan's rule on the stream's acceptance draws: distributed as plain
+    /// decoding, not token for token).
+    #[arg(long, default_value = "exact", requires = "speculative")]
+    pub spec_acceptance: String,
+    /// A draft model for `--speculative model[:K]` (a GGUF file with the model's vocabulary;
+    /// loaded with the same `--requant`).
+    #[arg(long, requires = "speculative")]
+    pub draft_model: Option<PathBuf>,
 }
 
-/// `--speculative`'s value.
-fn speculative(v: Option<&str>) -> Result<Option<SpecOptions>, String> {
+/// `--speculative`'s value with `--spec-acceptance`.
+fn speculative(v: Option<&str>, acceptance: &str) -> Result<Option<SpecOptions>, String> {
+    let acceptance = acceptance
+        .parse::<Acceptance>()
+        .map_err(|e| format!("--spec-acceptance: {e}"))?;
     let Some(v) = v else {
         return Ok(None);
     };
-    let (kind, k) = match v.split_once(':') {
-        Some((kind, k)) => (kind, Some(k)),
-        None => (v, None),
-    };
-    if kind != "ngram" {
-        return Err(format!(
-            "--speculative: unknown drafter `{kind}` (expected `ngram` or `ngram:K`)"
-        ));
-    }
-    let mut o = SpecOptions::default();
-    if let Some(k) = k {
-        o.max_draft = match k.parse::<usize>() {
-            Ok(k) if (1..=32).contains(&k) => k,
-            _ => {
-                return Err(format!(
-                    "--speculative: the draft length `{k}` must be a whole number from 1 to 32"
-                ))
-            }
-        };
-    }
-    Ok(Some(o))
+    SpecOptions::parse(v, acceptance)
+        .map(Some)
+        .map_err(|e| format!("--speculative: {e}"))
 }
 
 /// Arguments of `nextok replay`.
@@ -253,6 +248,26 @@ pub struct ReplayArgs {
     /// else the default model); its SHA-256 must be the recorded one.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// The draft model of a trace recorded with `--speculative model` (its SHA-256 must be
+    /// the recorded one).
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+}
+
+/// An engine over `model`, with the draft model at `draft` when one is given.
+fn engine_with(
+    model: Arc<Model>,
+    draft: Option<&Path>,
+    requant: Requant,
+) -> Result<Engine, String> {
+    match draft {
+        None => Engine::new(model, EngineConfig::default()).map_err(|e| e.to_string()),
+        Some(p) => {
+            let d = Arc::new(load_model(p, requant).map_err(|e| format!("--draft-model: {e}"))?);
+            Engine::with_draft_model(model, d, EngineConfig::default())
+                .map_err(|e| format!("--draft-model: {e}"))
+        }
+    }
 }
 
 pub(crate) fn model_path(arg: Option<&Path>) -> Result<PathBuf, String> {
@@ -394,7 +409,7 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), String> {
             }),
             records: record,
             ledger_step: a.ledger,
-            speculative: speculative(a.speculative.as_deref())?,
+            speculative: speculative(a.speculative.as_deref(), &a.spec_acceptance)?,
         },
         source,
     ))
@@ -440,7 +455,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
     let path = model_path(a.model.as_deref())?;
     let requant: Requant = a.requant.into();
     let model = Arc::new(load_model(&path, requant)?);
-    let engine = Engine::new(model.clone(), EngineConfig::default()).map_err(|e| e.to_string())?;
+    let engine = engine_with(model.clone(), a.draft_model.as_deref(), requant)?;
     if let Some(b) = a.beam_width {
         let hyps = engine
             .beam(req, b, a.length_penalty)
@@ -483,7 +498,8 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         &model,
         &source,
         a.trace_candidates.max(a.logprobs.unwrap_or(0)),
-    );
+    )
+    .with_draft_model(engine.draft_model().map(|d| &**d));
     let mut trace = match &a.trace {
         Some(p) => {
             let f =
@@ -725,7 +741,15 @@ pub fn run_replay(a: ReplayArgs) -> Result<(), String> {
             header.model_sha256
         ));
     }
-    let engine = Engine::new(model, EngineConfig::default()).map_err(|e| e.to_string())?;
+    let engine = engine_with(model, a.draft_model.as_deref(), requant)?;
+    if let (Some(d), Some(want)) = (engine.draft_model(), &header.draft_model_sha256) {
+        if &d.sha256 != want {
+            return Err(format!(
+                "the draft model has SHA-256 {}; the trace was recorded with SHA-256 {want}",
+                d.sha256
+            ));
+        }
+    }
     let p = engine.prepare(&req).map_err(|e| e.to_string())?;
     if p.info.pipeline_hash != header.pipeline_hash {
         return Err(format!(

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nextok_engine::speculative::{Acceptance, SpecOptions};
 use nextok_engine::{Engine, EngineConfig};
 use nextok_server::ServerConfig;
 
@@ -47,10 +48,32 @@ pub struct ServeArgs {
     /// Seconds running streams may take to finish after Ctrl-C / SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace: u64,
+    /// Speculative decoding for requests that do not choose (`nextok.speculative`):
+    /// `ngram` or `ngram:K` (prompt-lookup drafts of at most K tokens), `model` or `model:K`
+    /// (the draft model's).
+    #[arg(long)]
+    pub speculative: Option<String>,
+    /// A draft model (a GGUF file with the model's vocabulary) for requests that draft with
+    /// `model` (`--speculative model`, `nextok.speculative: "model:K"`).
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+    /// How drafted tokens are accepted: `exact` (plain decoding's tokens) or `rejection`.
+    #[arg(long, default_value = "exact", requires = "speculative")]
+    pub spec_acceptance: String,
 }
 
 /// Runs `nextok serve`.
 pub fn run(a: ServeArgs) -> Result<(), String> {
+    let acceptance = a
+        .spec_acceptance
+        .parse::<Acceptance>()
+        .map_err(|e| format!("--spec-acceptance: {e}"))?;
+    let speculative = match &a.speculative {
+        None => None,
+        Some(t) => {
+            Some(SpecOptions::parse(t, acceptance).map_err(|e| format!("--speculative: {e}"))?)
+        }
+    };
     let path = model_path(a.model.as_deref())?;
     let model = Arc::new(load_model(&path, a.requant.into())?);
     let defaults = EngineConfig::default();
@@ -60,8 +83,16 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         max_waiting: a.max_waiting,
         ..defaults
     };
-    let engine =
-        Arc::new(Engine::new(model, config).map_err(|e| format!("engine configuration: {e}"))?);
+    let engine = match &a.draft_model {
+        None => Engine::new(model, config).map_err(|e| format!("engine configuration: {e}"))?,
+        Some(p) => {
+            let d = Arc::new(
+                load_model(p, a.requant.into()).map_err(|e| format!("--draft-model: {e}"))?,
+            );
+            Engine::with_draft_model(model, d, config).map_err(|e| format!("--draft-model: {e}"))?
+        }
+    };
+    let engine = Arc::new(engine);
     let server = ServerConfig {
         model_id: a
             .served_model_name
@@ -69,6 +100,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             .unwrap_or_else(|| nextok_server::model_id_of(&path)),
         api_key: a.api_key.clone(),
         body_limit: a.max_body_bytes,
+        speculative,
         ..Default::default()
     };
     let model_id = server.model_id.clone();

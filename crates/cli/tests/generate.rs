@@ -426,7 +426,7 @@ fn bench_sampler_runs_on_a_real_logits_row() {
 #[test]
 fn speculative_decoding_prints_and_traces_what_plain_decoding_does() {
     let Some(m) = model() else { return };
-    let prompt = "<|im_start|>user\nRepeat exactly: red apple, green pear, red apple, green pear, red apple, green pear.<|im_end|>\n<|im_start|>assistant\n";
+    let prompt = "<|im_start|>user\nRepeat this list exactly, one item per line:\napple pie\nbanana bread\ncherry tart\ndate cake\nelderberry jam\nfig roll<|im_end|>\n<|im_start|>assistant\n";
     let run = |extra: &[&str], trace: &str| {
         let t = tmp(trace);
         let mut args = vec![
@@ -444,15 +444,74 @@ fn speculative_decoding_prints_and_traces_what_plain_decoding_does() {
         args.extend_from_slice(extra);
         let o = nextok(&m, &args);
         assert!(o.status.success(), "{}", text(&o.stderr));
-        // step records apart from the header (which records the same request either way)
-        let steps: Vec<Value> = trace_lines(&t).into_iter().skip(1).collect();
-        (text(&o.stdout), steps, text(&o.stderr))
+        // the trace replays (with the same drafts)
+        let r = nextok(&m, &["replay", t.to_str().unwrap()]);
+        assert!(r.status.success(), "replay: {}", text(&r.stderr));
+        let lines = trace_lines(&t);
+        // step records apart from the header (which records the same request either way),
+        // and the draft marks apart from the records
+        let mut marks = Vec::new();
+        let steps: Vec<Value> = lines[1..]
+            .iter()
+            .map(|l| {
+                let mut l = l.clone();
+                if let Some(d) = l.as_object_mut().and_then(|o| o.remove("draft")) {
+                    marks.push(d);
+                }
+                l
+            })
+            .collect();
+        (
+            text(&o.stdout),
+            steps,
+            text(&o.stderr),
+            lines[0].clone(),
+            marks,
+        )
     };
-    let (plain, plain_steps, _) = run(&[], "plain.jsonl");
-    let (fast, fast_steps, err) = run(&["--speculative", "ngram:4"], "spec.jsonl");
+    let (plain, plain_steps, _, plain_header, plain_marks) = run(&[], "plain.jsonl");
+    assert!(plain_header.get("speculative").is_none());
+    assert!(plain_marks.is_empty());
+    let (fast, fast_steps, err, header, marks) = run(&["--speculative", "ngram:4"], "spec.jsonl");
     assert_eq!(fast, plain);
     assert_eq!(fast_steps, plain_steps);
     assert!(err.contains("speculative:"), "{err}");
+    assert_eq!(header["speculative"]["max_draft"], 4);
+    assert_eq!(header["speculative"]["acceptance"], "exact");
+    assert!(!marks.is_empty(), "the copied list drafts");
+    assert!(marks.iter().all(|d| d["rule"] == "exact"));
+    assert!(marks.iter().any(|d| d["accepted"] == true));
+    // the rejection rule: its own tokens (distributed as plain decoding's), recorded and
+    // replayed
+    let (_, _, err, header, marks) = run(
+        &["--speculative", "ngram", "--spec-acceptance", "rejection"],
+        "rejection.jsonl",
+    );
+    assert!(err.contains("speculative:"), "{err}");
+    assert_eq!(header["speculative"]["acceptance"], "rejection");
+    assert!(!marks.is_empty());
+    assert!(marks
+        .iter()
+        .all(|d| d["rule"] == "rejection" && d["accept_u"].is_f64()));
+    let o = nextok(&m, &["generate", "hi", "--spec-acceptance", "rejection"]);
+    assert!(!o.status.success(), "--spec-acceptance needs --speculative");
+    let o = nextok(
+        &m,
+        &[
+            "generate",
+            "hi",
+            "--speculative",
+            "ngram",
+            "--spec-acceptance",
+            "maybe",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("--spec-acceptance"),
+        "{}",
+        text(&o.stderr)
+    );
     for bad in ["lookahead", "ngram:0", "ngram:x"] {
         let o = nextok(&m, &["generate", "hi", "--speculative", bad]);
         assert!(!o.status.success());

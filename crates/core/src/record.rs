@@ -117,6 +117,37 @@ pub struct StepRecord {
     pub state_before: StateSummary,
     /// State after the step.
     pub state_after: StateSummary,
+    /// Speculative decoding: the drafted token this step verified and what became of it
+    /// (absent on steps that verified no draft).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<DraftRecord>,
+}
+
+/// How a drafted token was judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DraftRule {
+    /// Accepted iff the step's own selection (plain decoding's draw) equals it.
+    Exact,
+    /// The rejection rule of [`Draw::Draft`](crate::Draw::Draft).
+    Rejection,
+}
+
+/// A step's drafted token (speculative decoding).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DraftRecord {
+    /// The drafted token.
+    pub token: u32,
+    /// Whether the step accepted it (the selected token is the drafted one).
+    pub accepted: bool,
+    /// The rule that judged it.
+    pub rule: DraftRule,
+    /// The rejection rule's acceptance draw (`u(seed, step, Accept, 0)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accept_u: Option<f64>,
+    /// The rejection rule's residual draw (`u(seed, step, Accept, 1)`), after a rejection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual_u: Option<f64>,
 }
 
 /// A fast, platform-independent 64-bit digest of a logits row: eight lanes over the `f32` bit

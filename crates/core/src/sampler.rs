@@ -604,7 +604,19 @@ impl Sampler {
         state: &mut DecoderState,
         ws: &mut Workspace,
     ) -> Result<StepResult> {
-        let sel = self.select(raw, state, ws, Draw::Stream)?;
+        self.step_draw(raw, state, ws, Draw::Stream)
+    }
+
+    /// [`Sampler::step`] with the randomness of `draw` (for example [`Draw::Draft`], the
+    /// rejection rule of speculative sampling).
+    pub fn step_draw(
+        &self,
+        raw: &[f32],
+        state: &mut DecoderState,
+        ws: &mut Workspace,
+        draw: Draw,
+    ) -> Result<StepResult> {
+        let sel = self.select(raw, state, ws, draw)?;
         let finish = self.commit(state, sel.token)?;
         Ok(StepResult {
             token: sel.token,
@@ -690,6 +702,13 @@ impl Sampler {
             selected: sel.token,
             state_before: before.clone(),
             state_after: before,
+            draft: sel.draft.map(|d| crate::record::DraftRecord {
+                token: d.token,
+                accepted: d.accepted,
+                rule: crate::record::DraftRule::Rejection,
+                accept_u: d.accept_u,
+                residual_u: d.residual_u,
+            }),
         };
         Ok((sel, rec))
     }

@@ -36,6 +36,27 @@ pub enum Draw {
     Stream,
     /// A fixed inverse-CDF position `u ∈ [0, 1)` (teaching, replay of hand computations).
     FixedU(f64),
+    /// Speculative sampling's rejection rule (Leviathan et al. 2022) against the drafted token
+    /// `x` of a deterministic drafter (its distribution `q` is a point mass at `x`): accept `x`
+    /// with probability `min(1, p(x)/q(x)) = p(x)`, drawn as `u(seed, step, Accept, 0) < p(x)`;
+    /// otherwise draw from the residual `(p − q)+`, which is `p` without `x`, renormalised, by
+    /// inverse CDF in id order at `u(seed, step, Accept, 1)`. The token is distributed as `p`
+    /// whatever `x` is. Greedy selection has a point-mass `p`, so it selects its argmax as
+    /// always.
+    Draft(u32),
+}
+
+/// What the rejection rule ([`Draw::Draft`]) decided.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DraftDecision {
+    /// The drafted token.
+    pub token: u32,
+    /// Whether it was accepted.
+    pub accepted: bool,
+    /// The acceptance draw `u(seed, step, Accept, 0)` (`None` for greedy selection).
+    pub accept_u: Option<f64>,
+    /// The residual draw `u(seed, step, Accept, 1)`, when the draft was rejected.
+    pub residual_u: Option<f64>,
 }
 
 /// What selection did.
@@ -45,6 +66,8 @@ pub struct Selected {
     pub token: u32,
     /// The `u` used by categorical selection (`None` for greedy and Gumbel).
     pub u: Option<f64>,
+    /// The rejection rule's decision, for [`Draw::Draft`].
+    pub draft: Option<DraftDecision>,
 }
 
 pub(crate) fn select(
@@ -54,23 +77,130 @@ pub(crate) fn select(
     step: u64,
     draw: Draw,
 ) -> Option<Selected> {
-    match selector {
-        Selector::Greedy => ws.argmax().map(|c| Selected {
+    match (selector, draw) {
+        (Selector::Greedy, _) => ws.argmax().map(|c| Selected {
             token: c.id,
             u: None,
+            draft: match draw {
+                Draw::Draft(x) => Some(DraftDecision {
+                    token: x,
+                    accepted: x == c.id,
+                    accept_u: None,
+                    residual_u: None,
+                }),
+                _ => None,
+            },
         }),
-        Selector::Categorical => {
+        (_, Draw::Draft(x)) => rejection(ws, rng, step, x),
+        (Selector::Categorical, _) => {
             let u = match draw {
-                Draw::Stream => rng.uniform(step, Purpose::Select, 0),
                 Draw::FixedU(u) => u,
+                _ => rng.uniform(step, Purpose::Select, 0),
             };
             categorical(ws, u).map(|t| Selected {
                 token: t,
                 u: Some(u),
+                draft: None,
             })
         }
-        Selector::Gumbel => gumbel(ws, rng, step).map(|t| Selected { token: t, u: None }),
+        (Selector::Gumbel, _) => gumbel(ws, rng, step).map(|t| Selected {
+            token: t,
+            u: None,
+            draft: None,
+        }),
     }
+}
+
+/// Calls `f(id, weight)` over the support in id order while it returns `true`: the dense row
+/// (`w` over all ids, `buf` marking the excluded ones) or the candidates `ids` with weights `w`.
+fn walk(dense: bool, buf: &[f32], ids: &[Cand], w: &[f32], mut f: impl FnMut(u32, f32) -> bool) {
+    if dense {
+        for (i, (&wi, &z)) in w.iter().zip(buf).enumerate() {
+            if z != f32::NEG_INFINITY && !f(i as u32, wi) {
+                return;
+            }
+        }
+    } else {
+        for (c, &wi) in ids.iter().zip(w) {
+            if !f(c.id, wi) {
+                return;
+            }
+        }
+    }
+}
+
+/// [`Draw::Draft`] for categorical and Gumbel selection (both draw from the same `p`).
+fn rejection(ws: &mut Workspace, rng: &RngState, step: u64, x: u32) -> Option<Selected> {
+    let (m, s) = ws.normalize_any_order();
+    // the support in id order with its weights (as categorical selection sees it)
+    let (ids, w): (&[Cand], &[f32]) = if ws.dense {
+        (&[], &ws.w[..])
+    } else {
+        let c = if ws.cands.is_sorted_by_key(|c| c.id) {
+            &ws.cands
+        } else {
+            ws.scratch.clear();
+            ws.scratch.extend_from_slice(&ws.cands);
+            crate::support::sort_by_id(&mut ws.scratch, &mut ws.aux, ws.v);
+            &ws.scratch
+        };
+        ws.dense_w_valid = false;
+        let w = &mut ws.w[..c.len()];
+        cand_weights(c, m, w);
+        (&c[..], &ws.w[..c.len()])
+    };
+    let (dense, buf) = (ws.dense, &ws.buf[..]);
+    let mut wx = 0.0f64;
+    walk(dense, buf, ids, w, |id, wi| {
+        if id == x {
+            wx = wi as f64;
+        }
+        id < x
+    });
+    let px = wx / s;
+    let accept_u = rng.uniform(step, Purpose::Accept, 0);
+    if accept_u < px {
+        return Some(Selected {
+            token: x,
+            u: None,
+            draft: Some(DraftDecision {
+                token: x,
+                accepted: true,
+                accept_u: Some(accept_u),
+                residual_u: None,
+            }),
+        });
+    }
+    // the residual: p without x, by inverse CDF in id order
+    let residual_u = rng.uniform(step, Purpose::Accept, 1);
+    let rest = s - wx;
+    let mut token = None;
+    if rest > 0.0 {
+        let mut cum = 0.0f64;
+        walk(dense, buf, ids, w, |id, wi| {
+            if id == x {
+                return true;
+            }
+            cum += wi as f64 / rest;
+            if wi > 0.0 {
+                // the rounding guard, as categorical selection's
+                token = Some(id);
+            }
+            residual_u >= cum
+        });
+    }
+    // x holds all the mass (up to rounding) and still lost the draw: p is x's point mass
+    let token = token.unwrap_or(x);
+    Some(Selected {
+        token,
+        u: None,
+        draft: Some(DraftDecision {
+            token: x,
+            accepted: token == x,
+            accept_u: Some(accept_u),
+            residual_u: Some(residual_u),
+        }),
+    })
 }
 
 fn categorical(ws: &mut Workspace, u: f64) -> Option<u32> {

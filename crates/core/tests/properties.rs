@@ -763,6 +763,7 @@ fn check_step(
             let u = match draw {
                 Draw::FixedU(u) => u,
                 Draw::Stream => st.rng().uniform(st.step(), Purpose::Select, 0),
+                Draw::Draft(_) => unreachable!("draw() gives no drafts (see rejection_draw.rs)"),
             };
             prop_assert_eq!(sel.u, Some(u));
             prop_assert_eq!(rec.rng.u, Some(u));

@@ -132,6 +132,29 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     /// Starts an engine (and its scheduler thread) over `model`.
     pub fn new(model: Arc<Model>, config: EngineConfig) -> Result<Engine> {
+        Engine::start(ModelShared::new(model), config)
+    }
+
+    /// [`Engine::new`] with a draft model for speculative requests that choose the `model`
+    /// drafter; refused unless its vocabulary holds the target's tokens, byte for byte.
+    pub fn with_draft_model(
+        model: Arc<Model>,
+        draft: Arc<Model>,
+        config: EngineConfig,
+    ) -> Result<Engine> {
+        crate::speculative::ModelDrafter::new(&draft, &model)?;
+        let mut shared = ModelShared::new(model);
+        shared.draft = Some(draft);
+        Engine::start(shared, config)
+    }
+
+    /// The draft model, when the engine has one.
+    pub fn draft_model(&self) -> Option<&Arc<Model>> {
+        self.inner.shared.draft.as_ref()
+    }
+
+    fn start(shared: ModelShared, config: EngineConfig) -> Result<Engine> {
+        let model = shared.model.clone();
         if config.max_num_seqs == 0 {
             return Err(EngineError::invalid("max_num_seqs", "must be at least 1"));
         }
@@ -158,7 +181,7 @@ impl Engine {
             ));
         }
         let inner = Arc::new(Inner {
-            shared: ModelShared::new(model),
+            shared,
             budget_blocks,
             pool: KvPool::new(geometry, None),
             config,

@@ -26,6 +26,8 @@ const CONSTRAINT_CACHE: usize = 64;
 pub(crate) struct ModelShared {
     pub(crate) model: Arc<nextok_model::Model>,
     pub(crate) token_bytes: Arc<TokenBytes>,
+    /// The draft model for `speculative` requests with the `model` drafter.
+    pub(crate) draft: Option<Arc<Model>>,
     constraint_engine: OnceLock<std::result::Result<ConstraintEngine, String>>,
     constraints: Mutex<HashMap<String, (u64, Arc<CompiledConstraint>)>>,
     clock: std::sync::atomic::AtomicU64,
@@ -56,6 +58,7 @@ impl ModelShared {
         ModelShared {
             model,
             token_bytes,
+            draft: None,
             constraint_engine: OnceLock::new(),
             constraints: Mutex::new(HashMap::new()),
             clock: Default::default(),
@@ -154,6 +157,15 @@ impl ModelShared {
     pub(crate) fn prepare(&self, req: &GenerateRequest, id: u64) -> Result<Prepared> {
         if req.n == 0 {
             return Err(EngineError::invalid("n", "must be at least 1"));
+        }
+        if let Some(spec) = &req.speculative {
+            spec.check()?;
+            if spec.drafter == crate::speculative::DrafterKind::Model && self.draft.is_none() {
+                return Err(EngineError::invalid(
+                    "speculative.drafter",
+                    "this engine has no draft model (load one with --draft-model)",
+                ));
+            }
         }
         let ctx = self.model.weights.config.context_length;
         let prompt_ids = self.prompt_ids(&req.prompt)?;
@@ -276,6 +288,7 @@ impl ModelShared {
                 stop,
                 seeds,
                 max_tokens,
+                speculative: req.speculative,
             },
             sampler: Arc::new(sampler),
             constraint,

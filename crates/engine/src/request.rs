@@ -128,6 +128,8 @@ pub struct RequestInfo {
     pub seeds: Vec<u64>,
     /// The effective output limit per sequence.
     pub max_tokens: u64,
+    /// Speculative decoding, when the request asked for it.
+    pub speculative: Option<crate::speculative::SpecOptions>,
 }
 
 /// A selected token's logprobs in the requested layer.

@@ -29,7 +29,7 @@ use rayon::prelude::*;
 use crate::engine::{Inner, ReqCtx};
 use crate::error::{EngineError, ErrorKind};
 use crate::request::{Event, Timing, TokenLogprobs, Usage};
-use crate::speculative::{Adaptive, Drafter, NgramDrafter};
+use crate::speculative::{Adaptive, Drafter, DrafterKind, ModelDrafter, SpecOptions};
 
 enum Phase {
     /// Prompt positions `0..done` are cached.
@@ -64,7 +64,8 @@ struct Seq {
 
 /// A speculating sequence's drafter, draft length and token history (prompt and output).
 struct SpecSeq {
-    drafter: NgramDrafter,
+    options: SpecOptions,
+    drafter: Box<dyn Drafter>,
     adapt: Adaptive,
     history: Vec<u32>,
     draft: Vec<u32>,
@@ -228,7 +229,17 @@ impl Scheduler {
                 outs: Vec::new(),
                 err: None,
                 spec: r.prepared.speculative.map(|o| SpecSeq {
-                    drafter: o.ngram,
+                    options: o,
+                    drafter: match (o.drafter, &inner.shared.draft) {
+                        (DrafterKind::Model, Some(d)) => {
+                            match ModelDrafter::new(d, &inner.shared.model) {
+                                Ok(m) => Box::new(m) as Box<dyn Drafter>,
+                                // (checked when the engine started): prompt lookup instead
+                                Err(_) => Box::new(o.ngram),
+                            }
+                        }
+                        _ => Box::new(o.ngram),
+                    },
                     adapt: Adaptive::new(o.max_draft),
                     history: prompt.clone(),
                     draft: Vec::with_capacity(o.max_draft),
@@ -351,10 +362,13 @@ impl Scheduler {
                 continue;
             };
             let room = ctx.saturating_sub(s.kv.len() + 2);
+            // rows past the output limit would never be verified
+            let left = (s.req.prepared.info.max_tokens as usize).saturating_sub(s.generated + 1);
             let k = sp
                 .adapt
                 .next_len()
                 .min(room)
+                .min(left)
                 .min(budget.saturating_sub(used));
             sp.drafter.draft(&sp.history, k, &mut sp.draft);
             s.feed.extend_from_slice(&sp.draft);
@@ -632,7 +646,13 @@ impl Seq {
         for j in 0..count {
             // the position the token selected now would be fed at
             let fed_at = self.kv.len() - (count - 1 - j);
-            match self.sample(&rows[j * vocab..(j + 1) * vocab], fed_at, ctx) {
+            // the drafted token this row verifies
+            let draft = if j + 1 < count {
+                self.feed.get(j + 1).copied()
+            } else {
+                None
+            };
+            match self.sample(&rows[j * vocab..(j + 1) * vocab], fed_at, ctx, draft) {
                 Err(e) => {
                     self.err = Some(e);
                     return;
@@ -674,15 +694,21 @@ impl Seq {
     }
 
     /// One step of this sequence on its logits row; the selected token would be fed at
-    /// position `fed_at`.
+    /// position `fed_at`; `draft` is the drafted token the row verifies.
     fn sample(
         &mut self,
         row: &[f32],
         fed_at: usize,
         ctx: usize,
+        draft: Option<u32>,
     ) -> std::result::Result<StepOut, EngineError> {
         let p = &self.req.prepared;
         let sampler = &p.sampler;
+        let spec = self
+            .spec
+            .as_ref()
+            .map_or_else(SpecOptions::default, |s| s.options);
+        let draw = spec.draw(draft);
         let ledger = match p.ledger_step {
             Some(k) if k == self.state.step() => Some(Box::new(
                 sampler
@@ -694,14 +720,15 @@ impl Seq {
         let want_record = p.records.is_some() || p.logprobs.is_some();
         let (res, record) = if want_record {
             let cands = p.records.unwrap_or(0).max(p.logprobs.map_or(0, |l| l.top));
-            let (res, rec) = sampler
-                .step_recorded(row, &mut self.state, &mut self.ws, Draw::Stream, cands)
+            let (res, mut rec) = sampler
+                .step_recorded(row, &mut self.state, &mut self.ws, draw, cands)
                 .map_err(EngineError::core)?;
+            spec.mark(&mut rec, draft);
             (res, Some(rec))
         } else {
             (
                 sampler
-                    .step(row, &mut self.state, &mut self.ws)
+                    .step_draw(row, &mut self.state, &mut self.ws, draw)
                     .map_err(EngineError::core)?,
                 None,
             )

@@ -82,6 +82,12 @@ pub fn run_sequence<S: LogitsSource + Send>(
     }
     let mut ws = sampler.new_workspace();
     if let Some(spec) = o.speculative {
+        if spec.drafter != crate::speculative::DrafterKind::Ngram {
+            return Err(EngineError::invalid(
+                "speculative.drafter",
+                "this loop drafts by prompt lookup; a draft model goes through run_sequence_drafted",
+            ));
+        }
         let mut drafter = spec.ngram;
         return run_speculative(
             model,
@@ -151,8 +157,8 @@ pub fn run_sequence<S: LogitsSource + Send>(
 }
 
 /// [`run_sequence`] speculating with `drafter` (for example a [`crate::speculative::ModelDrafter`])
-/// and at most `spec.max_draft` tokens per draft (`o.speculative` is ignored); `exact`
-/// acceptance, so the output equals plain decoding's.
+/// and at most `spec.max_draft` tokens per draft (`o.speculative` is ignored), accepted by
+/// `spec.acceptance` (`exact`: the output equals plain decoding's).
 #[allow(clippy::too_many_arguments)]
 pub fn run_sequence_drafted<S: LogitsSource + Send>(
     model: &Model,
@@ -175,7 +181,9 @@ pub fn run_sequence_drafted<S: LogitsSource + Send>(
     )
 }
 
-/// One sampler step on `row` (recorded when asked).
+/// One sampler step on `row` (recorded when asked); `draft` is the drafted token the step
+/// verifies, judged by `spec`'s acceptance mode.
+#[allow(clippy::too_many_arguments)]
 fn step_once(
     sampler: &Sampler,
     row: &[f32],
@@ -183,16 +191,22 @@ fn step_once(
     ws: &mut nextok_core::support::Workspace,
     record: Option<usize>,
     records: &mut Vec<StepRecord>,
+    spec: &SpecOptions,
+    draft: Option<u32>,
 ) -> Result<nextok_core::StepResult> {
+    let draw = spec.draw(draft);
     match record {
         Some(n) => {
-            let (res, rec) = sampler
-                .step_recorded(row, state, ws, Draw::Stream, n)
+            let (res, mut rec) = sampler
+                .step_recorded(row, state, ws, draw, n)
                 .map_err(EngineError::core)?;
+            spec.mark(&mut rec, draft);
             records.push(rec);
             Ok(res)
         }
-        None => sampler.step(row, state, ws).map_err(EngineError::core),
+        None => sampler
+            .step_draw(row, state, ws, draw)
+            .map_err(EngineError::core),
     }
 }
 
@@ -211,6 +225,7 @@ fn run_speculative<S: LogitsSource + Send>(
     spec: SpecOptions,
     drafter: &mut dyn Drafter,
 ) -> Result<SoloOutput> {
+    spec.check()?;
     let mut out = SoloOutput::default();
     let ctx = model.weights.config.context_length;
     let vocab = src.vocab_size();
@@ -227,6 +242,8 @@ fn run_speculative<S: LogitsSource + Send>(
         &mut ws,
         o.record,
         &mut out.records,
+        &spec,
+        None,
     )?;
     out.time.sample += t.elapsed();
     out.tokens.push(res.token);
@@ -262,6 +279,8 @@ fn run_speculative<S: LogitsSource + Send>(
                 &mut ws,
                 o.record,
                 &mut out.records,
+                &spec,
+                draft.get(j).copied(),
             )?;
             out.time.sample += t.elapsed();
             out.tokens.push(res.token);

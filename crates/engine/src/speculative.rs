@@ -12,6 +12,15 @@
 //! state and draw of plain decoding: the tokens, the step records and the finish reason are
 //! identical; only the time changes. This is the `exact` acceptance mode.
 //!
+//! The `rejection` mode ([`Acceptance::Rejection`]) is the classic rule instead (Leviathan et
+//! al. 2022, with the drafter's distribution a point mass at its token): each drafted token is
+//! accepted with probability `p(token)` under the acceptance draws of the sequence's stream,
+//! otherwise replaced by a draw from the rest of `p` ([`nextok_core::Draw::Draft`]). Its tokens
+//! are distributed as plain decoding's, but they are not plain decoding's tokens for the seed.
+//!
+//! Either way, a step that verified a drafted token says so in its record
+//! ([`nextok_core::DraftRecord`]: the token, whether it was accepted, the rule).
+//!
 //! Drafting is adaptive ([`Adaptive`]): the draft length grows while drafts are accepted in
 //! full, halves when one is rejected at its first token, and drafting pauses after repeated
 //! misses, so a sequence the drafter cannot predict runs at the speed of plain decoding.
@@ -27,7 +36,7 @@ pub trait Drafter: Send {
 /// `n` first, from `max_ngram` down to `min_ngram`) in the prompt and the output so far, and
 /// proposes the tokens that followed it. Needs no second model; pays off where the output
 /// copies from the prompt (extraction, editing, structured output about a given text).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NgramDrafter {
     /// Longest suffix matched.
     pub max_ngram: usize,
@@ -168,20 +177,168 @@ impl Drafter for ModelDrafter {
     }
 }
 
-/// Options of speculative decoding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How drafted tokens are accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Acceptance {
+    /// A drafted token stands iff the step's own selection (plain decoding's draw) is that
+    /// token: the output is plain decoding's, token for token.
+    #[default]
+    Exact,
+    /// Leviathan's rejection rule ([`nextok_core::Draw::Draft`]): the output is distributed
+    /// as plain decoding's, on the acceptance draws of the stream.
+    Rejection,
+}
+
+impl Acceptance {
+    /// Its name (`exact`, `rejection`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Acceptance::Exact => "exact",
+            Acceptance::Rejection => "rejection",
+        }
+    }
+}
+
+impl std::str::FromStr for Acceptance {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "exact" => Ok(Acceptance::Exact),
+            "rejection" => Ok(Acceptance::Rejection),
+            other => Err(format!(
+                "unknown acceptance mode `{other}` (expected exact or rejection)"
+            )),
+        }
+    }
+}
+
+/// Which drafter proposes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DrafterKind {
+    /// Prompt lookup ([`NgramDrafter`]).
+    #[default]
+    Ngram,
+    /// The engine's draft model ([`ModelDrafter`]; see
+    /// [`Engine::with_draft_model`](crate::Engine::with_draft_model)).
+    Model,
+}
+
+/// Options of speculative decoding (as a trace header records them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SpecOptions {
+    /// Which drafter proposes.
+    #[serde(default)]
+    pub drafter: DrafterKind,
     /// The most tokens one draft may hold.
     pub max_draft: usize,
     /// The prompt-lookup drafter's n-gram sizes.
     pub ngram: NgramDrafter,
+    /// How drafted tokens are accepted.
+    pub acceptance: Acceptance,
 }
 
 impl Default for SpecOptions {
     fn default() -> Self {
         SpecOptions {
+            drafter: DrafterKind::Ngram,
             max_draft: 5,
             ngram: NgramDrafter::default(),
+            acceptance: Acceptance::Exact,
+        }
+    }
+}
+
+impl SpecOptions {
+    /// The largest draft length accepted.
+    pub const MAX_DRAFT: usize = 32;
+
+    /// Options from their text form, `ngram` or `ngram:K` (prompt lookup with drafts of at
+    /// most `K` tokens, `1..=32`, default 5) or `model` / `model:K` (the engine's draft
+    /// model), with `acceptance`. The error says what is wrong with the text (the caller
+    /// names the field).
+    pub fn parse(text: &str, acceptance: Acceptance) -> std::result::Result<SpecOptions, String> {
+        let (kind, k) = match text.split_once(':') {
+            Some((kind, k)) => (kind, Some(k)),
+            None => (text, None),
+        };
+        let drafter = match kind {
+            "ngram" => DrafterKind::Ngram,
+            "model" => DrafterKind::Model,
+            _ => {
+                return Err(format!(
+                    "unknown drafter `{kind}` (expected `ngram`, `ngram:K`, `model` or `model:K`)"
+                ))
+            }
+        };
+        let mut o = SpecOptions {
+            drafter,
+            acceptance,
+            ..SpecOptions::default()
+        };
+        if let Some(k) = k {
+            o.max_draft = match k.parse::<usize>() {
+                Ok(k) if (1..=Self::MAX_DRAFT).contains(&k) => k,
+                _ => {
+                    return Err(format!(
+                        "the draft length `{k}` must be a whole number from 1 to {}",
+                        Self::MAX_DRAFT
+                    ))
+                }
+            };
+        }
+        Ok(o)
+    }
+
+    /// Refuses options no drafter can run: a draft length outside `1..=32`, n-gram sizes
+    /// outside `1..=32` or with the shortest above the longest. Errors name the field
+    /// (`speculative.max_draft`, `speculative.ngram.min_ngram`, …).
+    pub fn check(&self) -> crate::Result<()> {
+        let range = |field: &str, v: usize| {
+            if (1..=Self::MAX_DRAFT).contains(&v) {
+                Ok(())
+            } else {
+                Err(crate::EngineError::invalid(
+                    field,
+                    format!("{v} is outside 1..={}", Self::MAX_DRAFT),
+                ))
+            }
+        };
+        range("speculative.max_draft", self.max_draft)?;
+        range("speculative.ngram.max_ngram", self.ngram.max_ngram)?;
+        range("speculative.ngram.min_ngram", self.ngram.min_ngram)?;
+        if self.ngram.min_ngram > self.ngram.max_ngram {
+            return Err(crate::EngineError::invalid(
+                "speculative.ngram.min_ngram",
+                format!(
+                    "{} is above max_ngram ({})",
+                    self.ngram.min_ngram, self.ngram.max_ngram
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The draw of a step that verifies the drafted token `x` (`None` past the draft).
+    pub fn draw(&self, x: Option<u32>) -> nextok_core::Draw {
+        match (self.acceptance, x) {
+            (Acceptance::Rejection, Some(x)) => nextok_core::Draw::Draft(x),
+            _ => nextok_core::Draw::Stream,
+        }
+    }
+
+    /// Completes the record of a step that verified the drafted token `x` and selected
+    /// `selected` (the rejection rule's records are complete already).
+    pub fn mark(&self, rec: &mut nextok_core::StepRecord, x: Option<u32>) {
+        if let (Some(x), None) = (x, &rec.draft) {
+            rec.draft = Some(nextok_core::DraftRecord {
+                token: x,
+                accepted: rec.selected == x,
+                rule: nextok_core::DraftRule::Exact,
+                accept_u: None,
+                residual_u: None,
+            });
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Traces: a JSON Lines file whose first line is a [`TraceHeader`] (model SHA-256,
 //! re-quantisation, prompt ids, parameters, pipeline and its hash, stop config, seeds, how many
-//! candidates each record keeps, the build's SIMD features) and whose other lines are
+//! candidates each record keeps, the build's SIMD features, speculative decoding's options) and whose other lines are
 //! [`StepRecord`](nextok_core::StepRecord)s, sequence after sequence.
 //!
 //! [`replay_request`] turns a header back into the request that produced it, and [`compare`]
@@ -45,6 +45,15 @@ pub struct TraceHeader {
     /// SIMD features of the recording build (its logits depend on them).
     #[serde(default)]
     pub simd: String,
+    /// Speculative decoding as run (drafter, draft length, acceptance mode); absent without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<crate::speculative::SpecOptions>,
+    /// The draft model's file name, when a `model` drafter ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<String>,
+    /// Its SHA-256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model_sha256: Option<String>,
 }
 
 impl TraceHeader {
@@ -73,7 +82,22 @@ impl TraceHeader {
             seeds: info.seeds.clone(),
             candidates,
             simd: nextok_model::simd_features(),
+            speculative: info.speculative,
+            draft_model: None,
+            draft_model_sha256: None,
         }
+    }
+
+    /// Records the draft model, when the request drafted with it.
+    pub fn with_draft_model(mut self, draft: Option<&Model>) -> TraceHeader {
+        let uses = self
+            .speculative
+            .is_some_and(|s| s.drafter == crate::speculative::DrafterKind::Model);
+        if let (true, Some(d)) = (uses, draft) {
+            self.draft_model = d.path.file_name().map(|f| f.to_string_lossy().into_owned());
+            self.draft_model_sha256 = Some(d.sha256.clone());
+        }
+        self
     }
 
     /// The re-quantisation the trace was recorded with.
@@ -139,7 +163,9 @@ pub fn replay_request(h: &TraceHeader) -> Result<GenerateRequest> {
         logprobs: None,
         records: Some(h.candidates),
         ledger_step: None,
-        speculative: None,
+        // the same drafts again (prompt lookup is a function of the tokens so far), so the
+        // records' draft marks and, in `rejection` mode, the tokens replay too
+        speculative: h.speculative,
     })
 }
 

@@ -1,14 +1,16 @@
 //! Speculative decoding in `exact` mode on the real model (SmolLM2-135M-Instruct, from the test
-//! data): with prompt lookup drafting, every sequence's tokens, step records and finish reason
-//! equal plain decoding's, over seeds, temperatures, pipelines, penalties, a JSON-schema
-//! constraint, stop strings and output limits, and drafts are accepted where the output copies
-//! the prompt.
+//! data): with prompt lookup drafting, every sequence's tokens, step records (apart from their
+//! draft marks) and finish reason equal plain decoding's, over seeds, temperatures, pipelines,
+//! penalties, a JSON-schema constraint, stop strings and output limits, and drafts are accepted
+//! where the output copies the prompt; the marks say which tokens were drafted and accepted.
+//! In `rejection` mode the run is reproducible, its records carry the rule's draws, and a
+//! greedy pipeline still gives plain decoding's tokens.
 
 use std::sync::Arc;
 
 use nextok_core::SamplingParams;
 use nextok_engine::solo::{run_sequence, SoloOptions, SoloOutput};
-use nextok_engine::speculative::SpecOptions;
+use nextok_engine::speculative::{Acceptance, SpecOptions};
 use nextok_engine::{
     ConstraintSpec, Engine, EngineConfig, GenerateRequest, PipelineChoice, Prompt,
 };
@@ -52,6 +54,26 @@ fn run(
     .expect("decodes")
 }
 
+/// The records as JSON without their draft marks, and the marks' (drafted, accepted) counts;
+/// every mark must be consistent with its record (`accepted` iff the drafted token was
+/// selected).
+fn unmarked(records: &[nextok_core::StepRecord]) -> (String, usize, usize) {
+    let (mut drafted, mut accepted) = (0, 0);
+    let plain: Vec<_> = records
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if let Some(d) = r.draft.take() {
+                assert_eq!(d.accepted, d.token == r.selected, "mark of step {}", r.step);
+                drafted += 1;
+                accepted += d.accepted as usize;
+            }
+            r
+        })
+        .collect();
+    (serde_json::to_string(&plain).unwrap(), drafted, accepted)
+}
+
 fn same(engine: &Engine, model: &Model, req: &GenerateRequest, what: &str) -> SoloOutput {
     let plain = run(engine, model, req, None);
     for max_draft in [1, 5] {
@@ -68,10 +90,21 @@ fn same(engine: &Engine, model: &Model, req: &GenerateRequest, what: &str) -> So
             fast.finish, plain.finish,
             "{what}: finish (draft {max_draft})"
         );
+        let (records, drafted, accepted) = unmarked(&fast.records);
         assert_eq!(
-            serde_json::to_string(&fast.records).unwrap(),
-            serde_json::to_string(&plain.records).unwrap(),
+            records,
+            unmarked(&plain.records).0,
             "{what}: step records (draft {max_draft})"
+        );
+        // every verified draft token is marked (a draft after the last token is not verified)
+        assert!(drafted <= fast.spec.drafted, "{what}: {drafted} marks");
+        assert_eq!(accepted, fast.spec.accepted, "{what}: accepted marks");
+        assert!(
+            fast.records
+                .iter()
+                .filter_map(|r| r.draft.as_ref())
+                .all(|d| d.rule == nextok_core::DraftRule::Exact),
+            "{what}: exact marks"
         );
         if max_draft == 5 {
             return fast;
@@ -164,7 +197,7 @@ fn outcome(c: &nextok_engine::Completion) -> Vec<(Vec<u32>, String, String, Stri
                 s.tokens.clone(),
                 s.text.clone(),
                 format!("{:?}", s.finish),
-                serde_json::to_string(&s.records).unwrap(),
+                unmarked(&s.records).0,
             )
         })
         .collect()
@@ -267,14 +300,159 @@ fn a_draft_model_changes_nothing_but_the_time() {
         )
         .unwrap();
         assert_eq!(fast.tokens, plain.tokens, "temperature {temp}");
-        assert_eq!(
-            serde_json::to_string(&fast.records).unwrap(),
-            serde_json::to_string(&plain.records).unwrap()
-        );
+        assert_eq!(unmarked(&fast.records).0, unmarked(&plain.records).0);
         if temp == 0.0 {
             // greedy drafts of the very model are all accepted
             assert_eq!(fast.spec.accepted, fast.spec.drafted, "{:?}", fast.spec);
             assert!(fast.spec.accepted > 0);
         }
+    }
+}
+
+#[test]
+fn rejection_mode_is_reproducible_and_marks_its_draws() {
+    let Some(model) = model() else {
+        eprintln!("skipped: the default model is not in the test data");
+        return;
+    };
+    let engine = Engine::new(model.clone(), EngineConfig::default()).unwrap();
+    let spec = SpecOptions {
+        acceptance: Acceptance::Rejection,
+        ..Default::default()
+    };
+    // greedy: the rule selects the argmax, so the tokens are plain decoding's
+    let greedy = request(
+        COPY,
+        SamplingParams {
+            temperature: Some(0.0),
+            max_tokens: Some(30),
+            seed: Some(3),
+            ..Default::default()
+        },
+    );
+    let plain = run(&engine, &model, &greedy, None);
+    let fast = run(&engine, &model, &greedy, Some(spec));
+    assert_eq!(fast.tokens, plain.tokens);
+    assert!(fast.spec.accepted > 0, "{:?}", fast.spec);
+
+    // sampled: the same request twice gives the same tokens and records
+    let sampled = request(
+        COPY,
+        SamplingParams {
+            temperature: Some(0.9),
+            max_tokens: Some(30),
+            seed: Some(11),
+            ..Default::default()
+        },
+    );
+    let a = run(&engine, &model, &sampled, Some(spec));
+    let b = run(&engine, &model, &sampled, Some(spec));
+    assert_eq!(a.tokens, b.tokens);
+    assert_eq!(
+        serde_json::to_string(&a.records).unwrap(),
+        serde_json::to_string(&b.records).unwrap()
+    );
+    let marks: Vec<_> = a.records.iter().filter_map(|r| r.draft.clone()).collect();
+    assert!(!marks.is_empty(), "the copy prompt drafts");
+    for d in &marks {
+        assert_eq!(d.rule, nextok_core::DraftRule::Rejection);
+        assert!(d.accept_u.is_some());
+        assert_eq!(d.residual_u.is_some(), !d.accepted);
+    }
+    assert_eq!(marks.iter().filter(|d| d.accepted).count(), a.spec.accepted);
+    // the batched engine runs the same rule: same tokens and records
+    let mut r = sampled.clone();
+    r.records = Some(4);
+    r.speculative = Some(spec);
+    let c = engine.generate(r).expect("engine run");
+    assert_eq!(c.sequences[0].tokens, a.tokens);
+    assert_eq!(
+        serde_json::to_string(&c.sequences[0].records).unwrap(),
+        serde_json::to_string(&a.records).unwrap()
+    );
+}
+
+#[test]
+fn speculative_options_are_checked() {
+    let Some(model) = model() else {
+        eprintln!("skipped: the default model is not in the test data");
+        return;
+    };
+    let engine = Engine::new(model.clone(), EngineConfig::default()).unwrap();
+    for (spec, field) in [
+        (
+            SpecOptions {
+                max_draft: 0,
+                ..Default::default()
+            },
+            "speculative.max_draft",
+        ),
+        (
+            SpecOptions {
+                max_draft: 1 << 40,
+                ..Default::default()
+            },
+            "speculative.max_draft",
+        ),
+        (
+            SpecOptions {
+                ngram: nextok_engine::speculative::NgramDrafter {
+                    max_ngram: 2,
+                    min_ngram: 3,
+                },
+                ..Default::default()
+            },
+            "speculative.ngram.min_ngram",
+        ),
+    ] {
+        let mut r = request(COPY, SamplingParams::default());
+        r.speculative = Some(spec);
+        let e = engine.submit(r).expect_err("refused");
+        assert_eq!(e.field(), Some(field), "{e}");
+    }
+}
+
+#[test]
+fn the_batched_engine_drafts_with_a_draft_model() {
+    let Some(model) = model() else {
+        eprintln!("skipped: the default model is not in the test data");
+        return;
+    };
+    // the model drafting for itself
+    let engine =
+        Engine::with_draft_model(model.clone(), model.clone(), EngineConfig::default()).unwrap();
+    let plain_engine = Engine::new(model.clone(), EngineConfig::default()).unwrap();
+    for (temp, seed) in [(0.0f32, 1u64), (0.8, 2)] {
+        let mut r = request(
+            COPY,
+            SamplingParams {
+                temperature: Some(temp),
+                max_tokens: Some(20),
+                seed: Some(seed),
+                ..Default::default()
+            },
+        );
+        r.records = Some(3);
+        let plain = outcome(&plain_engine.generate(r.clone()).expect("plain"));
+        r.speculative = Some(SpecOptions {
+            drafter: nextok_engine::speculative::DrafterKind::Model,
+            max_draft: 4,
+            ..Default::default()
+        });
+        let before = engine.stats();
+        let fast = outcome(&engine.generate(r.clone()).expect("drafted"));
+        assert_eq!(fast, plain, "temperature {temp}");
+        let after = engine.stats();
+        assert!(after.draft_tokens > before.draft_tokens, "{after:?}");
+        if temp == 0.0 {
+            // greedy drafts of the very model are all accepted
+            assert_eq!(
+                after.accepted_draft_tokens - before.accepted_draft_tokens,
+                after.draft_tokens - before.draft_tokens
+            );
+        }
+        // an engine without a draft model refuses the `model` drafter, naming the field
+        let e = plain_engine.submit(r).expect_err("no draft model");
+        assert_eq!(e.field(), Some("speculative.drafter"));
     }
 }

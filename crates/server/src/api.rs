@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use nextok_core::pipeline::GrammarPolicy;
 use nextok_core::{Layer, PipelineConfig, Preset, SamplingParams};
+use nextok_engine::speculative::{Acceptance, SpecOptions};
 use nextok_engine::{ConstraintSpec, GenerateRequest, LogprobOptions, PipelineChoice, Prompt};
 use nextok_model::chat::Message;
 use serde::de::DeserializeOwned;
@@ -52,6 +53,9 @@ pub struct ApiRequest {
     pub max_tokens_param: &'static str,
     /// How the request named nextok's options: `nextok.` or `nextok_`.
     pub nextok_prefix: &'static str,
+    /// `nextok.speculative` when the request set it (`Some(None)`: `"off"`); else the
+    /// server's default applies.
+    pub speculative: Option<Option<SpecOptions>>,
 }
 
 impl ApiRequest {
@@ -75,6 +79,8 @@ impl ApiRequest {
             ("top_logprobs", Endpoint::Completions) => "logprobs".to_string(),
             ("pipeline", _) => format!("{}pipeline", self.nextok_prefix),
             ("grammar_policy", _) => format!("{}grammar_policy", self.nextok_prefix),
+            // the options as a whole came from one string
+            ("speculative", _) => return format!("{}speculative", self.nextok_prefix),
             _ => head.to_string(),
         };
         format!("{renamed}{rest}")
@@ -119,6 +125,8 @@ const COMMON: &[&str] = &[
     "nextok_logprob_layer",
     "nextok_grammar_policy",
     "nextok_trace",
+    "nextok_speculative",
+    "nextok_spec_acceptance",
 ];
 const CHAT_ONLY: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
 const COMPLETIONS_ONLY: &[&str] = &["prompt", "echo", "suffix", "best_of"];
@@ -426,6 +434,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
         constraint_param,
         max_tokens_param,
         nextok_prefix: nx.prefix,
+        speculative: nx.speculative,
     })
 }
 
@@ -518,17 +527,26 @@ struct NextokOptions {
     logprob_layer: Option<Layer>,
     grammar_policy: Option<GrammarPolicy>,
     trace: bool,
+    speculative: Option<Option<SpecOptions>>,
     /// `nextok.` or `nextok_`, as the request named them.
     prefix: &'static str,
 }
 
+/// nextok's option names (in the `nextok` object, or with a `nextok_` prefix).
+const NEXTOK_OPTIONS: [&str; 6] = [
+    "pipeline",
+    "logprob_layer",
+    "grammar_policy",
+    "trace",
+    "speculative",
+    "spec_acceptance",
+];
+
 fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
-    let flat = ["pipeline", "logprob_layer", "grammar_policy", "trace"]
-        .iter()
-        .any(|k| {
-            obj.get(&format!("nextok_{k}"))
-                .is_some_and(|v| !v.is_null())
-        });
+    let flat = NEXTOK_OPTIONS.iter().any(|k| {
+        obj.get(&format!("nextok_{k}"))
+            .is_some_and(|v| !v.is_null())
+    });
     let nested: Option<Map<String, Value>> = get(obj, "nextok", "nextok")?;
     let (src, prefix): (Map<String, Value>, &'static str) = match (nested, flat) {
         (Some(_), true) => {
@@ -538,12 +556,13 @@ fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
             ))
         }
         (Some(m), false) => {
-            if let Some(k) = m.keys().find(|k| {
-                !["pipeline", "logprob_layer", "grammar_policy", "trace"].contains(&k.as_str())
-            }) {
+            if let Some(k) = m.keys().find(|k| !NEXTOK_OPTIONS.contains(&k.as_str())) {
                 return Err(ApiError::invalid(
                     format!("nextok.{k}"),
-                    format!("unknown nextok option `{k}` (pipeline, logprob_layer, grammar_policy, trace)"),
+                    format!(
+                        "unknown nextok option `{k}` ({})",
+                        NEXTOK_OPTIONS.join(", ")
+                    ),
                 ));
             }
             (m, "nextok.")
@@ -560,7 +579,32 @@ fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
         (None, false) => (Map::new(), "nextok."),
     };
     let name = |k: &str| format!("{prefix}{k}");
+    let acceptance: Option<String> = get(&src, "spec_acceptance", &name("spec_acceptance"))?;
+    let acceptance = match acceptance {
+        None => None,
+        Some(a) => Some(
+            a.parse::<Acceptance>()
+                .map_err(|e| ApiError::invalid(name("spec_acceptance"), e))?,
+        ),
+    };
+    let speculative = match get::<String>(&src, "speculative", &name("speculative"))? {
+        None => {
+            if acceptance.is_some() {
+                return Err(ApiError::invalid(
+                    name("spec_acceptance"),
+                    format!("needs `{}` (for example \"ngram:5\")", name("speculative")),
+                ));
+            }
+            None
+        }
+        Some(t) if t == "off" => Some(None),
+        Some(t) => Some(Some(
+            SpecOptions::parse(&t, acceptance.unwrap_or_default())
+                .map_err(|e| ApiError::invalid(name("speculative"), e))?,
+        )),
+    };
     Ok(NextokOptions {
+        speculative,
         pipeline: src.get("pipeline").filter(|v| !v.is_null()).cloned(),
         logprob_layer: get(&src, "logprob_layer", &name("logprob_layer"))?,
         grammar_policy: get(&src, "grammar_policy", &name("grammar_policy"))?,

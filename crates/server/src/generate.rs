@@ -66,8 +66,9 @@ async fn start(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let v = crate::json_body(body)?;
-    let req = api::parse(endpoint, &v)?;
+    let mut req = api::parse(endpoint, &v)?;
     check_model(&s, &req)?;
+    req.gen.speculative = req.speculative.unwrap_or(s.config.speculative);
     let engine = s.engine.clone();
     let gen = req.gen.clone();
     let handle = tokio::task::spawn_blocking(move || engine.submit(gen))
@@ -206,6 +207,9 @@ impl Gen {
         }
         if let Some(t) = &self.trace_id {
             m["trace_id"] = json!(t);
+        }
+        if let Some(sp) = &info.speculative {
+            m["speculative"] = json!(sp);
         }
         m
     }

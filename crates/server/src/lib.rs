@@ -61,6 +61,8 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// Traces kept for `GET /v1/traces/{id}` (the oldest go first).
     pub max_traces: usize,
+    /// Speculative decoding for requests that do not choose (`nextok.speculative`).
+    pub speculative: Option<nextok_engine::speculative::SpecOptions>,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +72,7 @@ impl Default for ServerConfig {
             api_key: None,
             body_limit: 4 << 20,
             max_traces: 64,
+            speculative: None,
         }
     }
 }

@@ -376,6 +376,43 @@ def test_trace_replays():
     assert "replay ok" in rep.stderr
 
 
+def test_speculative_per_request():
+    # an answer that copies its prompt (the chat template written out, as `generate` takes it)
+    copy = ("<|im_start|>user\nRepeat this list exactly, one item per line:\napple pie\nbanana bread\n"
+            "cherry tart\ndate cake\nelderberry jam\nfig roll<|im_end|>\n<|im_start|>assistant\n")
+    kw = dict(model=MODEL_ID, prompt=copy, max_tokens=30, temperature=0.6, seed=9)
+    plain = client.completions.create(**kw)
+    fast = client.completions.create(**kw, extra_body={"nextok": {"speculative": "ngram:4"}})
+    # exact mode: plain decoding's tokens
+    assert fast.choices[0].text == plain.choices[0].text
+    sp = fast.model_extra["nextok"]["speculative"]
+    assert sp["max_draft"] == 4 and sp["acceptance"] == "exact", sp
+    assert "speculative" not in plain.model_extra["nextok"]
+    # rejection mode: its trace records the rule and replays
+    r = client.completions.create(**kw, extra_body={
+        "nextok_speculative": "ngram", "nextok_spec_acceptance": "rejection", "nextok_trace": True})
+    status, _, text = http("GET", "/v1/traces/" + r.model_extra["nextok"]["trace_id"])
+    assert status == 200, text
+    lines = [json.loads(l) for l in text.strip().split("\n")]
+    assert lines[0]["speculative"]["acceptance"] == "rejection", lines[0]
+    marks = [l["draft"] for l in lines[1:] if "draft" in l]
+    assert marks and all(m["rule"] == "rejection" for m in marks), marks
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        f.write(text)
+    rep = subprocess.run([BIN, "replay", f.name, "--model", MODEL], capture_output=True, text=True, timeout=300)
+    os.unlink(f.name)
+    assert rep.returncode == 0, rep.stderr
+    expect_400("nextok.speculative", lambda: client.completions.create(
+        **kw, extra_body={"nextok": {"speculative": "ngram:99"}}))
+    # this server has no draft model
+    expect_400("nextok.speculative", lambda: client.completions.create(
+        **kw, extra_body={"nextok": {"speculative": "model:3"}}))
+    expect_400("nextok.spec_acceptance", lambda: client.completions.create(
+        **kw, extra_body={"nextok": {"spec_acceptance": "rejection"}}))
+    expect_400("nextok_spec_acceptance", lambda: client.completions.create(
+        **kw, extra_body={"nextok_speculative": "ngram", "nextok_spec_acceptance": "often"}))
+
+
 def test_explain():
     req = json.load(open(os.path.join(ROOT, "examples", "hand_computation.json")))
     status, _, text = http("POST", "/v1/explain", req)
@@ -398,6 +435,7 @@ TESTS = [
     test_logprobs,
     test_json_schema_answer_validates,
     test_vllm_extra_body_and_structured_outputs,
+    test_speculative_per_request,
     test_each_bad_field_is_a_400_naming_it,
     test_disconnect_mid_stream_frees_the_cache,
     test_64_concurrent_streams_equal_their_solo_runs,
