@@ -119,3 +119,79 @@ pub fn model_step_output(
         record: ex.record.clone(),
     }
 }
+
+/// Most output tokens [`model_step_after`] takes as already accepted.
+pub const MAX_ACCEPTED: usize = 512;
+
+/// The model's step after `accepted` output tokens (a prepared request whose output so far is
+/// `accepted`, say the tokens a reader accepted one by one on the ledger page): the model reads
+/// the prompt then `accepted` (a KV cache of its own, filled for exactly that prefix), and the
+/// sampler's state has committed them as output — the constraint has consumed them, the
+/// penalties count them, the random stream stands at step `accepted.len()`. So, with the same
+/// seed and parameters, the step equals step `accepted.len()` of the request that generated
+/// `accepted`. `prepared`'s `max_tokens` must leave room for one more token. Errors name
+/// `accepted[i]` when the sampler or the constraint refuses a token or it ends the sequence.
+/// Also returns why the selected token would end the sequence, if it would (EOS, a stop token or
+/// string, the constraint's acceptance; `max_tokens` is not counted).
+pub fn model_step_after(
+    model: &Model,
+    prepared: &crate::Prepared,
+    accepted: &[u32],
+) -> Result<(Explanation, Option<nextok_core::FinishReason>)> {
+    use nextok_model::LogitsSource;
+    if accepted.len() > MAX_ACCEPTED {
+        return Err(EngineError::invalid(
+            "accepted",
+            format!("at most {MAX_ACCEPTED} accepted tokens"),
+        ));
+    }
+    let info = &prepared.info;
+    let sampler = &prepared.sampler;
+    let seed = info.seeds.first().copied().unwrap_or(0);
+    let mut state = sampler
+        .new_state(&info.prompt_ids, seed)
+        .map_err(EngineError::core)?;
+    if let Some(c) = &prepared.constraint {
+        state.set_grammar(Box::new(c.start()));
+    }
+    for (i, &t) in accepted.iter().enumerate() {
+        let field = format!("accepted[{i}]");
+        match sampler.commit(&mut state, t) {
+            Ok(None) => {}
+            Ok(Some(finish)) => {
+                let why = serde_json::to_value(finish)
+                    .ok()
+                    .and_then(|v| v["reason"].as_str().map(str::to_string))
+                    .unwrap_or_default();
+                return Err(EngineError::invalid(
+                    field,
+                    format!("it ends the sequence ({why}): there is no next step"),
+                ));
+            }
+            Err(e) => return Err(EngineError::invalid(field, e.to_string())),
+        }
+    }
+    let mut ids = Vec::with_capacity(info.prompt_ids.len() + accepted.len());
+    ids.extend_from_slice(&info.prompt_ids);
+    ids.extend_from_slice(accepted);
+    let ctx = model.weights.config.context_length;
+    if ids.len() >= ctx {
+        return Err(EngineError::new(
+            ErrorKind::TooLarge,
+            format!("prompt and accepted tokens fill the context of {ctx}"),
+        )
+        .with_field("accepted"));
+    }
+    let mut source = model.source();
+    let logits = source.prefill(&ids).map_err(EngineError::model)?;
+    let ex = sampler
+        .explain(&logits, &state, nextok_core::Draw::Stream)
+        .map_err(EngineError::core)?;
+    // what accepting the selected token would do
+    let mut next = state.clone();
+    let finish = sampler
+        .commit(&mut next, ex.record.selected)
+        .map_err(EngineError::core)?
+        .filter(|f| *f != nextok_core::FinishReason::MaxTokens);
+    Ok((ex, finish))
+}

@@ -16,6 +16,8 @@
 //! * [`trace`] — the trace format (a header line, then one step record per line) and replay;
 //! * [`speculative`] — drafts verified in one forward pass, accepted exactly where plain
 //!   decoding would select the same token;
+//! * [`teaching`] — the ledger page's demonstrations: beam search on a probability tree, 002's
+//!   random-stream scheduling and nextok's own per-request streams;
 //! * [`solo`] — the one-sequence loop (`nextok bench decode`, the baseline of
 //!   `nextok bench engine`) and beam search.
 //!
@@ -44,6 +46,7 @@ pub mod request;
 pub(crate) mod scheduler;
 pub mod solo;
 pub mod speculative;
+pub mod teaching;
 pub mod trace;
 
 pub use engine::{Completion, Engine, EngineConfig, EngineStats, RequestHandle, SequenceOutput};

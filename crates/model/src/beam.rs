@@ -228,13 +228,48 @@ pub fn beam_search<S: LogitsSource>(
     beam_search_with(source, prompt, cfg, &scorer)
 }
 
+/// One proposal of a beam step, as [`beam_search_traced`] reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BeamProposal {
+    /// The step (1 = the first generated token).
+    pub depth: usize,
+    /// The hypothesis's tokens after this proposal (its parent's, then the proposed token).
+    pub tokens: Vec<u32>,
+    /// Cumulative logprob of `tokens`.
+    pub logprob: f64,
+    /// Whether the search kept it (as a live hypothesis, or as a finished one).
+    pub kept: bool,
+}
+
 /// Runs beam search from `prompt` (non-empty) on `source` (an empty branch) with `scorer`.
 /// Returns the finished hypotheses, best first.
 pub fn beam_search_with<S: LogitsSource, B: BeamScorer>(
+    source: S,
+    prompt: &[u32],
+    cfg: &BeamConfig,
+    scorer: &B,
+) -> Result<Vec<Hypothesis>> {
+    search(source, prompt, cfg, scorer, None)
+}
+
+/// [`beam_search_with`] that also reports every step's proposals, in the order the search
+/// ranked them (best first), each marked kept or dropped.
+pub fn beam_search_traced<S: LogitsSource, B: BeamScorer>(
+    source: S,
+    prompt: &[u32],
+    cfg: &BeamConfig,
+    scorer: &B,
+    trace: &mut Vec<BeamProposal>,
+) -> Result<Vec<Hypothesis>> {
+    search(source, prompt, cfg, scorer, Some(trace))
+}
+
+fn search<S: LogitsSource, B: BeamScorer>(
     mut source: S,
     prompt: &[u32],
     cfg: &BeamConfig,
     scorer: &B,
+    mut trace: Option<&mut Vec<BeamProposal>>,
 ) -> Result<Vec<Hypothesis>> {
     if cfg.width == 0 {
         return Err(ModelError::new("invalid `beam_width`: must be at least 1"));
@@ -264,7 +299,7 @@ pub fn beam_search_with<S: LogitsSource, B: BeamScorer>(
         state: scorer.start()?,
     }];
     let mut finished: Vec<Hypothesis> = Vec::new();
-    for _step in 0..max_tokens {
+    for step in 0..max_tokens {
         // proposals: (cum logprob, parent index, token)
         let mut props: Vec<(f64, usize, u32)> = Vec::new();
         for (pi, h) in live.iter().enumerate() {
@@ -273,6 +308,7 @@ pub fn beam_search_with<S: LogitsSource, B: BeamScorer>(
         }
         props.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
         let mut chosen: Vec<(f64, usize, u32, B::State)> = Vec::new();
+        let mut kept = vec![false; props.len()];
         for (rank, &(lp, pi, t)) in props.iter().enumerate() {
             if chosen.len() == b && rank >= b {
                 break;
@@ -281,6 +317,7 @@ pub fn beam_search_with<S: LogitsSource, B: BeamScorer>(
             match scorer.commit(&mut st, t)? {
                 Some(finish) if finish != BeamFinish::Length => {
                     if rank < b {
+                        kept[rank] = true;
                         let mut tokens = live[pi].tokens.clone();
                         tokens.push(t);
                         finished.push(Hypothesis {
@@ -294,9 +331,22 @@ pub fn beam_search_with<S: LogitsSource, B: BeamScorer>(
                 // a length finish from the state (its max_tokens) ends the search below
                 _ => {
                     if chosen.len() < b {
+                        kept[rank] = true;
                         chosen.push((lp, pi, t, st));
                     }
                 }
+            }
+        }
+        if let Some(trace) = trace.as_deref_mut() {
+            for (&(lp, pi, t), &k) in props.iter().zip(&kept) {
+                let mut tokens = live[pi].tokens.clone();
+                tokens.push(t);
+                trace.push(BeamProposal {
+                    depth: step + 1,
+                    tokens,
+                    logprob: lp,
+                    kept: k,
+                });
             }
         }
         if finished.len() >= b || chosen.is_empty() {

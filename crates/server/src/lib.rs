@@ -8,7 +8,11 @@
 //!   (see [`api`]);
 //! * `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text, see [`metrics`]);
 //! * `POST /v1/explain` — `nextok explain`'s request and `--json` response, or, given a
-//!   `prompt` or `messages`, the ledger of the model's next step;
+//!   `prompt` or `messages`, the ledger of the model's next step (after the output tokens in
+//!   `accepted`, when given);
+//! * `POST /v1/explain/beam`, `POST /v1/explain/streams` — beam search on a probability tree,
+//!   random-stream scheduling (the ledger page's demonstrations, see [`page`]);
+//! * `GET /` — the decoding ledger page, `GET /assets/{file}` its files (see [`page`]);
 //! * `GET /v1/traces/{id}` — the JSON Lines trace of a request run with `nextok.trace: true`,
 //!   as `nextok replay` reads it.
 //!
@@ -24,6 +28,7 @@ pub mod api;
 mod error;
 mod generate;
 pub mod metrics;
+pub mod page;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -88,6 +93,9 @@ pub(crate) struct AppState {
     pub(crate) metrics: metrics::Metrics,
     pub(crate) traces: Mutex<VecDeque<(String, Arc<String>)>>,
     pub(crate) started: u64,
+    /// One model step after accepted tokens at a time (each runs its own forward pass outside
+    /// the engine's batch).
+    pub(crate) after_accepted: tokio::sync::Semaphore,
 }
 
 impl AppState {
@@ -119,6 +127,7 @@ pub fn router(engine: Arc<Engine>, config: ServerConfig) -> Router {
         metrics: metrics::Metrics::default(),
         traces: Mutex::new(VecDeque::new()),
         started: unix_now(),
+        after_accepted: tokio::sync::Semaphore::new(1),
         config,
     });
     let v1 = Router::new()
@@ -126,10 +135,14 @@ pub fn router(engine: Arc<Engine>, config: ServerConfig) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/explain", post(explain))
+        .route("/v1/explain/beam", post(page::beam))
+        .route("/v1/explain/streams", post(page::streams))
         .route("/v1/traces/{id}", get(trace))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(v1)
+        .route("/", get(page::index))
+        .route("/assets/{file}", get(page::asset))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
@@ -202,6 +215,10 @@ fn endpoint_name(path: &str) -> &'static str {
         "/v1/completions" => "completions",
         "/v1/models" => "models",
         "/v1/explain" => "explain",
+        "/v1/explain/beam" => "explain_beam",
+        "/v1/explain/streams" => "explain_streams",
+        "/" => "page",
+        p if p.starts_with("/assets/") => "page",
         "/health" => "health",
         "/metrics" => "metrics",
         p if p.starts_with("/v1/traces/") => "traces",
@@ -359,7 +376,14 @@ async fn explain(
             .map_err(|e| explain_error(&e, |f| f.to_string()))?;
         return Ok(Json(out).into_response());
     }
-    // the model's next step
+    // the model's next step, after the output tokens already accepted, if any
+    let mut v = v;
+    let accepted: Option<Vec<u32>> = match v.as_object_mut().and_then(|o| o.remove("accepted")) {
+        None | Some(Value::Null) => None,
+        Some(a) => Some(serde_json::from_value(a).map_err(|e| {
+            ApiError::invalid("accepted", format!("must be a list of token ids: {e}"))
+        })?),
+    };
     let ep = if v.as_object().is_some_and(|o| o.contains_key("messages")) {
         Endpoint::Chat
     } else {
@@ -370,10 +394,48 @@ async fn explain(
     if req.gen.n != 1 {
         return Err(ApiError::invalid("n", "the ledger explains one sequence"));
     }
-    req.gen.params.max_tokens = Some(1);
+    req.gen.params.max_tokens = Some(accepted.as_ref().map_or(0, |a| a.len()) as u64 + 1);
     req.gen.ledger_step = Some(0);
     req.gen.logprobs = None;
     req.gen.records = None;
+    if let Some(accepted) = accepted {
+        let _one = s.after_accepted.acquire().await.map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                e.to_string(),
+            )
+        })?;
+        let engine = s.engine.clone();
+        let gen = req.gen.clone();
+        let acc = accepted.clone();
+        let (prepared, (ex, finish)) = tokio::task::spawn_blocking(move || {
+            let p = engine.prepare(&gen)?;
+            let ex = nextok_engine::explain::model_step_after(engine.model(), &p, &acc)?;
+            Ok::<_, nextok_engine::EngineError>((p, ex))
+        })
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                e.to_string(),
+            )
+        })?
+        .map_err(|e| {
+            explain_error(&e, |f| {
+                if f.starts_with("accepted") {
+                    f.to_string()
+                } else {
+                    req.param(f)
+                }
+            })
+        })?;
+        let mut r = model_step_body(&s, &prepared.info, &ex)?;
+        r["accepted"] = json!(accepted);
+        r["selected_finishes"] = json!(finish);
+        return Ok(Json(r).into_response());
+    }
     let engine = s.engine.clone();
     let gen = req.gen.clone();
     let mut h = tokio::task::spawn_blocking(move || engine.submit(gen))
@@ -389,23 +451,7 @@ async fn explain(
     while let Some(ev) = h.next_event().await {
         match ev {
             Event::Ledger { explanation, .. } => {
-                let out = nextok_engine::explain::model_step_output(
-                    s.engine.model(),
-                    &h.info,
-                    &explanation,
-                    20,
-                    10,
-                );
-                let mut body = serde_json::to_value(out).map_err(|e| {
-                    ApiError::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "server_error",
-                        e.to_string(),
-                    )
-                })?;
-                body["prompt_tokens"] = json!(h.info.prompt_ids.len());
-                body["seed"] = json!(h.info.seeds.first());
-                return Ok(Json(body).into_response());
+                return Ok(Json(model_step_body(&s, &h.info, &explanation)?).into_response());
             }
             Event::Error(e) => return Err(explain_error(&e, |f| req.param(f))),
             Event::Done { .. } => break,
@@ -417,6 +463,27 @@ async fn explain(
         "server_error",
         "the engine ended the request without a ledger",
     ))
+}
+
+/// The answer of `/v1/explain` for a model step: its ledger (20 support rows, then 10 outside),
+/// the prompt's ids and count, and the seed.
+fn model_step_body(
+    s: &AppState,
+    info: &nextok_engine::RequestInfo,
+    ex: &nextok_core::Explanation,
+) -> Result<Value, ApiError> {
+    let out = nextok_engine::explain::model_step_output(s.engine.model(), info, ex, 20, 10);
+    let mut body = serde_json::to_value(out).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            e.to_string(),
+        )
+    })?;
+    body["prompt_tokens"] = json!(info.prompt_ids.len());
+    body["prompt_ids"] = json!(info.prompt_ids);
+    body["seed"] = json!(info.seeds.first());
+    Ok(body)
 }
 
 /// Every error of an explained step but the model's and the engine's own is the request's.

@@ -657,3 +657,276 @@ async fn relaxed_schema_mode_reports_and_validates() {
     }
     assert_eq!(checks, 2);
 }
+
+#[tokio::test]
+async fn the_page_and_its_assets_are_served_same_origin() {
+    let Some((app, _)) = app() else { return };
+    let get = |p: &str| Request::get(p).body(Body::empty()).unwrap();
+    let (status, headers, body) = call(&app, get("/")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'self'") && csp.contains("connect-src 'self'"));
+    let html = body.as_str().unwrap();
+    // every asset the page names is served, and none is fetched from elsewhere
+    for asset in ["/assets/ledger.css", "/assets/ledger.js"] {
+        assert!(html.contains(asset), "{asset}");
+    }
+    assert!(!html.contains("http://") && !html.contains("https://"));
+    for (asset, ty) in [
+        ("/assets/ledger.css", "text/css"),
+        ("/assets/ledger.js", "text/javascript"),
+        ("/assets/util.js", "text/javascript"),
+    ] {
+        let (status, headers, body) = call(&app, get(asset)).await;
+        assert_eq!(status, StatusCode::OK, "{asset}");
+        assert!(headers["content-type"].to_str().unwrap().starts_with(ty));
+        let text = body.as_str().unwrap();
+        assert!(!text.contains("https://"), "{asset} names another origin");
+    }
+    let (status, _, out) = call(&app, get("/assets/nope.js")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(out["error"]["type"], "not_found_error");
+}
+
+fn tree() -> Value {
+    json!([
+        {"token": "A", "p": 0.6, "children": [{"token": "x", "p": 0.51}, {"token": "y", "p": 0.49}]},
+        {"token": "B", "p": 0.4, "children": [{"token": "x", "p": 0.99}, {"token": "y", "p": 0.01}]}
+    ])
+}
+
+#[tokio::test]
+async fn explain_beam_on_002s_tree() {
+    let Some((app, _)) = app() else { return };
+    for (width, path, p, rows) in [(1, ["A", "x"], 0.306, 4), (2, ["B", "x"], 0.396, 6)] {
+        let (status, _, out) = call(
+            &app,
+            post("/v1/explain/beam", &json!({"tree": tree(), "width": width})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{out}");
+        assert_eq!(out["best"][0]["path"], json!(path));
+        // the tree's logits are f32
+        assert!((out["best"][0]["joint_prob"].as_f64().unwrap() - p).abs() < 1e-6);
+        assert_eq!(out["steps"].as_array().unwrap().len(), rows);
+        let kept = out["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["kept"] == json!(true) && r["depth"] == json!(2))
+            .count();
+        assert_eq!(kept, width);
+    }
+    for (body, param) in [
+        (json!({"tree": tree(), "width": 0}), "width"),
+        (json!({"tree": tree(), "width": "two"}), "width"),
+        (json!({"tree": tree()}), ""),
+        (
+            json!({"tree": [{"token": "A", "p": 2.0}], "width": 1}),
+            "tree[0].p",
+        ),
+        (json!({"tree": tree(), "width": 1, "extra": 1}), ""),
+    ] {
+        let (status, _, out) = call(&app, post("/v1/explain/beam", &body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {out}");
+        assert_eq!(out["error"]["type"], "invalid_request_error");
+        if !param.is_empty() {
+            assert_eq!(out["error"]["param"], param, "{body}: {out}");
+        }
+    }
+}
+
+fn streams(ownership: &str, order: &str, pause: Option<usize>, on_resume: &str) -> Value {
+    let mut v = json!({
+        "tokens": ["x", "y", "z"],
+        "requests": [
+            {"name": "A", "probs": [0.2, 0.3, 0.5], "u": [0.12, 0.66, 0.23], "seed": 1},
+            {"name": "B", "probs": [0.5, 0.25, 0.25], "u": [0.87, 0.49, 0.72], "seed": 2},
+            {"name": "C", "probs": [0.1, 0.2, 0.7], "u": [0.34, 0.91, 0.05], "seed": 3}
+        ],
+        "global_u": [0.12, 0.87, 0.34, 0.66, 0.49, 0.91, 0.23, 0.72, 0.05],
+        "draws": 3,
+        "orders": [order.chars().map(|c| c.to_string()).collect::<Vec<_>>()],
+        "ownership": ownership,
+        "on_resume": on_resume
+    });
+    if let Some(after) = pause {
+        v["pause"] = json!({"request": "B", "after": after});
+    }
+    v
+}
+
+fn outputs(out: &Value) -> Vec<(String, String)> {
+    out["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            let toks: Vec<&str> = o[1]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap_or("-"))
+                .collect();
+            (o[0].as_str().unwrap().to_string(), toks.join(" "))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn explain_streams_on_002s_requests() {
+    let Some((app, _)) = app() else { return };
+    let want: Vec<(String, String)> = [("A", "x z y"), ("B", "z x y"), ("C", "z z x")]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    // the vector's per-request draws, whatever the order
+    let vec: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../testdata/vectors/002_random_streams.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(vec["source"]
+        .as_str()
+        .unwrap()
+        .contains("A → x z y, B → z x y, C → z z x"));
+    for order in ["ABC", "CBA", "BCA"] {
+        let (status, _, out) = call(
+            &app,
+            post(
+                "/v1/explain/streams",
+                &streams("request", order, Some(1), "resume"),
+            ),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{out}");
+        assert_eq!(outputs(&out), want, "{order}");
+    }
+    // the global list: 002's draws in A-B-C order only
+    let (_, _, abc) = call(
+        &app,
+        post(
+            "/v1/explain/streams",
+            &streams("global", "ABC", None, "resume"),
+        ),
+    )
+    .await;
+    assert_eq!(outputs(&abc), want);
+    let (_, _, cba) = call(
+        &app,
+        post(
+            "/v1/explain/streams",
+            &streams("global", "CBA", None, "resume"),
+        ),
+    )
+    .await;
+    assert_ne!(outputs(&cba), want);
+    assert_eq!(cba["draws"][0]["request"], "C");
+    assert_eq!(cba["draws"][0]["u"], 0.12);
+    // Philox: the same whatever the order
+    let (_, _, p1) = call(
+        &app,
+        post(
+            "/v1/explain/streams",
+            &streams("philox", "ABC", None, "resume"),
+        ),
+    )
+    .await;
+    let (_, _, p2) = call(
+        &app,
+        post(
+            "/v1/explain/streams",
+            &streams("philox", "CAB", Some(2), "resume"),
+        ),
+    )
+    .await;
+    assert_eq!(outputs(&p1), outputs(&p2));
+    // typed errors name the field
+    let mut bad = streams("request", "ABC", None, "resume");
+    bad["orders"] = json!([["A", "B", "D"]]);
+    let (status, _, out) = call(&app, post("/v1/explain/streams", &bad)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(out["error"]["param"], "orders[0][2]");
+    let mut bad = streams("request", "ABC", None, "resume");
+    bad["ownership"] = json!("nobody");
+    let (status, _, out) = call(&app, post("/v1/explain/streams", &bad)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(out["error"]["param"], "ownership");
+}
+
+#[tokio::test]
+async fn the_model_step_follows_an_accepted_prefix_of_ids() {
+    let Some((app, _)) = app() else { return };
+    let body = json!({"prompt": "The capital of France is", "temperature": 0});
+    let (status, _, first) = call(&app, post("/v1/explain", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let mut ids: Vec<u64> = first["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(ids.len() as u64, first["prompt_tokens"].as_u64().unwrap());
+    ids.push(first["selected"].as_u64().unwrap());
+    let (status, _, next) = call(
+        &app,
+        post("/v1/explain", &json!({"prompt": ids, "temperature": 0})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{next}");
+    assert_eq!(next["prompt_ids"], json!(ids));
+    assert_eq!(next["record"]["selected"], next["selected"]);
+}
+
+#[tokio::test]
+async fn the_model_step_after_accepted_tokens_is_the_generations_step() {
+    let Some((app, engine)) = app() else { return };
+    for constraint in [None, Some(json!({"choice": ["Paris is lovely", "Lyon"]}))] {
+        // the engine's own generation: four tokens
+        let mut req = GenerateRequest::new(Prompt::Text("The capital of France is".into()));
+        req.params.temperature = Some(0.7);
+        req.params.top_p = Some(0.9);
+        req.params.seed = Some(3);
+        req.params.max_tokens = Some(4);
+        if let Some(c) = &constraint {
+            req.constraint = Some(nextok_engine::ConstraintSpec::Choice {
+                choices: serde_json::from_value(c["choice"].clone()).unwrap(),
+            });
+        }
+        let e = engine.clone();
+        let want = tokio::task::spawn_blocking(move || e.generate(req).unwrap())
+            .await
+            .unwrap();
+        let toks = want.sequences[0].tokens.clone();
+        assert!(toks.len() >= 2, "{toks:?}");
+        for k in 0..toks.len() {
+            let mut body = json!({"prompt": "The capital of France is", "temperature": 0.7,
+                "top_p": 0.9, "seed": 3, "accepted": &toks[..k]});
+            if let Some(c) = &constraint {
+                body["structured_outputs"] = c.clone();
+            }
+            let (status, _, out) = call(&app, post("/v1/explain", &body)).await;
+            assert_eq!(status, StatusCode::OK, "{out}");
+            assert_eq!(out["selected"], json!(toks[k]), "step {k} of {toks:?}");
+            assert_eq!(out["record"]["step"], json!(k));
+            assert_eq!(out["accepted"], json!(&toks[..k]));
+        }
+    }
+    // a token the constraint refuses, and a token after the end, are named
+    let body = json!({"prompt": "x", "structured_outputs": {"choice": ["Paris"]},
+        "accepted": [2]});
+    let (status, _, out) = call(&app, post("/v1/explain", &body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+    assert_eq!(out["error"]["param"], "accepted[0]");
+    let body = json!({"prompt": "x", "accepted": "no"});
+    let (status, _, out) = call(&app, post("/v1/explain", &body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+    assert_eq!(out["error"]["param"], "accepted");
+}
