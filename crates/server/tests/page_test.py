@@ -491,6 +491,10 @@ with sync_playwright() as pw:
             " && !e.closest('.table-wrap')).slice(0, 5).map(e => e.tagName + '#' + e.id + '.' + e.className)"
         )
         assert width <= 390, f"the page is {width}px wide on a 390px phone: {wide}"
+        # the step's ledger shows every column, final probability included, without scrolling
+        sw, cw = phone.evaluate("() => { const w = document.getElementById('dist-table').parentElement;"
+                                " return [w.scrollWidth, w.clientWidth]; }")
+        assert sw <= cw, f"the ledger table is {sw}px wide in a {cw}px box on a phone"
         phone.close()
 
     check("screenshots at desktop and phone widths (no sideways scrolling)", screenshots)
