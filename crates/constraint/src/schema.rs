@@ -273,7 +273,11 @@ pub struct SchemaReport {
     pub post_validation: Vec<KeywordUse>,
     /// Keywords nobody checks (unknown formats).
     pub unchecked: Vec<KeywordUse>,
-    /// Why the validator could not be built (then nothing is checked after generation).
+    /// Why the validator could not be built (then nothing is checked after generation), when
+    /// that is known at compile time: past [`Limits::max_validator_objects`](crate::Limits), or
+    /// in relaxed mode with relaxed keywords (the validator is built then, to refuse a schema
+    /// nothing could check). Otherwise the validator is built with the first check, and an error
+    /// building it is that check's result (`not checked: …`).
     pub validator_error: Option<String>,
 }
 
@@ -363,22 +367,28 @@ impl Validation {
 const MAX_ERRORS: usize = 5;
 
 /// The compiled post-generation check of a JSON schema.
+///
+/// The validator is built when the first output is checked, so that it adds nothing to the time
+/// to the first mask — except in relaxed mode with relaxed keywords, where a schema the
+/// validator cannot take must be refused at compile time (nothing would check those keywords).
 pub(crate) struct SchemaCheck {
     pub(crate) report: SchemaReport,
-    validator: Option<jsonschema::Validator>,
+    /// The full schema, until the validator is built from it.
+    schema: Value,
+    validator: std::sync::OnceLock<Result<jsonschema::Validator, String>>,
 }
 
 impl SchemaCheck {
     pub(crate) fn validate(&self, text: &[u8]) -> Validation {
-        let Some(v) = &self.validator else {
-            return Validation {
-                valid: None,
-                errors: vec![self
-                    .report
-                    .validator_error
-                    .clone()
-                    .unwrap_or_else(|| "no validator".into())],
-            };
+        let built = self.validator.get_or_init(|| build_validator(&self.schema));
+        let v = match built {
+            Ok(v) => v,
+            Err(e) => {
+                return Validation {
+                    valid: None,
+                    errors: vec![e.clone()],
+                }
+            }
         };
         let value: Value = match serde_json::from_slice(text) {
             Ok(x) => x,
@@ -404,16 +414,38 @@ impl SchemaCheck {
     }
 }
 
+/// nextok's format regexes as the validator checks them, compiled once per process: a
+/// validator is built for every compiled schema, and compiling the `url` and `uri-reference`
+/// expressions each time cost more than the mask's own compile. `ipv6` keeps the validator's
+/// own check (a parser).
+fn format_checkers() -> Result<&'static [(&'static str, regex_automata::meta::Regex)], String> {
+    type Checkers = Result<Vec<(&'static str, regex_automata::meta::Regex)>, String>;
+    static CHECKERS: std::sync::OnceLock<Checkers> = std::sync::OnceLock::new();
+    CHECKERS
+        .get_or_init(|| {
+            FORMAT_REGEXES
+                .into_iter()
+                .filter(|f| *f != "ipv6")
+                .map(|name| {
+                    let rx =
+                        format_regex(name).ok_or_else(|| format!("format {name}: no regex"))?;
+                    regex_automata::meta::Regex::new(&format!("^(?:{rx})$"))
+                        .map(|re| (name, re))
+                        .map_err(|e| format!("format {name}: {e}"))
+                })
+                .collect()
+        })
+        .as_deref()
+        .map_err(Clone::clone)
+}
+
 /// Builds the validator for the full schema (format assertion on; nextok's extra formats
 /// checked with the same regexes as the mask).
 fn build_validator(schema: &Value) -> Result<jsonschema::Validator, String> {
     let mut o = jsonschema::options().should_validate_formats(true);
-    // `ipv6` keeps the validator's own check (a parser)
-    for name in FORMAT_REGEXES.into_iter().filter(|f| *f != "ipv6") {
-        let rx = format_regex(name).expect("listed");
-        let re = regex_automata::meta::Regex::new(&format!("^(?:{rx})$"))
-            .map_err(|e| format!("format {name}: {e}"))?;
-        o = o.with_format(name, move |s: &str| re.is_match(s));
+    for (name, re) in format_checkers()?.iter() {
+        let re = re.clone();
+        o = o.with_format(*name, move |s: &str| re.is_match(s));
     }
     o.build(schema).map_err(|e| {
         let p = e.schema_path.to_string();
@@ -770,19 +802,23 @@ pub(crate) fn finish(
     }
     mask.sort();
     mask.dedup();
-    let built = if build_check {
-        build_validator(original)
+    let validator = std::sync::OnceLock::new();
+    let mut validator_error = None;
+    let mut schema = Value::Null;
+    if !build_check {
+        let e = "the schema has too many objects for the check after generation \
+                 (Limits::max_validator_objects)"
+            .to_string();
+        validator_error = Some(e.clone());
+        let _ = validator.set(Err(e));
+    } else if mode == SchemaMode::Relaxed && !post.is_empty() {
+        // relaxed keywords: refused at compile time if nothing could check them
+        let built = build_validator(original);
+        validator_error = built.as_ref().err().cloned();
+        let _ = validator.set(built);
     } else {
-        Err(
-            "the schema has too many objects for the check after generation \
-             (Limits::max_validator_objects)"
-                .to_string(),
-        )
-    };
-    let (validator, validator_error) = match built {
-        Ok(v) => (Some(v), None),
-        Err(e) => (None, Some(e)),
-    };
+        schema = original.clone();
+    }
     SchemaCheck {
         report: SchemaReport {
             mode,
@@ -791,6 +827,7 @@ pub(crate) fn finish(
             unchecked,
             validator_error,
         },
+        schema,
         validator,
     }
 }

@@ -1,6 +1,9 @@
 //! `kernels::matmul` and `Activations::quantize` allocate nothing once the activation buffer is
 //! big enough: counted with a global allocator, single-threaded (inside a one-thread rayon pool)
-//! and, after a warm-up, on a two-thread pool.
+//! and, after a warm-up, on a two-thread pool. On two threads, rayon's own bookkeeping (a
+//! worker's deque growing the first time it steals a deeper job, which depends on timing on a
+//! loaded machine) may allocate once; an allocation of the kernels would recur in every pass,
+//! so the test counts three passes after the warm-up and asserts that one of them is zero.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -52,8 +55,8 @@ fn matrix(format: MatFormat, rows: usize, cols: usize) -> QMatrix {
     QMatrix::from_ggml(format, rows, cols, &bytes).unwrap()
 }
 
-/// Runs every batch size once to size the buffers, then again while counting.
-fn count(threads: usize) -> usize {
+/// Runs every batch size twice to size the buffers, then three more times, counting each pass.
+fn count(threads: usize) -> Vec<usize> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -68,9 +71,11 @@ fn count(threads: usize) -> usize {
         .collect();
     let mut out = vec![0f32; 70 * 1000];
     let mut a = Activations::new();
+    let mut counts = Vec::new();
     pool.install(|| {
-        for pass in 0..2 {
-            if pass == 1 {
+        for pass in 0..5 {
+            let counted = pass >= 2;
+            if counted {
                 ALLOCS.store(0, Ordering::SeqCst);
                 COUNTING.store(true, Ordering::SeqCst);
             }
@@ -81,13 +86,22 @@ fn count(threads: usize) -> usize {
                 }
             }
             COUNTING.store(false, Ordering::SeqCst);
+            if counted {
+                counts.push(ALLOCS.load(Ordering::SeqCst));
+            }
         }
     });
-    ALLOCS.load(Ordering::SeqCst)
+    counts
 }
 
 #[test]
 fn no_allocation_per_call() {
-    assert_eq!(count(1), 0, "allocations on a one-thread pool");
-    assert_eq!(count(2), 0, "allocations on a two-thread pool");
+    // one thread: nothing but the kernels runs, so every pass must be zero
+    let one = count(1);
+    assert_eq!(one, [0, 0, 0], "allocations per pass on a one-thread pool");
+    let two = count(2);
+    assert!(
+        two.contains(&0),
+        "allocations per pass on a two-thread pool: {two:?} (the kernels allocate in every pass)"
+    );
 }
