@@ -223,6 +223,11 @@ fn categorical(ws: &mut Workspace, u: f64) -> Option<u32> {
         }
         last
     } else {
+        if ws.cand_w_valid {
+            // the large-nucleus top-p left the support in id order with its weights
+            let n = ws.cands.len();
+            return inverse_cdf(&ws.cands, &ws.w[..n], s, u);
+        }
         // id-ascending order (the dense top-p leaves its nucleus so); else over a copy, keeping
         // the canonical order for the record
         let c = if ws.cands.is_sorted_by_key(|c| c.id) {
