@@ -60,6 +60,17 @@ const SAMPLE_STRIDE: usize = 32;
 /// takes everything further down, and the masked tokens).
 const CUT_BINS: usize = 1024;
 
+/// When the band search of the dense top-p gives up (for the large-nucleus path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Never: it decides.
+    Never,
+    /// At the first band that would read more than an eighth of the row's blocks.
+    Wide,
+    /// As `Wide`, and after a first band that does not hold the mass `p`.
+    AfterFirst,
+}
+
 /// How top-k treats tokens tied with the k-th value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TopKTies {
@@ -690,26 +701,36 @@ impl Workspace {
         let m = self.dense_max();
         let s = math::exp_sum_at_max(&self.buf, m);
         let nblocks = self.v / BLOCK;
-        let wide_stop = self.large_nucleus && nblocks >= 8 * SAMPLE_STRIDE;
-        if self.band_top_p(m, s, p, min_keep, wide_stop) {
-            self.dense = false;
-            self.invalidate();
-            return;
+        if self.large_nucleus && nblocks >= 8 * SAMPLE_STRIDE {
+            // the first band first: it decides most peaked rows
+            if self.band_top_p(m, s, p, min_keep, Stop::AfterFirst) {
+                self.dense = false;
+                self.invalidate();
+                return;
+            }
+            let bmax: &[f32] = if self.bmax_valid { &self.bmax } else { &[] };
+            let cuts = flat_cuts(&self.buf, bmax, m, p * s);
+            // where the band search reads few blocks down to the estimated cut, it is quick
+            let narrow = 8 * blocks_at_or_above(bmax, nblocks, cuts.0) <= nblocks;
+            if narrow && self.band_top_p(m, s, p, min_keep, Stop::Wide) {
+                self.dense = false;
+                self.invalidate();
+                return;
+            }
+            if self.large_top_p(m, s, p, min_keep, cuts) {
+                return;
+            }
         }
-        if self.large_top_p(m, s, p, min_keep) {
-            return;
-        }
-        let done = self.band_top_p(m, s, p, min_keep, false);
+        let done = self.band_top_p(m, s, p, min_keep, Stop::Never);
         debug_assert!(done);
         self.dense = false;
         self.invalidate();
     }
 
-    /// The band search of [`Workspace::dense_top_p`]. With `wide_stop`, gives up (returning
-    /// `false`, the support unchanged) at the first band that would read more than an eighth
-    /// of the row's blocks from the top; otherwise leaves the nucleus in `cands` and returns
+    /// The band search of [`Workspace::dense_top_p`]. Gives up as `stop` says (returning
+    /// `false`, the support unchanged); otherwise leaves the nucleus in `cands` and returns
     /// `true` (the caller marks the support sparse).
-    fn band_top_p(&mut self, m: f32, s: f64, p: f64, min_keep: usize, wide_stop: bool) -> bool {
+    fn band_top_p(&mut self, m: f32, s: f64, p: f64, min_keep: usize, stop: Stop) -> bool {
         let need = p * s;
         self.cands.clear();
         self.wts.clear();
@@ -726,7 +747,7 @@ impl Workspace {
             let lo = if last { -f32::MAX } else { m - depth };
             let bmax: &[f32] = if self.bmax_valid { &self.bmax } else { &[] };
             if !exact && 8 * blocks_at_or_above(bmax, nblocks, lo) > nblocks {
-                if wide_stop {
+                if stop != Stop::Never {
                     self.cands.clear();
                     self.wts.clear();
                     return false;
@@ -752,6 +773,11 @@ impl Workspace {
                 mass += band_weights(&self.cands[start..], m, &mut self.wts);
                 if !all && mass < need * (1.0 - 1e-9) {
                     // not enough mass collected yet: the boundary is further down
+                    if stop == Stop::AfterFirst {
+                        self.cands.clear();
+                        self.wts.clear();
+                        return false;
+                    }
                     hi = lo;
                     depth = self.next_depth(m, depth, mass < 0.5 * need);
                     continue;
@@ -832,9 +858,9 @@ impl Workspace {
     /// cut, the boundary by [`nucleus_walk`], the nucleus in id order with its weights in
     /// `w` and its normaliser. Returns `false`, the support still dense, when the collection does
     /// not certainly hold the boundary (or `min_keep` decides): the band search then decides.
-    fn large_top_p(&mut self, m: f32, s: f64, p: f64, min_keep: usize) -> bool {
+    fn large_top_p(&mut self, m: f32, s: f64, p: f64, min_keep: usize, cuts: (f32, f32)) -> bool {
         let bmax: &[f32] = if self.bmax_valid { &self.bmax } else { &[] };
-        let (mut lo, next) = flat_cuts(&self.buf, bmax, m, p * s);
+        let (mut lo, next) = cuts;
         self.cands.clear();
         self.wts.clear();
         let mut st = WalkState {
@@ -882,7 +908,8 @@ impl Workspace {
                 }
             }
         };
-        let before = |c: &Cand| c.z > at.z || (c.z == at.z && c.id <= at.id);
+        // (bitwise: no branch on the data)
+        let before = |c: &Cand| (c.z > at.z) | ((c.z == at.z) & (c.id <= at.id));
         let n = if runs == 1 {
             // the nucleus, in id order (the collection is one run), and its weights
             filter_cands_w(&self.cands, &self.wts, before, &mut self.gath, &mut self.w)
@@ -2201,12 +2228,14 @@ fn filter_cands_w(
     out.clear();
     out.reserve(n);
     let p = out.as_mut_ptr();
+    let pw = out_w.as_mut_ptr();
     let mut k = 0usize;
     for (cc, &x) in c[..n].iter().zip(&w[..n]) {
-        // SAFETY: `k <` the number of candidates seen so far `<= n <=` the capacity.
-        unsafe { p.add(k).write(*cc) };
-        // `k < n <= out_w.len()` here too: the last write of a full copy is at `n - 1`
-        out_w[k.min(n - 1)] = x;
+        // SAFETY: `k <` the number of candidates seen so far `<= n <=` both capacities.
+        unsafe {
+            p.add(k).write(*cc);
+            pw.add(k).write(x);
+        }
         k += keep(cc) as usize;
     }
     // SAFETY: the first `k` elements were written.
@@ -2246,14 +2275,9 @@ fn flat_cuts(buf: &[f32], bmax: &[f32], m: f32, need: f64) -> (f32, f32) {
     }
     let mut full = [0u32; CUT_BINS];
     let mut samp = [0u32; CUT_BINS];
-    let bin = |z: f32| {
-        let d = (m - z) * 16.0;
-        if d < (CUT_BINS - 1) as f32 {
-            d as usize
-        } else {
-            CUT_BINS - 1
-        }
-    };
+    // `z <= m`, so `d >= 0` (`+inf` for a masked token): a 32-bit conversion of the clamped
+    // value, which is one instruction
+    let bin = |z: f32| ((m - z) * 16.0).min((CUT_BINS - 1) as f32) as i32 as usize;
     let (mut other, mut sampled) = (0usize, 0usize);
     for (b, block) in buf[..nblocks * BLOCK].chunks_exact(BLOCK).enumerate() {
         if bmax.get(b).is_some_and(|&x| x >= full_lo) {
