@@ -895,7 +895,13 @@ impl Workspace {
                     // certain: the boundary is further down; the next band starts there
                     st = after;
                     hi = lo;
-                    lo = if next < lo { next } else { lo - step };
+                    // first a third of the way to the wide cut (about one standard
+                    // deviation of the estimate), then in doubling steps
+                    lo = if runs == 1 && next < lo {
+                        lo - (lo - next) / 3.0
+                    } else {
+                        lo - step
+                    };
                     if lo <= m - 87.0 {
                         lo = -f32::MAX;
                     }
