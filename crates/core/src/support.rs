@@ -914,8 +914,10 @@ impl Workspace {
                 }
             }
         };
-        // (bitwise: no branch on the data)
-        let before = |c: &Cand| (c.z > at.z) | ((c.z == at.z) & (c.id <= at.id));
+        // as one integer comparison of canonical keys: no branch on the data
+        let key = |c: &Cand| (descending_key(c.z) as u64) << 32 | c.id as u64;
+        let last = key(&at);
+        let before = |c: &Cand| key(c) <= last;
         let n = if runs == 1 {
             // the nucleus, in id order (the collection is one run), and its weights
             filter_cands_w(&self.cands, &self.wts, before, &mut self.gath, &mut self.w)
