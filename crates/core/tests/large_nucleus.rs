@@ -7,6 +7,7 @@
 //! tail mass is exactly `1 − p`, two-level rows and signed zeros; `p` near 0, near 1 and in between; `u` at
 //! 0, just below 1 and at random.
 
+use nextok_core::math::simd;
 use nextok_core::processors::{temperature::Temperature, top_p, top_p::TopP, ProcessorConfig as P};
 use nextok_core::{Draw, PipelineConfig, Sampler, Selector, StopConfig, VocabInfo, Workspace};
 use proptest::prelude::*;
@@ -233,14 +234,20 @@ proptest! {
     }
 }
 
-/// The benchmark's flat rows (a Normal(0, 2) bulk and 20 strong tokens) at the sizes of the
-/// issue, with top-p 0.95 and others.
+/// The benchmark's flat rows (a Normal(0, 2) bulk and 20 strong tokens) at 128,256 and 262,144
+/// tokens, with top-p 0.95 and others, at every kernel level this CPU supports (the levels give
+/// the same bits, so other tests running meanwhile are unaffected).
 #[test]
 fn benchmark_flat_rows() {
-    for v in nextok_core::bench::FLAT_VOCAB_SIZES {
-        let f = nextok_core::bench::flat_fixture(v, v as u64);
-        for p in [0.5, 0.9, 0.95, 0.99] {
-            check(&f.logits, p, 1, None, &[0.0, 0.1, 0.37, 0.5, 0.9, U_MAX]);
+    let restore = simd::level();
+    for level in simd::BASELINE..=simd::detected() {
+        simd::set_max_level(level);
+        for v in nextok_core::bench::FLAT_VOCAB_SIZES {
+            let f = nextok_core::bench::flat_fixture(v, v as u64);
+            for p in [0.5, 0.9, 0.95, 0.99] {
+                check(&f.logits, p, 1, None, &[0.0, 0.1, 0.37, 0.5, 0.9, U_MAX]);
+            }
         }
     }
+    simd::set_max_level(restore);
 }
