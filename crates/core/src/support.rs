@@ -117,10 +117,14 @@ pub struct Workspace {
     pub(crate) bmax_valid: bool,
     /// Whether the dense top-p may take its large-nucleus path ([`Workspace::dense_top_p`]).
     pub(crate) large_nucleus: bool,
-    /// Set when the sparse support is in id order and `w[..cands.len()]` holds its weights
-    /// `exp_f32(z - norm_max)`, with `norm_max` and `norm_sum` valid (the large-nucleus top-p
-    /// leaves them so for selection). Cleared by every change of the support or its order.
+    /// Set when the sparse support is in id order, `w[..cands.len()]` holds its weights
+    /// `exp_f32(z - cand_norm.0)` and `cand_norm` is `(m, S)` as
+    /// [`Workspace::normalize_any_order`] computes them without sorting (the large-nucleus
+    /// top-p leaves them so for selection). Cleared by every change of the support or its
+    /// order. The normaliser of the processors (`norm_valid`) is left alone: they see the
+    /// support exactly as after the band search.
     pub(crate) cand_w_valid: bool,
+    pub(crate) cand_norm: (f32, f64),
 }
 
 /// Block length of [`Workspace::bmax`].
@@ -158,6 +162,7 @@ impl Workspace {
             bmax_valid: false,
             large_nucleus: true,
             cand_w_valid: false,
+            cand_norm: (0.0, 0.0),
         }
     }
 
@@ -940,25 +945,23 @@ impl Workspace {
         self.dense = false;
         self.sorted = false;
         self.dense_w_valid = false;
-        // the normaliser selection needs, as `normalize_any_order` would compute it: the
-        // nucleus holds the maximum, and its first token in canonical order (the lowest id of
-        // that value) gives its sign when it is a zero
+        // the normaliser selection needs, as `normalize_any_order` would compute it (not set as
+        // the processors' normaliser: `normalize` would then skip sorting the support, which
+        // later processors read in canonical order): the nucleus holds the maximum, and its
+        // first token in canonical order (the lowest id of that value) gives its sign when it is
+        // a zero
         let m = if m == 0.0 {
             self.cands.iter().find(|c| c.z == 0.0).map_or(m, |c| c.z)
         } else {
             m
         };
+        self.norm_valid = false;
         match exact_sum_any_order(&self.w[..n]) {
             Some(sum) => {
-                self.norm_max = m;
-                self.norm_sum = sum;
-                self.norm_valid = true;
+                self.cand_norm = (m, sum);
                 self.cand_w_valid = true;
             }
-            None => {
-                self.norm_valid = false;
-                self.cand_w_valid = false;
-            }
+            None => self.cand_w_valid = false,
         }
         true
     }

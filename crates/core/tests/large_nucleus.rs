@@ -5,10 +5,15 @@
 //! Rows are large enough for the path to run (at least 16,384 tokens) and flat: Normal bulks of
 //! several widths with or without strong tokens, exact ties, `-inf` entries, equal weights whose
 //! tail mass is exactly `1 − p`, two-level rows and signed zeros; `p` near 0, near 1 and in between; `u` at
-//! 0, just below 1 and at random.
+//! 0, just below 1 and at random. The top-p runs alone or before a processor that reads the
+//! support it leaves (min-p, typical-p, top-k, a second top-p of either rule), with categorical
+//! or Gumbel selection.
 
 use nextok_core::math::simd;
-use nextok_core::processors::{temperature::Temperature, top_p, top_p::TopP, ProcessorConfig as P};
+use nextok_core::processors::{
+    min_p::MinP, temperature::Temperature, top_k, top_k::TopK, top_p, top_p::TopP,
+    typical_p::TypicalP, ProcessorConfig as P,
+};
 use nextok_core::{Draw, PipelineConfig, Sampler, Selector, StopConfig, VocabInfo, Workspace};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -139,7 +144,49 @@ fn row(kind: u8, v: usize, seed: u64) -> (Vec<f32>, Option<f64>) {
     }
 }
 
-fn sampler(v: usize, p: f64, min_keep: usize, t: Option<f32>) -> Sampler {
+/// A processor after the top-p, which reads the support it leaves (its order, its normaliser).
+fn after(k: u8) -> Option<P> {
+    match k {
+        1 => Some(P::MinP(MinP {
+            version: 1,
+            min_p: 0.05,
+            min_keep: 1,
+        })),
+        2 => Some(P::TypicalP(TypicalP {
+            version: 1,
+            typical_p: 0.9,
+            min_keep: 1,
+            keep_ties: true,
+        })),
+        3 => Some(P::TopK(TopK {
+            version: 1,
+            top_k: 300,
+            ties: top_k::Ties::ById,
+        })),
+        4 => Some(P::TopP(TopP {
+            version: 1,
+            top_p: 0.8,
+            min_keep: 1,
+            rule: top_p::Rule::DescendingPrefix,
+        })),
+        5 => Some(P::TopP(TopP {
+            version: 1,
+            top_p: 0.7,
+            min_keep: 1,
+            rule: top_p::Rule::AscendingTail,
+        })),
+        _ => None,
+    }
+}
+
+fn sampler(
+    v: usize,
+    p: f64,
+    min_keep: usize,
+    t: Option<f32>,
+    next: Option<P>,
+    selector: Selector,
+) -> Sampler {
     let mut procs = Vec::new();
     if let Some(t) = t {
         procs.push(P::Temperature(Temperature {
@@ -153,18 +200,32 @@ fn sampler(v: usize, p: f64, min_keep: usize, t: Option<f32>) -> Sampler {
         min_keep,
         rule: top_p::Rule::DescendingPrefix,
     }));
+    procs.extend(next);
     Sampler::new(
-        PipelineConfig::new(procs, Selector::Categorical),
+        PipelineConfig::new(procs, selector),
         VocabInfo::plain(v),
         StopConfig::default(),
     )
     .unwrap()
 }
 
-/// Checks that both paths give the same support and the same token for every `u`.
+/// Checks that both paths give the same support and the same token for every `u`, with the
+/// top-p alone or followed by `next`, and categorical (or Gumbel) selection.
 fn check(raw: &[f32], p: f64, min_keep: usize, t: Option<f32>, us: &[f64]) {
+    check_with(raw, p, min_keep, t, us, None, Selector::Categorical);
+}
+
+fn check_with(
+    raw: &[f32],
+    p: f64,
+    min_keep: usize,
+    t: Option<f32>,
+    us: &[f64],
+    next: Option<P>,
+    selector: Selector,
+) {
     let v = raw.len();
-    let s = sampler(v, p, min_keep, t);
+    let s = sampler(v, p, min_keep, t, next, selector);
     let st = s.new_state(&[], 7).unwrap();
     let mut fast = s.new_workspace();
     let mut reference: Workspace = s.new_workspace();
@@ -221,6 +282,8 @@ proptest! {
         min_keep in prop_oneof![4 => Just(1usize), 1 => 1usize..5000],
         t in prop::option::of(prop_oneof![Just(0.7f32), Just(1.5f32), 0.2f32..4.0]),
         us in prop::collection::vec(0.0f64..1.0, 4),
+        next in 0u8..8,
+        gumbel in prop::bool::weighted(0.15),
     ) {
         let (raw, boundary) = row(kind, v, seed);
         // the exact-boundary `p` when the row has one (no temperature: it would move it)
@@ -230,7 +293,8 @@ proptest! {
         };
         let mut us = us;
         us.extend([0.0, U_MAX, p.min(U_MAX), 0.5]);
-        check(&raw, p, min_keep, t, &us);
+        let selector = if gumbel { Selector::Gumbel } else { Selector::Categorical };
+        check_with(&raw, p, min_keep, t, &us, after(next), selector);
     }
 }
 
