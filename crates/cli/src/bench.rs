@@ -2,6 +2,11 @@
 //! nextok, interleaved in one process — round-robin per iteration, so machine noise hits all
 //! three alike — plus batch stepping on one thread against two.
 //!
+//! Beside the fixture rows it runs flat rows (`nextok_core::bench::flat_fixture`, unless
+//! `--no-flat`), and on every row also nextok with the dense top-p's large-nucleus path off (the
+//! band search alone, "bands"), in the same rotation, so the two paths are compared on the same
+//! rows under the same load.
+//!
 //! Each timed call is preceded by an untimed call of the same method (warm caches, what a
 //! back-to-back benchmark measures), or with `--cold` by a sweep over a buffer larger than the
 //! last-level cache (logits and scratch come from memory, as after a model's forward pass).
@@ -9,7 +14,8 @@
 use std::time::{Duration, Instant};
 
 use nextok_core::bench::{
-    BatchBench, Case, StepBench, BATCH_ROWS, SPECIAL_TOKENS, TARGET_VOCAB, VOCAB_SIZES,
+    BatchBench, Case, StepBench, BATCH_ROWS, FLAT_VOCAB_SIZES, SPECIAL_TOKENS, TARGET_VOCAB,
+    VOCAB_SIZES,
 };
 use nextok_core::math::simd;
 use serde::Serialize;
@@ -70,12 +76,17 @@ pub struct BenchArgs {
     /// `--model`'s) row after a chat prompt, with its vocabulary and the prompt as history.
     #[arg(long)]
     pub real: bool,
+    /// `sampler`: leave out the flat rows (a Normal(0, 2) bulk and 20 strong tokens at
+    /// 128,256 and 262,144 tokens, where top-p 0.95 keeps nuclei of 14 and 53 thousand).
+    #[arg(long)]
+    pub no_flat: bool,
 }
 
 #[derive(Serialize)]
 struct StepRow {
     vocab: usize,
-    /// `synthetic` (the fixture rows) or the model whose logits row this is.
+    /// `synthetic` (the fixture rows), `flat` (the flat rows) or the model whose logits row this
+    /// is.
     logits: String,
     case: &'static str,
     name: &'static str,
@@ -84,9 +95,13 @@ struct StepRow {
     naive_ns: f64,
     nextok_ns: f64,
     normaliser_ns: f64,
+    /// nextok with the dense top-p's large-nucleus path off (the band search alone).
+    bands_ns: f64,
     nextok_over_floor: f64,
     naive_over_nextok: f64,
     normaliser_over_floor: f64,
+    /// How much faster the large-nucleus path makes the step (1 where it does not run).
+    bands_over_nextok: f64,
 }
 
 #[derive(Serialize)]
@@ -192,7 +207,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     } else {
         Vec::new()
     };
-    let steps = step_medians(&vocabs, real, args.iters, args.cold, !args.json);
+    let flat: &[usize] = if args.no_flat { &[] } else { &FLAT_VOCAB_SIZES };
+    let steps = step_medians(&vocabs, flat, real, args.iters, args.cold, !args.json);
     let batch = batch_rates(&vocabs, args.batch_iters.max(1), !args.json);
     let targets = targets(&steps, &batch);
     let report = Report {
@@ -240,11 +256,18 @@ fn call(b: &mut StepBench, which: usize) {
         2 => {
             std::hint::black_box(b.nextok());
         }
-        _ => {
+        3 => {
             std::hint::black_box(b.normaliser());
+        }
+        _ => {
+            std::hint::black_box(b.nextok_bands());
         }
     }
 }
+
+/// The methods [`call`] times: floor, naive, nextok, normaliser, nextok with the band search
+/// alone.
+const METHODS: usize = 5;
 
 /// Both cases on a real model's logits row (see `--real`), labelled with the model's name.
 fn real_benches(args: &BenchArgs) -> Result<Vec<(String, StepBench)>, String> {
@@ -283,6 +306,7 @@ fn real_benches(args: &BenchArgs) -> Result<Vec<(String, StepBench)>, String> {
 
 fn step_medians(
     vocabs: &[usize],
+    flat: &[usize],
     real: Vec<(String, StepBench)>,
     iters: usize,
     cold: bool,
@@ -296,13 +320,19 @@ fn step_medians(
             labels.push("synthetic".into());
         }
     }
+    for &v in flat {
+        for case in Case::ALL {
+            benches.push(StepBench::flat(case, v));
+            labels.push("flat".into());
+        }
+    }
     for (label, b) in real {
         benches.push(b);
         labels.push(label);
     }
     let supports: Vec<usize> = benches.iter_mut().map(|b| b.nextok_support()).collect();
     let mut evict = cold.then(Evictor::new);
-    let mut times: Vec<[Vec<f64>; 4]> = (0..benches.len())
+    let mut times: Vec<[Vec<f64>; METHODS]> = (0..benches.len())
         .map(|_| std::array::from_fn(|_| Vec::with_capacity(iters)))
         .collect();
     for it in 0..iters {
@@ -311,8 +341,8 @@ fn step_medians(
         }
         for (b, t) in benches.iter_mut().zip(times.iter_mut()) {
             // rotate the order so no method always follows the same one
-            for k in 0..4 {
-                let which = (it + k) % 4;
+            for k in 0..METHODS {
+                let which = (it + k) % METHODS;
                 match evict.as_mut() {
                     Some(e) => e.run(),
                     None => call(b, which),
@@ -336,6 +366,7 @@ fn step_medians(
             let naive = median(&mut t[1]);
             let nextok = median(&mut t[2]);
             let normaliser = median(&mut t[3]);
+            let bands = median(&mut t[4]);
             StepRow {
                 vocab: b.fixture.logits.len(),
                 logits,
@@ -346,9 +377,11 @@ fn step_medians(
                 naive_ns: naive,
                 nextok_ns: nextok,
                 normaliser_ns: normaliser,
+                bands_ns: bands,
                 nextok_over_floor: nextok / floor,
                 naive_over_nextok: naive / nextok,
                 normaliser_over_floor: normaliser / floor,
+                bands_over_nextok: bands / nextok,
             }
         })
         .collect()
@@ -428,6 +461,21 @@ fn targets(steps: &[StepRow], batch: &[BatchRow]) -> Vec<Target> {
             met: s.naive_over_nextok >= 30.0,
         });
     }
+    for s in steps
+        .iter()
+        .filter(|s| s.logits == "flat" && s.case == Case::TopPOnly.key())
+    {
+        out.push(Target {
+            name: if s.vocab == TARGET_VOCAB {
+                "flat row, V = 128,256, top-p alone: nextok / floor <= 8"
+            } else {
+                "flat row, V = 262,144, top-p alone: nextok / floor <= 8"
+            },
+            limit: 8.0,
+            measured: s.nextok_over_floor,
+            met: s.nextok_over_floor <= 8.0,
+        });
+    }
     for b in batch.iter().filter(|b| b.vocab == TARGET_VOCAB) {
         let dc = b.case == Case::DefaultChain.key();
         out.push(Target {
@@ -461,7 +509,7 @@ fn print_tables(r: &Report) {
     );
     outln!();
     outln!(
-        "{:>7}  {:<28} {:>7} {:>9} {:>10} {:>10} {:>12} {:>12} {:>10}",
+        "{:>7}  {:<36} {:>7} {:>9} {:>10} {:>10} {:>12} {:>12} {:>10} {:>10} {:>12}",
         "vocab",
         "case",
         "support",
@@ -470,7 +518,9 @@ fn print_tables(r: &Report) {
         "nextok µs",
         "nextok/floor",
         "naive/nextok",
-        "norm/floor"
+        "norm/floor",
+        "bands µs",
+        "bands/nextok"
     );
     for s in &r.steps {
         let name = if s.logits == "synthetic" {
@@ -479,7 +529,7 @@ fn print_tables(r: &Report) {
             format!("{} [{}]", s.name, s.logits)
         };
         outln!(
-            "{:>7}  {:<28} {:>7} {:>9.2} {:>10.1} {:>10.2} {:>12.2} {:>12.1} {:>10.2}",
+            "{:>7}  {:<36} {:>7} {:>9.2} {:>10.1} {:>10.2} {:>12.2} {:>12.1} {:>10.2} {:>10.2} {:>12.2}",
             s.vocab,
             name,
             s.support,
@@ -488,12 +538,16 @@ fn print_tables(r: &Report) {
             s.nextok_ns / 1e3,
             s.nextok_over_floor,
             s.naive_over_nextok,
-            s.normaliser_over_floor
+            s.normaliser_over_floor,
+            s.bands_ns / 1e3,
+            s.bands_over_nextok
         );
     }
     outln!(
-        "norm/floor: the exact softmax normaliser alone (one exp_f32 and an f64 lane sum per \
-         token), which a dense top-p must compute"
+        "support: the final support (for top-p alone, the nucleus); norm/floor: the exact \
+         softmax normaliser alone (one exp_f32 and an f64 lane sum per token), which a dense \
+         top-p must compute; bands: nextok with the dense top-p's large-nucleus path off (the \
+         band search alone; the same tokens); [flat]: a Normal(0, 2) bulk and 20 strong tokens"
     );
     outln!();
     outln!(
@@ -531,7 +585,7 @@ fn print_tables(r: &Report) {
     }
     if !r.targets.is_empty() {
         outln!();
-        outln!("targets at V = {TARGET_VOCAB}");
+        outln!("targets (at V = {TARGET_VOCAB} unless stated)");
         for t in &r.targets {
             outln!(
                 "  {:<66} measured {:>7.2}  {}",

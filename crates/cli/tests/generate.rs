@@ -410,6 +410,7 @@ fn bench_sampler_runs_on_a_real_logits_row() {
             "3",
             "--batch-iters",
             "1",
+            "--no-flat",
             "--json",
         ],
     );

@@ -3,13 +3,17 @@
 //! sizes; and batch stepping of 64 rows on one thread against two.
 //!
 //! `cargo bench -p nextok-core --bench sampler` (criterion). For ratios measured in one
-//! interleaved run use `nextok bench sampler`.
+//! interleaved run use `nextok bench sampler`. The `flat/…` groups run the flat rows (a
+//! Normal(0, 2) bulk and 20 strong tokens) with the dense top-p's large-nucleus path on
+//! (`nextok`) and off (`bands`, the band search alone).
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use nextok_core::bench::{BatchBench, Case, StepBench, BATCH_ROWS, TARGET_VOCAB, VOCAB_SIZES};
+use nextok_core::bench::{
+    BatchBench, Case, StepBench, BATCH_ROWS, FLAT_VOCAB_SIZES, TARGET_VOCAB, VOCAB_SIZES,
+};
 
 fn per_step(c: &mut Criterion) {
     for case in Case::ALL {
@@ -41,6 +45,30 @@ fn per_step(c: &mut Criterion) {
     }
 }
 
+fn flat(c: &mut Criterion) {
+    for case in Case::ALL {
+        let mut group = c.benchmark_group(format!("flat/{}", case.key()));
+        group
+            .sample_size(30)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2));
+        for v in FLAT_VOCAB_SIZES {
+            let mut b = StepBench::flat(case, v);
+            group.throughput(Throughput::Elements(v as u64));
+            group.bench_with_input(BenchmarkId::new("floor", v), &v, |bn, _| {
+                bn.iter(|| black_box(b.floor()))
+            });
+            group.bench_with_input(BenchmarkId::new("nextok", v), &v, |bn, _| {
+                bn.iter(|| black_box(b.nextok()))
+            });
+            group.bench_with_input(BenchmarkId::new("bands", v), &v, |bn, _| {
+                bn.iter(|| black_box(b.nextok_bands()))
+            });
+        }
+        group.finish();
+    }
+}
+
 fn batch(c: &mut Criterion) {
     for case in Case::ALL {
         let mut group = c.benchmark_group(format!("batch{BATCH_ROWS}/{}", case.key()));
@@ -59,5 +87,5 @@ fn batch(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, per_step, batch);
+criterion_group!(benches, per_step, flat, batch);
 criterion_main!(benches);

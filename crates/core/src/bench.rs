@@ -142,6 +142,32 @@ pub fn fixture(v: usize, seed: u64) -> Fixture {
     }
 }
 
+/// Number of strong tokens in a flat row ([`flat_fixture`]).
+pub const FLAT_STRONG_TOKENS: usize = 20;
+/// Standard deviation of a flat row's bulk ([`flat_fixture`]).
+pub const FLAT_SIGMA: f64 = 2.0;
+/// The vocabulary sizes of the flat-row cases (Llama 3, Gemma 3).
+pub const FLAT_VOCAB_SIZES: [usize; 2] = [128_256, 262_144];
+
+/// A deterministic flat row for a vocabulary of `v` tokens (`v >= 1024`): what high
+/// temperatures and creative sampling produce. A Normal(0, [`FLAT_SIGMA`]) bulk and
+/// [`FLAT_STRONG_TOKENS`] strong tokens at 10–13; the special tokens and the history are made as
+/// in [`fixture`]. Top-p 0.95 keeps a large nucleus: about 14 thousand tokens at V = 128,256 and
+/// 49 thousand at 262,144.
+pub fn flat_fixture(v: usize, seed: u64) -> Fixture {
+    let mut f = fixture(v, seed);
+    let mut rng = SplitMix64::new(seed ^ 0x6E65_7874_6F6B_0002);
+    let special_start = v - SPECIAL_TOKENS;
+    for z in &mut f.logits[..special_start] {
+        *z = (FLAT_SIGMA * rng.normal()) as f32;
+    }
+    f.strong.truncate(FLAT_STRONG_TOKENS);
+    for &id in &f.strong {
+        f.logits[id as usize] = (10.0 + 3.0 * rng.unit()) as f32;
+    }
+    f
+}
+
 /// The benchmarked sampling configurations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Case {
@@ -404,6 +430,9 @@ pub struct StepBench {
     pub state: DecoderState,
     /// The workspace.
     pub ws: Workspace,
+    /// A second workspace with the dense top-p's large-nucleus path off (the band search alone,
+    /// [`Workspace::set_large_nucleus_top_p`]): the same tokens, the time before that path.
+    pub ws_bands: Workspace,
     /// The full-sort baseline.
     pub naive: Naive,
     max: f32,
@@ -413,6 +442,11 @@ impl StepBench {
     /// The workload of `case` at vocabulary size `v`.
     pub fn new(case: Case, v: usize) -> Self {
         Self::with_fixture(case, fixture(v, v as u64))
+    }
+
+    /// The workload of `case` on the flat row of vocabulary size `v` ([`flat_fixture`]).
+    pub fn flat(case: Case, v: usize) -> Self {
+        Self::with_fixture(case, flat_fixture(v, v as u64))
     }
 
     /// The workload of `case` on a given row, vocabulary and history (for example a real
@@ -429,8 +463,11 @@ impl StepBench {
             .expect("fixture history is in range");
         sampler.reserve(&mut state, 1 << 16);
         let ws = sampler.new_workspace();
+        let mut ws_bands = sampler.new_workspace();
+        ws_bands.set_large_nucleus_top_p(false);
         StepBench {
             case,
+            ws_bands,
             naive: Naive::new(v, 42),
             max: crate::math::max_f32(&fixture.logits),
             fixture,
@@ -468,6 +505,16 @@ impl StepBench {
     pub fn nextok(&mut self) -> u32 {
         self.sampler
             .step(&self.fixture.logits, &mut self.state, &mut self.ws)
+            .expect("benchmark step succeeds")
+            .token
+    }
+
+    /// One nextok step with the large-nucleus top-p off ([`StepBench::ws_bands`]); returns the
+    /// token.
+    #[inline]
+    pub fn nextok_bands(&mut self) -> u32 {
+        self.sampler
+            .step(&self.fixture.logits, &mut self.state, &mut self.ws_bands)
             .expect("benchmark step succeeds")
             .token
     }

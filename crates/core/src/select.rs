@@ -204,6 +204,17 @@ fn rejection(ws: &mut Workspace, rng: &RngState, step: u64, x: u32) -> Option<Se
 }
 
 fn categorical(ws: &mut Workspace, u: f64) -> Option<u32> {
+    if ws.cand_w_valid && !ws.dense {
+        // the large-nucleus top-p left the support in id order with its weights and `(m, S)`:
+        // the state `normalize_any_order` would leave, without computing them again
+        let (m, s) = ws.cand_norm;
+        ws.norm_max = m;
+        ws.norm_sum = s;
+        ws.norm_valid = true;
+        ws.dense_w_valid = false;
+        let n = ws.cands.len();
+        return inverse_cdf(&ws.cands, &ws.w[..n], s, u);
+    }
     let (m, s) = ws.normalize_any_order();
     if ws.dense {
         let mut cum = 0.0f64;

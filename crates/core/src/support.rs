@@ -51,6 +51,26 @@ const NB1: usize = 512;
 /// is sorted.
 const SPLIT_ABOVE: usize = 64;
 
+/// The large-nucleus top-p reads one 64-token block in this many (and the blocks with the
+/// highest bounds) to estimate where the nucleus ends; it runs only on rows of at least eight
+/// times as many blocks.
+const SAMPLE_STRIDE: usize = 32;
+
+/// Bins of the estimate's histogram: 1/16 of a logit each, 64 logits below the maximum (the last
+/// takes everything further down, and the masked tokens).
+const CUT_BINS: usize = 1024;
+
+/// When the band search of the dense top-p gives up (for the large-nucleus path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Never: it decides.
+    Never,
+    /// At the first band that would read more than an eighth of the row's blocks.
+    Wide,
+    /// As `Wide`, and after a first band that does not hold the mass `p`.
+    AfterFirst,
+}
+
 /// How top-k treats tokens tied with the k-th value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TopKTies {
@@ -95,6 +115,16 @@ pub struct Workspace {
     /// loading; raised by edits, never lowered): scans skip whole blocks with it.
     pub(crate) bmax: Vec<f32>,
     pub(crate) bmax_valid: bool,
+    /// Whether the dense top-p may take its large-nucleus path ([`Workspace::dense_top_p`]).
+    pub(crate) large_nucleus: bool,
+    /// Set when the sparse support is in id order, `w[..cands.len()]` holds its weights
+    /// `exp_f32(z - cand_norm.0)` and `cand_norm` is `(m, S)` as
+    /// [`Workspace::normalize_any_order`] computes them without sorting (the large-nucleus
+    /// top-p leaves them so for selection). Cleared by every change of the support or its
+    /// order. The normaliser of the processors (`norm_valid`) is left alone: they see the
+    /// support exactly as after the band search.
+    pub(crate) cand_w_valid: bool,
+    pub(crate) cand_norm: (f32, f64),
 }
 
 /// Block length of [`Workspace::bmax`].
@@ -130,7 +160,25 @@ impl Workspace {
             max_valid: false,
             bmax: vec![f32::NEG_INFINITY; vocab_size.div_ceil(BLOCK)],
             bmax_valid: false,
+            large_nucleus: true,
+            cand_w_valid: false,
+            cand_norm: (0.0, 0.0),
         }
+    }
+
+    /// Turns the dense top-p's path for large nuclei on (the default) or off.
+    ///
+    /// Off, a dense top-p always runs the band search, which collects tokens in bands of
+    /// processed logit from the top down: the reference the large-nucleus path is tested and
+    /// benchmarked against. The supports and the selected tokens are identical either way; only
+    /// the time differs (see `docs/performance.md`, "Flat rows").
+    pub fn set_large_nucleus_top_p(&mut self, on: bool) {
+        self.large_nucleus = on;
+    }
+
+    /// Whether the dense top-p's path for large nuclei is on.
+    pub fn large_nucleus_top_p(&self) -> bool {
+        self.large_nucleus
     }
 
     /// The vocabulary size this workspace was made for.
@@ -158,6 +206,7 @@ impl Workspace {
             self.bmax_valid = false;
             self.norm_valid = false;
             self.dense_w_valid = false;
+            self.cand_w_valid = false;
             return Err(check_logits(raw).expect("a NaN or +inf was seen"));
         }
         self.dense_count = count;
@@ -169,6 +218,7 @@ impl Workspace {
         self.sorted = false;
         self.norm_valid = false;
         self.dense_w_valid = false;
+        self.cand_w_valid = false;
         self.exact = exact;
         self.stages.clear();
         Ok(())
@@ -198,6 +248,7 @@ impl Workspace {
     fn invalidate(&mut self) {
         self.norm_valid = false;
         self.dense_w_valid = false;
+        self.cand_w_valid = false;
     }
 
     pub(crate) fn record_stage(&mut self, name: &'static str) {
@@ -335,6 +386,7 @@ impl Workspace {
 
     /// Applies `f(id, z)` to every candidate of a sparse support (`-inf` results leave it).
     pub(crate) fn edit_cands(&mut self, f: impl Fn(u32, f32) -> f32) {
+        self.cand_w_valid = false;
         for c in self.cands.iter_mut() {
             let mut z = f(c.id, c.z);
             if z == f32::INFINITY {
@@ -472,6 +524,7 @@ impl Workspace {
         if !self.dense {
             return;
         }
+        self.cand_w_valid = false;
         self.cands.clear();
         for (i, &z) in self.buf.iter().enumerate() {
             if z > f32::NEG_INFINITY {
@@ -487,6 +540,7 @@ impl Workspace {
         if !self.sorted {
             self.cands.sort_unstable_by(canonical);
             self.sorted = true;
+            self.cand_w_valid = false;
         }
     }
 
@@ -640,10 +694,48 @@ impl Workspace {
     /// ([`dense_prefix`] over the sorted collection), so the result is always the definition's.
     /// The nucleus is then the set `{z > z_b} ∪ {z = z_b, id <= id_b}` for the boundary token
     /// `(z_b, id_b)`, collected in id order.
+    ///
+    /// On a flat row the bands soon read most of the row, each time from the top again. There
+    /// the large-nucleus path ([`Workspace::large_nucleus_top_p`]) takes over: it estimates from
+    /// a sample where the nucleus ends, collects every token above that in one pass, and finds
+    /// the boundary among them with the same weight buckets and the same rounding bound; it
+    /// leaves the nucleus's weights and normaliser for selection. Whatever it cannot decide
+    /// with certainty goes back to the band search, so the nucleus is the same either way.
     fn dense_top_p(&mut self, p: f64, min_keep: usize) {
         // `m` is the maximum of `buf`
         let m = self.dense_max();
         let s = math::exp_sum_at_max(&self.buf, m);
+        let nblocks = self.v / BLOCK;
+        if self.large_nucleus && nblocks >= 8 * SAMPLE_STRIDE {
+            // the first band first: it decides most peaked rows
+            if self.band_top_p(m, s, p, min_keep, Stop::AfterFirst) {
+                self.dense = false;
+                self.invalidate();
+                return;
+            }
+            let bmax: &[f32] = if self.bmax_valid { &self.bmax } else { &[] };
+            let cuts = flat_cuts(&self.buf, bmax, m, p * s);
+            // where the band search reads few blocks down to the estimated cut, it is quick
+            let narrow = 8 * blocks_at_or_above(bmax, nblocks, cuts.0) <= nblocks;
+            if narrow && self.band_top_p(m, s, p, min_keep, Stop::Wide) {
+                self.dense = false;
+                self.invalidate();
+                return;
+            }
+            if self.large_top_p(m, s, p, min_keep, cuts) {
+                return;
+            }
+        }
+        let done = self.band_top_p(m, s, p, min_keep, Stop::Never);
+        debug_assert!(done);
+        self.dense = false;
+        self.invalidate();
+    }
+
+    /// The band search of [`Workspace::dense_top_p`]. Gives up as `stop` says (returning
+    /// `false`, the support unchanged); otherwise leaves the nucleus in `cands` and returns
+    /// `true` (the caller marks the support sparse).
+    fn band_top_p(&mut self, m: f32, s: f64, p: f64, min_keep: usize, stop: Stop) -> bool {
         let need = p * s;
         self.cands.clear();
         self.wts.clear();
@@ -660,6 +752,11 @@ impl Workspace {
             let lo = if last { -f32::MAX } else { m - depth };
             let bmax: &[f32] = if self.bmax_valid { &self.bmax } else { &[] };
             if !exact && 8 * blocks_at_or_above(bmax, nblocks, lo) > nblocks {
+                if stop != Stop::Never {
+                    self.cands.clear();
+                    self.wts.clear();
+                    return false;
+                }
                 // a band that reads much of the row collects everything from the top again (the
                 // bands before it hold few tokens), so that the collection is one run in id order
                 self.cands.clear();
@@ -681,6 +778,11 @@ impl Workspace {
                 mass += band_weights(&self.cands[start..], m, &mut self.wts);
                 if !all && mass < need * (1.0 - 1e-9) {
                     // not enough mass collected yet: the boundary is further down
+                    if stop == Stop::AfterFirst {
+                        self.cands.clear();
+                        self.wts.clear();
+                        return false;
+                    }
                     hi = lo;
                     depth = self.next_depth(m, depth, mass < 0.5 * need);
                     continue;
@@ -754,8 +856,114 @@ impl Workspace {
             hi = lo;
             depth = self.next_depth(m, depth, false);
         }
+        true
+    }
+
+    /// The large-nucleus path of [`Workspace::dense_top_p`]: one collection from an estimated
+    /// cut, the boundary by [`nucleus_walk`], the nucleus in id order with its weights in
+    /// `w` and its normaliser. Returns `false`, the support still dense, when the collection does
+    /// not certainly hold the boundary (or `min_keep` decides): the band search then decides.
+    fn large_top_p(&mut self, m: f32, s: f64, p: f64, min_keep: usize, cuts: (f32, f32)) -> bool {
+        let bmax: &[f32] = if self.bmax_valid { &self.bmax } else { &[] };
+        let (mut lo, next) = cuts;
+        self.cands.clear();
+        self.wts.clear();
+        let mut st = WalkState {
+            m,
+            s,
+            p,
+            k: 0,
+            mass: 0.0,
+        };
+        let mut hi = f32::INFINITY;
+        let mut runs = 0usize;
+        let mut step = 0.5f32;
+        let (found, at) = loop {
+            let start = self.cands.len();
+            collect_band(&self.buf, bmax, Band::new(lo, hi), &mut self.cands);
+            runs += 1;
+            self.wts.resize(self.cands.len(), 0.0);
+            cand_weights(&self.cands[start..], m, &mut self.wts[start..]);
+            let all = lo <= -f32::MAX || self.cands.len() >= self.dense_count;
+            let (walk, after) = nucleus_walk_on(
+                &self.cands[start..],
+                &self.wts[start..],
+                st,
+                &mut self.gath,
+                &mut self.gath_w,
+                &mut self.scratch,
+                &mut self.aux,
+            );
+            match walk {
+                Walk::Found(n, at) if n >= min_keep => break (n, at),
+                Walk::Short if !all => {
+                    // certain: the boundary is further down; the next band starts there
+                    st = after;
+                    hi = lo;
+                    // first a third of the way to the wide cut (about one standard
+                    // deviation of the estimate), then in doubling steps
+                    lo = if runs == 1 && next < lo {
+                        lo - (lo - next) / 3.0
+                    } else {
+                        lo - step
+                    };
+                    if lo <= m - 87.0 {
+                        lo = -f32::MAX;
+                    }
+                    step *= 2.0;
+                }
+                _ => {
+                    self.cands.clear();
+                    self.wts.clear();
+                    return false;
+                }
+            }
+        };
+        // as one integer comparison of canonical keys: no branch on the data
+        let key = |c: &Cand| (descending_key(c.z) as u64) << 32 | c.id as u64;
+        let last = key(&at);
+        let before = |c: &Cand| key(c) <= last;
+        let n = if runs == 1 {
+            // the nucleus, in id order (the collection is one run), and its weights
+            filter_cands_w(&self.cands, &self.wts, before, &mut self.gath, &mut self.w)
+        } else {
+            // several runs: read the nucleus again from the row, in id order
+            self.gath.clear();
+            let band = Band {
+                lo: at.z,
+                hi: f32::INFINITY,
+                tie_z: at.z,
+                tie_id: at.id,
+            };
+            collect_band(&self.buf, bmax, band, &mut self.gath);
+            let n = self.gath.len();
+            cand_weights(&self.gath, m, &mut self.w[..n]);
+            n
+        };
+        debug_assert_eq!(n, found);
+        std::mem::swap(&mut self.cands, &mut self.gath);
         self.dense = false;
-        self.invalidate();
+        self.sorted = false;
+        self.dense_w_valid = false;
+        // the normaliser selection needs, as `normalize_any_order` would compute it (not set as
+        // the processors' normaliser: `normalize` would then skip sorting the support, which
+        // later processors read in canonical order): the nucleus holds the maximum, and its
+        // first token in canonical order (the lowest id of that value) gives its sign when it is
+        // a zero
+        let m = if m == 0.0 {
+            self.cands.iter().find(|c| c.z == 0.0).map_or(m, |c| c.z)
+        } else {
+            m
+        };
+        self.norm_valid = false;
+        match exact_sum_any_order(&self.w[..n]) {
+            Some(sum) => {
+                self.cand_norm = (m, sum);
+                self.cand_w_valid = true;
+            }
+            None => self.cand_w_valid = false,
+        }
+        true
     }
 
     /// The depth below the maximum `m` of the next band after one that reached `depth`: two
@@ -928,13 +1136,23 @@ pub(crate) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) {
 }
 
 multiversion! {
-    /// [`cand_weights`], 16 at a time.
+    /// [`cand_weights`], 16 at a time: the values are first copied out of the pairs, so that
+    /// `exp_f32` runs on whole vectors.
     fn cand_weights_multi(c: &[Cand], m: f32, w: &mut [f32]) {
-        let mut e = [0.0f32; 16];
-        for (block, out) in c.chunks(16).zip(w.chunks_mut(16)) {
-            cand_exps(block, m, &mut e);
-            let n = block.len();
-            out[..n].copy_from_slice(&e[..n]);
+        let mut x = [0.0f32; 16];
+        let blocks = c.chunks_exact(16);
+        let rest = blocks.remainder();
+        for (block, out) in blocks.zip(w.chunks_exact_mut(16)) {
+            for (xj, cj) in x.iter_mut().zip(block) {
+                *xj = cj.z - m;
+            }
+            for (o, &xj) in out.iter_mut().zip(&x) {
+                *o = exp_f32(xj);
+            }
+        }
+        let n = c.len() - rest.len();
+        for (o, cj) in w[n..].iter_mut().zip(rest) {
+            *o = exp_f32(cj.z - m);
         }
     }
 }
@@ -1523,7 +1741,130 @@ fn collect_band(buf: &[f32], bmax: &[f32], band: Band, out: &mut Vec<Cand>) {
             }
         };
     }
+    #[cfg(target_arch = "x86_64")]
+    if math::simd::level() >= math::simd::AVX2 {
+        // SAFETY: the CPU supports AVX2 (`simd::detected`).
+        return unsafe {
+            if band.tie_z.is_nan() {
+                collect_band_avx2::<false>(buf, bmax, band, out)
+            } else {
+                collect_band_avx2::<true>(buf, bmax, band, out)
+            }
+        };
+    }
     collect_band_multi(buf, bmax, band, out)
+}
+
+/// For every 8-bit mask, the positions of its set bits in order (then zeros): the permutation
+/// that packs the kept lanes of an 8-lane vector to its front.
+#[cfg(target_arch = "x86_64")]
+static COMPRESS8: [[u32; 8]; 256] = compress8();
+
+#[cfg(target_arch = "x86_64")]
+const fn compress8() -> [[u32; 8]; 256] {
+    let mut t = [[0u32; 8]; 256];
+    let mut mask = 0;
+    while mask < 256 {
+        let (mut j, mut k) = (0, 0);
+        while j < 8 {
+            if (mask >> j) & 1 == 1 {
+                t[mask][k] = j as u32;
+                k += 1;
+            }
+            j += 1;
+        }
+        mask += 1;
+    }
+    t
+}
+
+/// [`collect_band`] on 8 lanes: the kept values of each vector are packed to its front with a
+/// permutation from [`COMPRESS8`] and stored with their ids as whole `Cand` vectors, the length
+/// advancing by the number kept (no branch on the values but one per block). `TIE`: whether
+/// `band` excludes anything by `tie_z`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,popcnt")]
+unsafe fn collect_band_avx2<const TIE: bool>(
+    buf: &[f32],
+    bmax: &[f32],
+    band: Band,
+    out: &mut Vec<Cand>,
+) {
+    use std::arch::x86_64::*;
+    let nblocks = buf.len() / BLOCK;
+    let lo = _mm256_set1_ps(band.lo);
+    let hi = _mm256_set1_ps(band.hi);
+    let tz = _mm256_set1_ps(band.tie_z);
+    // ids stay below 2^31 (`u32` ids of a vocabulary held in memory), so signed compares do
+    let tid = _mm256_set1_epi32(band.tie_id.min(i32::MAX as u32) as i32);
+    let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for b in 0..nblocks {
+        if bmax.get(b).is_some_and(|&x| x < band.lo) {
+            continue;
+        }
+        let base = b * BLOCK;
+        let p = buf.as_ptr().add(base);
+        let mut masks = [0u32; 8];
+        let mut any = 0u32;
+        for (k, mk) in masks.iter_mut().enumerate() {
+            let x = _mm256_loadu_ps(p.add(8 * k));
+            let mut keep = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(x, lo),
+                _mm256_cmp_ps::<_CMP_LT_OQ>(x, hi),
+            );
+            if TIE {
+                let ids = _mm256_add_epi32(iota, _mm256_set1_epi32((base + 8 * k) as i32));
+                let tie = _mm256_and_ps(
+                    _mm256_cmp_ps::<_CMP_EQ_OQ>(x, tz),
+                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(ids, tid)),
+                );
+                keep = _mm256_andnot_ps(tie, keep);
+            }
+            *mk = _mm256_movemask_ps(keep) as u32;
+            any |= *mk;
+        }
+        if any == 0 {
+            continue;
+        }
+        if out.capacity() - out.len() < BLOCK + 8 {
+            // no room for whole stores (only near a full buffer): one at a time
+            for (k, &mk) in masks.iter().enumerate() {
+                let mut bits = mk;
+                while bits != 0 {
+                    let j = 8 * k + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    out.push(Cand {
+                        id: (base + j) as u32,
+                        z: buf[base + j],
+                    });
+                }
+            }
+            continue;
+        }
+        let mut len = out.len();
+        let q = out.as_mut_ptr() as *mut i32;
+        for (k, &mk) in masks.iter().enumerate() {
+            let x = _mm256_castps_si256(_mm256_loadu_ps(p.add(8 * k)));
+            let ids = _mm256_add_epi32(iota, _mm256_set1_epi32((base + 8 * k) as i32));
+            let perm = _mm256_loadu_si256(COMPRESS8[mk as usize].as_ptr().cast());
+            let ci = _mm256_permutevar8x32_epi32(ids, perm);
+            let cz = _mm256_permutevar8x32_epi32(x, perm);
+            let l = _mm256_unpacklo_epi32(ci, cz); // i0 z0 i1 z1 | i4 z4 i5 z5
+            let h = _mm256_unpackhi_epi32(ci, cz); // i2 z2 i3 z3 | i6 z6 i7 z7
+            let at = q.add(2 * len);
+            _mm256_storeu_si256(at.cast(), _mm256_permute2x128_si256::<0x20>(l, h));
+            _mm256_storeu_si256(at.add(8).cast(), _mm256_permute2x128_si256::<0x31>(l, h));
+            len += mk.count_ones() as usize;
+        }
+        // SAFETY: 64 + 8 `Cand`s fit in the capacity from the old length; the first `len` were
+        // written as whole `Cand { id, z }` values (`repr(C)`: `id`, `z`)
+        out.set_len(len);
+    }
+    for (i, &z) in buf.iter().enumerate().skip(nblocks * BLOCK) {
+        if band.keeps(i, z) {
+            out.push(Cand { id: i as u32, z });
+        }
+    }
 }
 
 multiversion! {
@@ -1749,12 +2090,26 @@ enum Walk {
 fn nucleus_walk(
     c: &[Cand],
     w: &[f32],
-    mut st: WalkState,
+    st: WalkState,
     gath: &mut Vec<Cand>,
     gath_w: &mut Vec<f32>,
     sub: &mut Vec<Cand>,
     tmp: &mut Vec<Cand>,
 ) -> Walk {
+    nucleus_walk_on(c, w, st, gath, gath_w, sub, tmp).0
+}
+
+/// [`nucleus_walk`], also giving the state after the searched tokens when they are
+/// [`Walk::Short`] (their count and weight sum added): the next band's search starts there.
+fn nucleus_walk_on(
+    c: &[Cand],
+    w: &[f32],
+    mut st: WalkState,
+    gath: &mut Vec<Cand>,
+    gath_w: &mut Vec<f32>,
+    sub: &mut Vec<Cand>,
+    tmp: &mut Vec<Cand>,
+) -> (Walk, WalkState) {
     let (count, mass) = histogram::<NB1>(w, bucket1);
     for b in 0..NB1 {
         if count[b] == 0 {
@@ -1778,10 +2133,10 @@ fn nucleus_walk(
                 st.k = k2;
                 st.mass = m2;
             }
-            r => return r,
+            r => return (r, st),
         }
     }
-    Walk::Short
+    (Walk::Short, st)
 }
 
 /// Counts and weight sums of the weights by `key` (below `N`). Long inputs use four interleaved
@@ -1869,6 +2224,118 @@ fn filter_cands(c: &[Cand], w: &[f32], keep: impl Fn(&Cand, f32) -> bool, out: &
     }
     // SAFETY: the first `k` elements were written.
     unsafe { out.set_len(k) };
+}
+
+/// Like [`filter_cands`], also copying the kept weights to the front of `out_w` (at least as
+/// long as `c`); returns how many were kept.
+fn filter_cands_w(
+    c: &[Cand],
+    w: &[f32],
+    keep: impl Fn(&Cand) -> bool,
+    out: &mut Vec<Cand>,
+    out_w: &mut [f32],
+) -> usize {
+    let n = c.len().min(w.len()).min(out_w.len());
+    out.clear();
+    out.reserve(n);
+    let p = out.as_mut_ptr();
+    let pw = out_w.as_mut_ptr();
+    let mut k = 0usize;
+    for (cc, &x) in c[..n].iter().zip(&w[..n]) {
+        // SAFETY: `k <` the number of candidates seen so far `<= n <=` both capacities.
+        unsafe {
+            p.add(k).write(*cc);
+            pw.add(k).write(x);
+        }
+        k += keep(cc) as usize;
+    }
+    // SAFETY: the first `k` elements were written.
+    unsafe { out.set_len(k) };
+    k
+}
+
+/// Where the large-nucleus top-p cuts its collection: two processed logits below which, by an
+/// estimate, the tokens above them hold the mass `need` (in weights `exp(z - m)`), the first
+/// by a small margin, the second by a wide one. Blocks whose bound reaches a depth that few blocks reach are read whole, one of the
+/// other blocks in [`SAMPLE_STRIDE`] stands for the rest; the logits go into bins of 1/16 of a
+/// logit, and the cuts lie where the estimated mass, and the estimated mass minus three
+/// standard deviations of the sampling error, reach `need`. `-f32::MAX` (everything) when no such point
+/// is found. Only steers the search: the result is checked.
+fn flat_cuts(buf: &[f32], bmax: &[f32], m: f32, need: f64) -> (f32, f32) {
+    let nblocks = buf.len() / BLOCK;
+    // the deepest level (in steps of half a logit) that at most one block in SAMPLE_STRIDE
+    // reaches: those blocks are read whole
+    let mut full_lo = f32::INFINITY;
+    if bmax.len() >= nblocks {
+        // blocks by the depth of their bound below `m`, in half logits
+        let mut depth = [0u32; 65];
+        for &x in &bmax[..nblocks] {
+            let d = (m - x) * 2.0;
+            depth[if d < 64.0 { d as usize } else { 64 }] += 1;
+        }
+        let cap = nblocks / SAMPLE_STRIDE;
+        let mut reach = 0usize;
+        for (i, &n) in depth[..64].iter().enumerate() {
+            // the blocks whose bound is at least `m - (i + 1) / 2`
+            reach += n as usize;
+            if reach > cap {
+                break;
+            }
+            full_lo = m - (i + 1) as f32 * 0.5;
+        }
+    }
+    let mut full = [0u32; CUT_BINS];
+    let mut samp = [0u32; CUT_BINS];
+    // `z <= m`, so `d >= 0` (`+inf` for a masked token): a 32-bit conversion of the clamped
+    // value, which is one instruction
+    let bin = |z: f32| ((m - z) * 16.0).min((CUT_BINS - 1) as f32) as i32 as usize;
+    let (mut other, mut sampled) = (0usize, 0usize);
+    for (b, block) in buf[..nblocks * BLOCK].chunks_exact(BLOCK).enumerate() {
+        if bmax.get(b).is_some_and(|&x| x >= full_lo) {
+            for &z in block {
+                full[bin(z)] += 1;
+            }
+        } else {
+            other += 1;
+            if b % SAMPLE_STRIDE == SAMPLE_STRIDE / 2 {
+                sampled += 1;
+                for &z in block {
+                    samp[bin(z)] += 1;
+                }
+            }
+        }
+    }
+    for &z in &buf[nblocks * BLOCK..] {
+        full[bin(z)] += 1;
+    }
+    let f = if sampled > 0 {
+        other as f64 / sampled as f64
+    } else {
+        0.0
+    };
+    // the weight at the middle of bin b is exp(-(b + 1/2) / 16)
+    const STEP: f64 = 0.939_413_062_813_475_8; // exp(-1/16)
+    let mut wc = 0.969_233_234_476_344_1; // exp(-1/32)
+    let (mut cum, mut var) = (0.0f64, 0.0f64);
+    let mut first = None;
+    for b in 0..CUT_BINS - 1 {
+        let ns = samp[b] as f64;
+        cum += (full[b] as f64 + f * ns) * wc;
+        var += f * (f - 1.0) * ns * wc * wc;
+        let sd = var.sqrt();
+        let edge = m - (b + 1) as f32 / 16.0;
+        if first.is_none() && cum >= need {
+            first = Some(edge);
+        }
+        if cum - 3.0 * sd >= need {
+            return (first.unwrap_or(edge), edge);
+        }
+        wc *= STEP;
+    }
+    match first {
+        Some(lo) => (lo, lo - 1.0),
+        None => (-f32::MAX, -f32::MAX),
+    }
 }
 
 /// [`nucleus_walk`]'s second level: the tokens of one first-level bucket, by 8 more bits.

@@ -1,12 +1,13 @@
 //! `Sampler::step` and `Sampler::select` allocate nothing once the workspace exists and the
 //! state has room for its history (`Sampler::reserve`): a counting global allocator checks every
-//! step after a short warm-up, for the two benchmark pipelines at V = 128,256, for the greedy,
+//! step after a short warm-up, for the two benchmark pipelines at V = 128,256 and on the flat
+//! rows at 128,256 and 262,144 (the large-nucleus top-p, and the band search alone), for the greedy,
 //! categorical and Gumbel selectors, and for every kernel version this CPU supports.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use nextok_core::bench::{fixture, Case, StepBench, TARGET_VOCAB};
+use nextok_core::bench::{fixture, Case, StepBench, FLAT_VOCAB_SIZES, TARGET_VOCAB};
 use nextok_core::math::simd;
 use nextok_core::{Draw, Preset, Sampler, SamplingParams};
 
@@ -66,9 +67,13 @@ const WARM_UP: usize = 2;
 const STEPS: usize = 12;
 
 fn check_bench_case(case: Case) {
-    let mut b = StepBench::new(case, TARGET_VOCAB);
+    check_bench(case, StepBench::new(case, TARGET_VOCAB));
+}
+
+fn check_bench(case: Case, mut b: StepBench) {
     for _ in 0..WARM_UP {
         b.nextok();
+        b.nextok_bands();
     }
     for _ in 0..STEPS {
         let n = allocations(|| {
@@ -79,6 +84,10 @@ fn check_bench_case(case: Case) {
             std::hint::black_box(b.nextok_select());
         });
         assert_eq!(n, 0, "{case:?}: select allocated");
+        let n = allocations(|| {
+            std::hint::black_box(b.nextok_bands());
+        });
+        assert_eq!(n, 0, "{case:?}: step with the band search alone allocated");
     }
 }
 
@@ -189,6 +198,10 @@ fn step_and_select_do_not_allocate() {
         simd::set_max_level(level);
         for case in Case::ALL {
             check_bench_case(case);
+            // flat rows: the dense top-p's large-nucleus path (nuclei of 14 and 53 thousand)
+            for v in FLAT_VOCAB_SIZES {
+                check_bench(case, StepBench::flat(case, v));
+            }
         }
         for (name, preset, params) in selector_cases() {
             check_params(name, preset, params);
