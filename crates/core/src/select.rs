@@ -129,6 +129,30 @@ fn walk(dense: bool, buf: &[f32], ids: &[Cand], w: &[f32], mut f: impl FnMut(u32
     }
 }
 
+/// The sparse support in id order with its weights `exp(z − m)`, as categorical selection reads
+/// it: the candidates themselves when already in id order (the dense top-p leaves its nucleus
+/// so), else a copy sorted by id in `scratch` (the canonical order stays for the record).
+fn sparse_in_id_order<'a>(
+    cands: &'a [Cand],
+    scratch: &'a mut Vec<Cand>,
+    aux: &mut Vec<Cand>,
+    vocab_size: usize,
+    w: &'a mut [f32],
+    m: f32,
+) -> (&'a [Cand], &'a [f32]) {
+    let c: &'a [Cand] = if cands.is_sorted_by_key(|c| c.id) {
+        cands
+    } else {
+        scratch.clear();
+        scratch.extend_from_slice(cands);
+        crate::support::sort_by_id(scratch, aux, vocab_size);
+        scratch
+    };
+    let w = &mut w[..c.len()];
+    cand_weights(c, m, w);
+    (c, w)
+}
+
 /// [`Draw::Draft`] for categorical and Gumbel selection (both draw from the same `p`).
 fn rejection(ws: &mut Workspace, rng: &RngState, step: u64, x: u32) -> Option<Selected> {
     let (m, s) = ws.normalize_any_order();
@@ -136,18 +160,8 @@ fn rejection(ws: &mut Workspace, rng: &RngState, step: u64, x: u32) -> Option<Se
     let (ids, w): (&[Cand], &[f32]) = if ws.dense {
         (&[], &ws.w[..])
     } else {
-        let c = if ws.cands.is_sorted_by_key(|c| c.id) {
-            &ws.cands
-        } else {
-            ws.scratch.clear();
-            ws.scratch.extend_from_slice(&ws.cands);
-            crate::support::sort_by_id(&mut ws.scratch, &mut ws.aux, ws.v);
-            &ws.scratch
-        };
         ws.dense_w_valid = false;
-        let w = &mut ws.w[..c.len()];
-        cand_weights(c, m, w);
-        (&c[..], &ws.w[..c.len()])
+        sparse_in_id_order(&ws.cands, &mut ws.scratch, &mut ws.aux, ws.v, &mut ws.w, m)
     };
     let (dense, buf) = (ws.dense, &ws.buf[..]);
     let mut wx = 0.0f64;
@@ -236,18 +250,10 @@ fn categorical(ws: &mut Workspace, u: f64) -> Option<u32> {
     } else {
         // id-ascending order (the dense top-p leaves its nucleus so); else over a copy, keeping
         // the canonical order for the record
-        let c = if ws.cands.is_sorted_by_key(|c| c.id) {
-            &ws.cands
-        } else {
-            ws.scratch.clear();
-            ws.scratch.extend_from_slice(&ws.cands);
-            crate::support::sort_by_id(&mut ws.scratch, &mut ws.aux, ws.v);
-            &ws.scratch
-        };
         // (the dense weights are not in use while the support is sparse)
         ws.dense_w_valid = false;
-        let w = &mut ws.w[..c.len()];
-        cand_weights(c, m, w);
+        let (c, w) =
+            sparse_in_id_order(&ws.cands, &mut ws.scratch, &mut ws.aux, ws.v, &mut ws.w, m);
         inverse_cdf(c, w, s, u)
     }
 }

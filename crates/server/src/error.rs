@@ -44,6 +44,11 @@ impl ApiError {
         }
     }
 
+    /// A 500 `server_error` (a task that failed or panicked, output that would not serialise).
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
     /// An error with `status` and `kind`.
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
         ApiError {

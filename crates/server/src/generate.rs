@@ -22,11 +22,7 @@ use crate::{AppState, SelfLogged};
 const NEG_INF_LOGPROB: f64 = -9999.0;
 
 fn internal(e: impl std::fmt::Display) -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "server_error",
-        e.to_string(),
-    )
+    ApiError::internal(e.to_string())
 }
 
 /// A request naming another model: 404.

@@ -366,13 +366,7 @@ async fn explain(
         let text = v.to_string();
         let out = tokio::task::spawn_blocking(move || nextok_engine::explain::explain_json(&text))
             .await
-            .map_err(|e| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    e.to_string(),
-                )
-            })?
+            .map_err(|e| ApiError::internal(e.to_string()))?
             .map_err(|e| explain_error(&e, |f| f.to_string()))?;
         return Ok(Json(out).into_response());
     }
@@ -399,13 +393,11 @@ async fn explain(
     req.gen.logprobs = None;
     req.gen.records = None;
     if let Some(accepted) = accepted {
-        let _one = s.after_accepted.acquire().await.map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                e.to_string(),
-            )
-        })?;
+        let _one = s
+            .after_accepted
+            .acquire()
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
         let engine = s.engine.clone();
         let gen = req.gen.clone();
         let acc = accepted.clone();
@@ -415,13 +407,7 @@ async fn explain(
             Ok::<_, nextok_engine::EngineError>((p, ex))
         })
         .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                e.to_string(),
-            )
-        })?
+        .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| {
             explain_error(&e, |f| {
                 if f.starts_with("accepted") {
@@ -440,13 +426,7 @@ async fn explain(
     let gen = req.gen.clone();
     let mut h = tokio::task::spawn_blocking(move || engine.submit(gen))
         .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                e.to_string(),
-            )
-        })?
+        .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| ApiError::from_engine(&e, |f| req.param(f)))?;
     while let Some(ev) = h.next_event().await {
         match ev {
@@ -458,9 +438,7 @@ async fn explain(
             _ => {}
         }
     }
-    Err(ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "server_error",
+    Err(ApiError::internal(
         "the engine ended the request without a ledger",
     ))
 }
@@ -473,13 +451,7 @@ fn model_step_body(
     ex: &nextok_core::Explanation,
 ) -> Result<Value, ApiError> {
     let out = nextok_engine::explain::model_step_output(s.engine.model(), info, ex, 20, 10);
-    let mut body = serde_json::to_value(out).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            e.to_string(),
-        )
-    })?;
+    let mut body = serde_json::to_value(out).map_err(|e| ApiError::internal(e.to_string()))?;
     body["prompt_tokens"] = json!(info.prompt_ids.len());
     body["prompt_ids"] = json!(info.prompt_ids);
     body["seed"] = json!(info.seeds.first());

@@ -93,13 +93,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                e.to_string(),
-            )
-        })?
+        .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| ApiError::from_engine(&e, |f| f.to_string()))
 }
 
