@@ -27,8 +27,8 @@ use nextok_model::chat::Message;
 use nextok_model::{LogitsSource, Requant};
 use serde::Serialize;
 
-use crate::BenchArgs;
 use crate::frontend;
+use crate::BenchArgs;
 use nextok_engine::solo::{run_sequence, SeqTime, SoloOptions};
 use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
 

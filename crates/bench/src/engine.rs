@@ -31,8 +31,8 @@ use nextok_engine::{Engine, EngineConfig, Event, GenerateRequest, Prompt};
 use nextok_model::{LogitsSource, Requant};
 use serde::Serialize;
 
-use crate::BenchArgs;
 use crate::frontend;
+use crate::BenchArgs;
 
 const TEXT: &str = "The history of the lighthouse is a history of the coast itself. Long before \
 electric lamps and Fresnel lenses, people who lived by the sea lit fires on hills and towers to \

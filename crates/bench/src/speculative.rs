@@ -24,8 +24,8 @@ use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
 use nextok_model::{LogitsSource, Model, Requant};
 use serde::Serialize;
 
-use crate::BenchArgs;
 use crate::frontend;
+use crate::BenchArgs;
 
 const RECORD: &str = r#"{"id": 48213, "name": "Harbour Light Desk Lamp", "sku": "HL-2207-BR", "brand": "Keeper & Co.", "category": "Home / Lighting / Desk lamps", "price": {"amount": 74.5, "currency": "EUR"}, "description": "A brass desk lamp modelled on the lamps of old harbour lighthouses, with a weighted base, an adjustable arm and a warm 2700 K LED module rated for 25,000 hours.", "features": ["brushed brass finish", "touch dimmer with four levels", "USB-C charging port in the base", "replaceable LED module"], "dimensions": {"height_cm": 46, "base_diameter_cm": 15, "weight_kg": 1.8}, "shipping": {"ships_from": "Rotterdam", "days": "2-4", "free_over": 50}, "stock": 132, "rating": 4.6, "reviews": 218}"#;
 
