@@ -42,10 +42,6 @@ macro_rules! outln {
     ($($arg:tt)*) => { $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*)), false) };
 }
 
-mod bench;
-mod bench_decode;
-mod bench_engine;
-mod bench_speculative;
 mod constrain;
 mod explain;
 mod generate;
@@ -72,7 +68,7 @@ enum Cmd {
     /// Run one step from a JSON request and print the decoding ledger.
     Explain(explain::ExplainArgs),
     /// Run benchmarks (`nextok bench sampler`, `nextok bench decode`).
-    Bench(bench::BenchArgs),
+    Bench(nextok_bench::BenchArgs),
     /// Print a vocabulary's size, EOS and special tokens, and the exact bytes of tokens.
     Vocab(vocab::VocabArgs),
     /// Tokenize a text and print each token's ids and bytes.
@@ -91,7 +87,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Explain(a) => explain::run(a),
-        Cmd::Bench(a) => bench::run(a),
+        Cmd::Bench(a) => nextok_bench::run(
+            a,
+            nextok_bench::Frontend {
+                write_stdout,
+                model_path: generate::model_path,
+                load_model: generate::load_model,
+            },
+        ),
         Cmd::Vocab(a) => vocab::run_vocab(a),
         Cmd::Tokenize(a) => vocab::run_tokenize(a),
         Cmd::Constrain(a) => constrain::run(a),

@@ -4,11 +4,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use nextok_testdata::vectors::{self, Case, Minimum, Outcome};
 use serde_json::Value;
-
-fn vectors_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/vectors")
-}
 
 fn run_explain(request: &Value) -> (bool, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_nextok"))
@@ -32,120 +29,56 @@ fn run_explain(request: &Value) -> (bool, String, String) {
     )
 }
 
-fn id_of(request: &Value, v: &Value) -> u64 {
-    match v {
-        Value::Number(n) => n.as_u64().unwrap(),
-        Value::String(s) => match request["tokens"].as_array() {
-            Some(t) => t.iter().position(|x| x == s).unwrap() as u64,
-            None => s.parse().unwrap(),
-        },
-        _ => panic!("bad token ref"),
+/// One case through `nextok explain --json`.
+fn check_case(case: &Case) -> Outcome {
+    let ctx = case.ctx();
+    let req = case.request();
+    let exp = case.expect();
+    let (ok, stdout, stderr) = run_explain(req);
+    if let Some(err) = exp.get("error") {
+        assert!(!ok, "{ctx}: expected failure");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "{ctx}: one error line expected, got {stderr:?}"
+        );
+        // the field is named (top-level name, before any index); an error without a
+        // field (`already_finished`) says what happened
+        let head = match err["field"].as_str() {
+            Some(field) => field.split(['[', '.']).next().unwrap(),
+            None => "finished",
+        };
+        assert!(
+            lines[0].contains(head),
+            "{ctx}: error line {:?} does not name {head}",
+            lines[0]
+        );
+        return Outcome::Pass;
     }
-}
-
-fn round(x: f64, d: u32) -> f64 {
-    let s = 10f64.powi(d as i32);
-    (x * s).round() / s
-}
-
-fn num(v: &Value) -> f64 {
-    match v {
-        Value::Number(n) => n.as_f64().unwrap(),
-        Value::String(s) if s == "-inf" => f64::NEG_INFINITY,
-        other => panic!("not a number: {other}"),
+    assert!(ok, "{ctx}: failed: {stderr}");
+    let out: Value = serde_json::from_str(&stdout).unwrap();
+    for key in ["selected", "support", "pipeline_hash", "tokens"] {
+        assert!(out.get(key).is_some(), "{ctx}: --json lacks `{key}`");
     }
+    vectors::check_explain_json(case, &out);
+    for row in out["tokens"].as_array().unwrap() {
+        for key in ["raw_logprob", "processed_logprob", "selection_prob"] {
+            assert!(row.get(key).is_some(), "{ctx}: token row lacks `{key}`");
+        }
+    }
+    Outcome::Pass
 }
 
 #[test]
 fn cli_runs_every_vector() {
-    let mut files: Vec<_> = std::fs::read_dir(vectors_dir())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    let mut n = 0;
-    for f in files {
-        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
-        for case in doc["cases"].as_array().unwrap() {
-            let ctx = format!("{} / {}", f.display(), case["name"]);
-            let req = &case["request"];
-            let exp = &case["expect"];
-            let (ok, stdout, stderr) = run_explain(req);
-            n += 1;
-            if let Some(err) = exp.get("error") {
-                assert!(!ok, "{ctx}: expected failure");
-                let lines: Vec<&str> = stderr.lines().collect();
-                assert_eq!(
-                    lines.len(),
-                    1,
-                    "{ctx}: one error line expected, got {stderr:?}"
-                );
-                // the field is named (top-level name, before any index); an error without a
-                // field (`already_finished`) says what happened
-                let head = match err["field"].as_str() {
-                    Some(field) => field.split(['[', '.']).next().unwrap(),
-                    None => "finished",
-                };
-                assert!(
-                    lines[0].contains(head),
-                    "{ctx}: error line {:?} does not name {head}",
-                    lines[0]
-                );
-                continue;
-            }
-            assert!(ok, "{ctx}: failed: {stderr}");
-            let out: Value = serde_json::from_str(&stdout).unwrap();
-            for key in ["selected", "support", "pipeline_hash", "tokens"] {
-                assert!(out.get(key).is_some(), "{ctx}: --json lacks `{key}`");
-            }
-            if let Some(sel) = exp.get("selected") {
-                assert_eq!(out["selected"].as_u64().unwrap(), id_of(req, sel), "{ctx}");
-            }
-            if let Some(sup) = exp.get("support") {
-                let mut want: Vec<u64> = sup
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| id_of(req, v))
-                    .collect();
-                want.sort_unstable();
-                let got: Vec<u64> = out["support"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_u64().unwrap())
-                    .collect();
-                assert_eq!(got, want, "{ctx}: support");
-            }
-            let d = exp.get("decimals").and_then(Value::as_u64).unwrap_or(3) as u32;
-            for key in [
-                "selection_prob",
-                "initial_prob",
-                "processed_logit",
-                "raw_logprob",
-                "processed_logprob",
-            ] {
-                if let Some(map) = exp.get(key).and_then(Value::as_object) {
-                    for (tok, want) in map {
-                        let id = id_of(req, &Value::String(tok.clone())) as usize;
-                        let got = num(&out["tokens"][id][key]);
-                        assert_eq!(
-                            round(got, d),
-                            round(want.as_f64().unwrap(), d),
-                            "{ctx}: {key}[{tok}]"
-                        );
-                    }
-                }
-            }
-            for row in out["tokens"].as_array().unwrap() {
-                for key in ["raw_logprob", "processed_logprob", "selection_prob"] {
-                    assert!(row.get(key).is_some(), "{ctx}: token row lacks `{key}`");
-                }
-            }
-        }
-    }
-    assert!(n >= 40);
+    vectors::run(
+        Minimum {
+            files: 5,
+            cases_run: 40,
+        },
+        check_case,
+    );
 }
 
 #[test]

@@ -26,7 +26,6 @@
 #![warn(missing_docs)]
 
 #[doc(hidden)]
-pub mod bench;
 pub mod constraint;
 pub mod error;
 mod fxhash;

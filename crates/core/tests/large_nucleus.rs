@@ -306,8 +306,8 @@ fn benchmark_flat_rows() {
     let restore = simd::level();
     for level in simd::BASELINE..=simd::detected() {
         simd::set_max_level(level);
-        for v in nextok_core::bench::FLAT_VOCAB_SIZES {
-            let f = nextok_core::bench::flat_fixture(v, v as u64);
+        for v in nextok_bench::fixtures::FLAT_VOCAB_SIZES {
+            let f = nextok_bench::fixtures::flat_fixture(v, v as u64);
             for p in [0.5, 0.9, 0.95, 0.99] {
                 check(&f.logits, p, 1, None, &[0.0, 0.1, 0.37, 0.5, 0.9, U_MAX]);
             }

@@ -7,7 +7,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use nextok_core::bench::{fixture, Case, StepBench, FLAT_VOCAB_SIZES, TARGET_VOCAB};
+use nextok_bench::fixtures::{fixture, Case, StepBench, FLAT_VOCAB_SIZES, TARGET_VOCAB};
 use nextok_core::math::simd;
 use nextok_core::{Draw, Preset, Sampler, SamplingParams};
 

@@ -1,43 +1,19 @@
 //! Runs the shared test vectors in `testdata/vectors/` through the library.
 
-use std::path::PathBuf;
-
 use nextok_core::StepRequest;
+use nextok_testdata::vectors::{self, id_of, round, Case, Minimum, Outcome, NUMERIC_KEYS};
 use serde_json::Value;
 
-fn vectors_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/vectors")
-}
-
-fn round(x: f64, d: u32) -> f64 {
-    let s = 10f64.powi(d as i32);
-    (x * s).round() / s
-}
-
-fn name_to_id(req: &StepRequest, name: &Value) -> u32 {
-    match name {
-        Value::Number(n) => n.as_u64().expect("id") as u32,
-        Value::String(s) => match &req.tokens {
-            Some(t) => t
-                .iter()
-                .position(|x| x == s)
-                .unwrap_or_else(|| panic!("no token named {s}")) as u32,
-            None => s.parse().expect("numeric id"),
-        },
-        other => panic!("bad token ref {other}"),
+fn check_case(case: &Case) -> Outcome {
+    let ctx = case.ctx();
+    let req_text = serde_json::to_string(case.request()).unwrap();
+    let expect = case.expect();
+    if case.is_constrained() {
+        return Outcome::Skip(
+            "needs a constraint engine (the CLI's and the server's vector tests run it)".into(),
+        );
     }
-}
-
-fn check_case(file: &str, case: &Value) {
-    let cname = case["name"].as_str().unwrap_or("?");
-    let ctx = format!("{file} / {cname}");
-    let req_text = serde_json::to_string(&case["request"]).unwrap();
-    let expect = &case["expect"];
-    if !case["request"]["params"]["constraint"].is_null() {
-        // needs a constraint engine (the CLI runs these cases)
-        return;
-    }
-    let result = StepRequest::from_json(&req_text).and_then(|r| r.explain_output().map(|o| (r, o)));
+    let result = StepRequest::from_json(&req_text).and_then(|r| r.explain_output());
     if let Some(err) = expect.get("error") {
         let e = match result {
             Ok(_) => panic!("{ctx}: expected error {err}, got success"),
@@ -45,33 +21,31 @@ fn check_case(file: &str, case: &Value) {
         };
         assert_eq!(e.code(), err["code"].as_str().unwrap(), "{ctx}: {e}");
         assert_eq!(e.field(), err["field"].as_str(), "{ctx}: {e}");
-        return;
+        return Outcome::Pass;
     }
-    let (req, out) = result.unwrap_or_else(|e| panic!("{ctx}: {e}"));
+    let out = result.unwrap_or_else(|e| panic!("{ctx}: {e}"));
     if let Some(sel) = expect.get("selected") {
-        assert_eq!(out.selected, name_to_id(&req, sel), "{ctx}: selected");
+        assert_eq!(
+            out.selected,
+            id_of(case.request(), sel) as u32,
+            "{ctx}: selected"
+        );
     }
     if let Some(sup) = expect.get("support") {
         let mut want: Vec<u32> = sup
             .as_array()
             .unwrap()
             .iter()
-            .map(|v| name_to_id(&req, v))
+            .map(|v| id_of(case.request(), v) as u32)
             .collect();
         want.sort_unstable();
         assert_eq!(out.support, want, "{ctx}: support");
     }
     let d = expect.get("decimals").and_then(Value::as_u64).unwrap_or(3) as u32;
-    for key in [
-        "selection_prob",
-        "initial_prob",
-        "processed_logit",
-        "raw_logprob",
-        "processed_logprob",
-    ] {
+    for key in NUMERIC_KEYS {
         if let Some(map) = expect.get(key).and_then(Value::as_object) {
             for (tok, want) in map {
-                let id = name_to_id(&req, &Value::String(tok.clone()));
+                let id = id_of(case.request(), &Value::String(tok.clone()));
                 let row = &out.tokens[id as usize].row;
                 let got = match key {
                     "selection_prob" => row.selection_prob,
@@ -109,25 +83,16 @@ fn check_case(file: &str, case: &Value) {
             from += pos + 1;
         }
     }
+    Outcome::Pass
 }
 
 #[test]
 fn all_vector_files_pass() {
-    let mut files: Vec<_> = std::fs::read_dir(vectors_dir())
-        .expect("testdata/vectors")
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    assert!(files.len() >= 5, "vector files missing");
-    let mut n = 0;
-    for f in &files {
-        let doc: Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
-        let fname = f.file_name().unwrap().to_string_lossy().to_string();
-        for case in doc["cases"].as_array().unwrap() {
-            check_case(&fname, case);
-            n += 1;
-        }
-    }
-    assert!(n >= 40, "only {n} cases ran");
+    vectors::run(
+        Minimum {
+            files: 5,
+            cases_run: 40,
+        },
+        check_case,
+    );
 }

@@ -3,7 +3,7 @@
 //! naming the field, 401, 404, 413, 429 with `Retry-After`), answers equal to the engine's own
 //! run, streams, disconnects that free the cache, traces that replay.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -13,6 +13,7 @@ use http_body_util::BodyExt;
 use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
 use nextok_model::{Model, Requant};
 use nextok_server::ServerConfig;
+use nextok_testdata::vectors::{self, Case, Minimum, Outcome};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -67,110 +68,53 @@ fn events(text: &str) -> Vec<String> {
         .collect()
 }
 
-fn id_of(request: &Value, v: &Value) -> u64 {
-    match v {
-        Value::Number(n) => n.as_u64().unwrap(),
-        Value::String(s) => match request["tokens"].as_array() {
-            Some(t) => t.iter().position(|x| x == s).unwrap() as u64,
-            None => s.parse().unwrap(),
-        },
-        _ => panic!("bad token ref"),
+/// One case through `/v1/explain`; counts the requests expected to succeed and to fail.
+async fn check_case(app: &Router, case: Case, counts: &Mutex<(usize, usize)>) -> Outcome {
+    let ctx = case.ctx();
+    let req = case.request();
+    let exp = case.expect();
+    let (status, _, out) = call(app, post("/v1/explain", req)).await;
+    if let Some(err) = exp.get("error") {
+        counts.lock().unwrap().1 += 1;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{ctx}: {out}");
+        assert_eq!(out["error"]["type"], "invalid_request_error", "{ctx}");
+        let Some(field) = err["field"].as_str() else {
+            // an error of the request as a whole (e.g. already_finished): its code
+            assert_eq!(out["error"]["code"], err["code"], "{ctx}: {out}");
+            return Outcome::Pass;
+        };
+        let head = field.split(['[', '.']).next().unwrap();
+        let param = out["error"]["param"].as_str().unwrap_or_default();
+        let message = out["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            param.contains(head) || message.contains(head),
+            "{ctx}: the error names neither in param nor message `{head}`: {out}"
+        );
+        assert_eq!(out["error"]["type"], "invalid_request_error", "{ctx}");
+        return Outcome::Pass;
     }
-}
-
-fn round(x: f64, d: u32) -> f64 {
-    let s = 10f64.powi(d as i32);
-    (x * s).round() / s
-}
-
-fn num(v: &Value) -> f64 {
-    match v {
-        Value::Number(n) => n.as_f64().unwrap(),
-        Value::String(s) if s == "-inf" => f64::NEG_INFINITY,
-        other => panic!("not a number: {other}"),
-    }
+    counts.lock().unwrap().0 += 1;
+    assert_eq!(status, StatusCode::OK, "{ctx}: {out}");
+    vectors::check_explain_json(&case, &out);
+    Outcome::Pass
 }
 
 #[tokio::test]
 async fn explain_runs_every_shared_vector() {
     let Some((app, _)) = app() else { return };
-    let dir = nextok_testdata::repo_root().join("testdata/vectors");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    let (mut ok, mut failures) = (0, 0);
-    for f in files {
-        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
-        for case in doc["cases"].as_array().unwrap() {
-            let ctx = format!("{} / {}", f.display(), case["name"]);
-            let req = &case["request"];
-            let exp = &case["expect"];
-            let (status, _, out) = call(&app, post("/v1/explain", req)).await;
-            if let Some(err) = exp.get("error") {
-                failures += 1;
-                assert_eq!(status, StatusCode::BAD_REQUEST, "{ctx}: {out}");
-                assert_eq!(out["error"]["type"], "invalid_request_error", "{ctx}");
-                let Some(field) = err["field"].as_str() else {
-                    // an error of the request as a whole (e.g. already_finished): its code
-                    assert_eq!(out["error"]["code"], err["code"], "{ctx}: {out}");
-                    continue;
-                };
-                let head = field.split(['[', '.']).next().unwrap();
-                let param = out["error"]["param"].as_str().unwrap_or_default();
-                let message = out["error"]["message"].as_str().unwrap_or_default();
-                assert!(
-                    param.contains(head) || message.contains(head),
-                    "{ctx}: the error names neither in param nor message `{head}`: {out}"
-                );
-                assert_eq!(out["error"]["type"], "invalid_request_error", "{ctx}");
-                continue;
-            }
-            ok += 1;
-            assert_eq!(status, StatusCode::OK, "{ctx}: {out}");
-            if let Some(sel) = exp.get("selected") {
-                assert_eq!(out["selected"].as_u64().unwrap(), id_of(req, sel), "{ctx}");
-            }
-            if let Some(sup) = exp.get("support") {
-                let mut want: Vec<u64> = sup
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| id_of(req, v))
-                    .collect();
-                want.sort_unstable();
-                let got: Vec<u64> = out["support"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_u64().unwrap())
-                    .collect();
-                assert_eq!(got, want, "{ctx}: support");
-            }
-            let d = exp.get("decimals").and_then(Value::as_u64).unwrap_or(3) as u32;
-            for key in [
-                "selection_prob",
-                "initial_prob",
-                "processed_logit",
-                "raw_logprob",
-                "processed_logprob",
-            ] {
-                if let Some(map) = exp.get(key).and_then(Value::as_object) {
-                    for (tok, want) in map {
-                        let id = id_of(req, &Value::String(tok.clone())) as usize;
-                        let got = num(&out["tokens"][id][key]);
-                        assert_eq!(
-                            round(got, d),
-                            round(want.as_f64().unwrap(), d),
-                            "{ctx}: {key}[{tok}]"
-                        );
-                    }
-                }
-            }
-        }
+    // (expected to succeed, expected to fail)
+    let counts = Mutex::new((0, 0));
+    let min = Minimum {
+        files: 5,
+        cases_run: 40,
+    };
+    if vectors::run_async(min, |case| check_case(&app, case, &counts))
+        .await
+        .is_none()
+    {
+        return;
     }
+    let (ok, failures) = *counts.lock().unwrap();
     assert!(ok >= 20 && failures >= 10, "{ok} ok, {failures} failures");
 }
 

@@ -5,9 +5,16 @@
 //! `NEXTOK_TESTDATA`. A test that needs one calls [`require`]: when the file is absent the test
 //! prints a notice and returns early, except when the environment variable `CI` is set (to
 //! anything but empty, `0` or `false`), where a missing file fails the test. Benchmarks call
-//! [`optional`], which never fails.
+//! [`optional`], which never fails. [`vectors`] runs the shared test vectors under the same
+//! rule.
+//!
+//! Notices go straight to standard error, past the test harness's output capture, so a skipped
+//! test is seen as skipped rather than passing silently.
 
+use std::io::Write;
 use std::path::PathBuf;
+
+pub mod vectors;
 
 /// The default model, relative to [`dir`].
 pub const SMOLLM2: &str = "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -31,6 +38,12 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
 }
 
+/// Writes `msg` to standard error directly (not through `eprintln!`, which the test harness
+/// captures and shows only for failing tests).
+pub fn notice(msg: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{msg}");
+}
+
 /// The test-data file `rel`, or `None` after a notice when it is absent outside CI.
 ///
 /// # Panics
@@ -47,10 +60,10 @@ pub fn require(rel: &str) -> Option<PathBuf> {
             p.display()
         );
     }
-    eprintln!(
+    notice(&format!(
         "SKIPPED: test data {} is absent; run scripts/fetch-testdata.sh",
         p.display()
-    );
+    ));
     None
 }
 
@@ -61,10 +74,10 @@ pub fn optional(rel: &str) -> Option<PathBuf> {
     if p.is_file() {
         Some(p)
     } else {
-        eprintln!(
+        notice(&format!(
             "notice: test data {} is absent; run scripts/fetch-testdata.sh",
             p.display()
-        );
+        ));
         None
     }
 }

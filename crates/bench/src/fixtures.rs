@@ -15,10 +15,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::math::{exp_f32, ln_f64};
-use crate::sampler::WorkspacePool;
-use crate::{DecoderState, Preset, Result, Sampler, SamplingParams, StepResult, VocabInfo};
-use crate::{Draw, Workspace};
+use nextok_core::math::{exp_f32, ln_f64};
+use nextok_core::WorkspacePool;
+use nextok_core::{DecoderState, Preset, Result, Sampler, SamplingParams, StepResult, VocabInfo};
+use nextok_core::{Draw, Workspace};
 
 /// The vocabulary sizes benchmarked (SmolLM, Llama 3, Qwen 2, Gemma 3).
 pub const VOCAB_SIZES: [usize; 4] = [49_152, 128_256, 151_936, 262_144];
@@ -469,7 +469,7 @@ impl StepBench {
             case,
             ws_bands,
             naive: Naive::new(v, 42),
-            max: crate::math::max_f32(&fixture.logits),
+            max: nextok_core::math::max_f32(&fixture.logits),
             fixture,
             sampler,
             state,
@@ -484,11 +484,11 @@ impl StepBench {
     }
 
     /// The exact softmax normaliser of the row alone: one `exp_f32` per token and the `f64` lane
-    /// sum ([`crate::math::exp_sum`]) — the part of a dense top-p that no shortcut may skip.
+    /// sum ([`nextok_core::math::exp_sum`]) — the part of a dense top-p that no shortcut may skip.
     #[inline]
     pub fn normaliser(&self) -> f64 {
         let z = &self.fixture.logits;
-        crate::math::exp_sum(z, self.max)
+        nextok_core::math::exp_sum(z, self.max)
     }
 
     /// One naive full-sort step; returns the token.

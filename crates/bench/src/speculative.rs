@@ -24,8 +24,8 @@ use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
 use nextok_model::{LogitsSource, Model, Requant};
 use serde::Serialize;
 
-use crate::bench::BenchArgs;
-use crate::generate;
+use crate::frontend;
+use crate::BenchArgs;
 
 const RECORD: &str = r#"{"id": 48213, "name": "Harbour Light Desk Lamp", "sku": "HL-2207-BR", "brand": "Keeper & Co.", "category": "Home / Lighting / Desk lamps", "price": {"amount": 74.5, "currency": "EUR"}, "description": "A brass desk lamp modelled on the lamps of old harbour lighthouses, with a weighted base, an adjustable arm and a warm 2700 K LED module rated for 25,000 hours.", "features": ["brushed brass finish", "touch dimmer with four levels", "USB-C charging port in the base", "replaceable LED module"], "dimensions": {"height_cm": 46, "base_diameter_cm": 15, "weight_kg": 1.8}, "shipping": {"ships_from": "Rotterdam", "days": "2-4", "free_over": 50}, "stock": 132, "rating": 4.6, "reviews": 218}"#;
 
@@ -106,10 +106,10 @@ fn once(
 
 /// Runs `nextok bench speculative`.
 pub fn run(args: &BenchArgs) -> Result<(), String> {
-    let path = generate::model_path(args.model.as_deref())?;
+    let path = frontend::model_path(args.model.as_deref())?;
     let mut rows = Vec::new();
-    let q4 = Arc::new(generate::load_model(&path, Requant::Keep)?);
-    let q8 = Arc::new(generate::load_model(&path, Requant::Q8_0)?);
+    let q4 = Arc::new(frontend::load_model(&path, Requant::Keep)?);
+    let q8 = Arc::new(frontend::load_model(&path, Requant::Q8_0)?);
     // (label, target, draft model: None for prompt lookup)
     let setups: [(&str, &Arc<Model>, Option<&Model>); 3] = [
         ("q4_1", &q4, None),

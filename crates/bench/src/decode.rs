@@ -27,8 +27,8 @@ use nextok_model::chat::Message;
 use nextok_model::{LogitsSource, Requant};
 use serde::Serialize;
 
-use crate::bench::BenchArgs;
-use crate::generate;
+use crate::frontend;
+use crate::BenchArgs;
 use nextok_engine::solo::{run_sequence, SeqTime, SoloOptions};
 use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
 
@@ -107,13 +107,13 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     if max_tokens < 2 {
         return Err("--max-tokens must be at least 2".into());
     }
-    let path = generate::model_path(args.model.as_deref())?;
+    let path = frontend::model_path(args.model.as_deref())?;
     let mut rows = Vec::new();
     for (quant, requant) in [
         ("q4_1 (as shipped)", Requant::Keep),
         ("q8_0", Requant::Q8_0),
     ] {
-        let model = generate::load_model(&path, requant)?;
+        let model = frontend::load_model(&path, requant)?;
         let text = model
             .render_chat(&[Message::new("user", PROMPT.to_string())], true)
             .map_err(|e| e.to_string())?;

@@ -2,7 +2,7 @@
 //! full-sort sampler, for the llama.cpp default chain and for top-p alone, at four vocabulary
 //! sizes; and batch stepping of 64 rows on one thread against two.
 //!
-//! `cargo bench -p nextok-core --bench sampler` (criterion). For ratios measured in one
+//! `cargo bench -p nextok-bench --bench sampler` (criterion). For ratios measured in one
 //! interleaved run use `nextok bench sampler`. The `flat/…` groups run the flat rows (a
 //! Normal(0, 2) bulk and 20 strong tokens) with the dense top-p's large-nucleus path on
 //! (`nextok`) and off (`bands`, the band search alone).
@@ -11,7 +11,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use nextok_core::bench::{
+use nextok_bench::fixtures::{
     BatchBench, Case, StepBench, BATCH_ROWS, FLAT_VOCAB_SIZES, TARGET_VOCAB, VOCAB_SIZES,
 };
 

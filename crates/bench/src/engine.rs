@@ -31,8 +31,8 @@ use nextok_engine::{Engine, EngineConfig, Event, GenerateRequest, Prompt};
 use nextok_model::{LogitsSource, Requant};
 use serde::Serialize;
 
-use crate::bench::BenchArgs;
-use crate::generate;
+use crate::frontend;
+use crate::BenchArgs;
 
 const TEXT: &str = "The history of the lighthouse is a history of the coast itself. Long before \
 electric lamps and Fresnel lenses, people who lived by the sea lit fires on hills and towers to \
@@ -77,7 +77,7 @@ fn workload(text_ids: &[u32], i: usize, tokens_scale: f64) -> GenerateRequest {
     };
     if i % 4 == 3 {
         req.constraint = Some(ConstraintSpec::JsonSchema {
-            schema: crate::bench_decode::schema(),
+            schema: crate::decode::schema(),
             options: Default::default(),
         });
     }
@@ -209,7 +209,7 @@ fn run_level(
 
 /// Runs `nextok bench engine`.
 pub fn run(args: &BenchArgs) -> Result<(), String> {
-    let path = generate::model_path(args.model.as_deref())?;
+    let path = frontend::model_path(args.model.as_deref())?;
     let llama_cpp = if args.llama_cpp {
         let out =
             std::env::temp_dir().join(format!("nextok-llama-cpp-{}.json", std::process::id()));
@@ -238,7 +238,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let scale = args.tokens_scale;
     let mut quants = Vec::new();
     for (quant, requant) in [("q4_1", Requant::Keep), ("q8_0", Requant::Q8_0)] {
-        let model = Arc::new(generate::load_model(&path, requant)?);
+        let model = Arc::new(frontend::load_model(&path, requant)?);
         let mut ids = Vec::new();
         while ids.len() < 2000 {
             ids.extend(model.encode_prompt(TEXT).map_err(|e| e.to_string())?);

@@ -2,7 +2,7 @@
 //! nextok, interleaved in one process — round-robin per iteration, so machine noise hits all
 //! three alike — plus batch stepping on one thread against two.
 //!
-//! Beside the fixture rows it runs flat rows (`nextok_core::bench::flat_fixture`, unless
+//! Beside the fixture rows it runs flat rows (`crate::fixtures::flat_fixture`, unless
 //! `--no-flat`), and on every row also nextok with the dense top-p's large-nucleus path off (the
 //! band search alone, "bands"), in the same rotation, so the two paths are compared on the same
 //! rows under the same load.
@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use nextok_core::bench::{
+use crate::fixtures::{
     BatchBench, Case, StepBench, BATCH_ROWS, FLAT_VOCAB_SIZES, SPECIAL_TOKENS, TARGET_VOCAB,
     VOCAB_SIZES,
 };
@@ -159,9 +159,9 @@ fn ns(d: Duration) -> f64 {
 pub fn run(args: BenchArgs) -> Result<(), String> {
     match args.what.as_str() {
         "sampler" => {}
-        "decode" => return crate::bench_decode::run(&args),
-        "engine" => return crate::bench_engine::run(&args),
-        "speculative" => return crate::bench_speculative::run(&args),
+        "decode" => return crate::decode::run(&args),
+        "engine" => return crate::engine::run(&args),
+        "speculative" => return crate::speculative::run(&args),
         other => {
             return Err(format!(
             "unknown benchmark `{other}` (expected `sampler`, `decode`, `engine` or `speculative`)"
@@ -271,7 +271,7 @@ const METHODS: usize = 5;
 
 /// Both cases on a real model's logits row (see `--real`), labelled with the model's name.
 fn real_benches(args: &BenchArgs) -> Result<Vec<(String, StepBench)>, String> {
-    let path = crate::generate::model_path(args.model.as_deref())?;
+    let path = crate::frontend::model_path(args.model.as_deref())?;
     let model =
         nextok_model::Model::load(&path, nextok_model::Requant::Keep).map_err(|e| e.to_string())?;
     let text = model
@@ -293,7 +293,7 @@ fn real_benches(args: &BenchArgs) -> Result<Vec<(String, StepBench)>, String> {
     Ok(Case::ALL
         .iter()
         .map(|&case| {
-            let fixture = nextok_core::bench::Fixture {
+            let fixture = crate::fixtures::Fixture {
                 vocab: model.vocab.info.clone(),
                 logits: row.clone(),
                 history: prompt.clone(),
