@@ -176,17 +176,25 @@ pub enum Case {
     DefaultChain,
     /// The reference order with only top-p 0.95 (top-k off, T = 1), categorical.
     TopPOnly,
+    /// llama.cpp's default chain with the penalties off (llama.cpp's own defaults since its
+    /// repetition penalty became 1.0): special mask, top-k 40, top-p 0.95, min-p 0.05,
+    /// temperature 0.8, categorical. Run beside llama.cpp's sampler (`--llama-lib`).
+    NoPenalties,
 }
 
 impl Case {
     /// Both cases.
     pub const ALL: [Case; 2] = [Case::DefaultChain, Case::TopPOnly];
 
+    /// The cases run beside llama.cpp's sampler: both, and the default chain with penalties off.
+    pub const WITH_PEER: [Case; 3] = [Case::DefaultChain, Case::NoPenalties, Case::TopPOnly];
+
     /// Human-readable name.
     pub fn name(&self) -> &'static str {
         match self {
             Case::DefaultChain => "llama.cpp default chain",
             Case::TopPOnly => "top-p 0.95 alone, top-k off",
+            Case::NoPenalties => "llama.cpp default chain, no penalties",
         }
     }
 
@@ -195,13 +203,14 @@ impl Case {
         match self {
             Case::DefaultChain => "default_chain",
             Case::TopPOnly => "top_p",
+            Case::NoPenalties => "default_chain_no_penalties",
         }
     }
 
     /// The preset.
     pub fn preset(&self) -> Preset {
         match self {
-            Case::DefaultChain => Preset::LlamaCpp,
+            Case::DefaultChain | Case::NoPenalties => Preset::LlamaCpp,
             Case::TopPOnly => Preset::Reference,
         }
     }
@@ -223,6 +232,14 @@ impl Case {
             },
             Case::TopPOnly => SamplingParams {
                 top_p: Some(0.95),
+                ignore_eos: true,
+                ..Default::default()
+            },
+            Case::NoPenalties => SamplingParams {
+                temperature: Some(0.8),
+                top_k: Some(40),
+                top_p: Some(0.95),
+                min_p: Some(0.05),
                 ignore_eos: true,
                 ..Default::default()
             },
@@ -295,31 +312,21 @@ impl Naive {
             }
         }
         match case {
-            Case::DefaultChain => self.default_chain(vocab, history, u),
+            Case::DefaultChain => self.default_chain(vocab, history, u, true),
+            Case::NoPenalties => self.default_chain(vocab, history, u, false),
             Case::TopPOnly => self.top_p_only(u),
         }
     }
 
-    fn default_chain(&mut self, vocab: &VocabInfo, history: &[u32], u: f64) -> (u32, usize) {
-        // penalties over the last 64 tokens: repetition 1.1, then presence 0.5 / frequency 0.1
-        self.window.clear();
-        self.window
-            .extend_from_slice(&history[history.len().saturating_sub(64)..]);
-        self.window.sort_unstable();
-        let mut i = 0;
-        while i < self.window.len() {
-            let id = self.window[i];
-            let mut j = i;
-            while j < self.window.len() && self.window[j] == id {
-                j += 1;
-            }
-            let c = (j - i) as f32;
-            if !vocab.is_special(id) {
-                let z = &mut self.pairs[id as usize].0;
-                *z = if *z > 0.0 { *z / 1.1 } else { *z * 1.1 };
-                *z = *z - 0.5 - 0.1 * c;
-            }
-            i = j;
+    fn default_chain(
+        &mut self,
+        vocab: &VocabInfo,
+        history: &[u32],
+        u: f64,
+        penalties: bool,
+    ) -> (u32, usize) {
+        if penalties {
+            self.penalties(vocab, history);
         }
         // full sort by logit descending, then top-k 40
         self.pairs.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
@@ -347,6 +354,29 @@ impl Naive {
         // temperature 0.8, softmax, draw
         let n = self.softmax_sorted(0.8);
         (self.draw(u), n)
+    }
+
+    /// Penalties over the last 64 tokens: repetition 1.1, then presence 0.5 / frequency 0.1.
+    fn penalties(&mut self, vocab: &VocabInfo, history: &[u32]) {
+        self.window.clear();
+        self.window
+            .extend_from_slice(&history[history.len().saturating_sub(64)..]);
+        self.window.sort_unstable();
+        let mut i = 0;
+        while i < self.window.len() {
+            let id = self.window[i];
+            let mut j = i;
+            while j < self.window.len() && self.window[j] == id {
+                j += 1;
+            }
+            let c = (j - i) as f32;
+            if !vocab.is_special(id) {
+                let z = &mut self.pairs[id as usize].0;
+                *z = if *z > 0.0 { *z / 1.1 } else { *z * 1.1 };
+                *z = *z - 0.5 - 0.1 * c;
+            }
+            i = j;
+        }
     }
 
     fn top_p_only(&mut self, u: f64) -> (u32, usize) {

@@ -29,6 +29,8 @@ mod decode;
 mod engine;
 pub mod fixtures;
 #[cfg(feature = "cli")]
+mod llama_peer;
+#[cfg(feature = "cli")]
 mod sampler;
 #[cfg(feature = "cli")]
 mod speculative;

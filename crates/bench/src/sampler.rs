@@ -20,6 +20,8 @@ use crate::fixtures::{
 use nextok_core::math::simd;
 use serde::Serialize;
 
+use crate::llama_peer::{ChainConfig, LlamaChain, LlamaLib};
+
 /// Arguments of `nextok bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -80,6 +82,11 @@ pub struct BenchArgs {
     /// 128,256 and 262,144 tokens, where top-p 0.95 keeps nuclei of 14 and 53 thousand).
     #[arg(long)]
     pub no_flat: bool,
+    /// `sampler`: also run llama.cpp's sampler chain, through its C API from this `libllama`
+    /// shared library, on every row in the same rotation, with a third case (the default chain
+    /// without penalties). `bench/peers/llama_sampler.sh` builds one and passes it.
+    #[arg(long)]
+    pub llama_lib: Option<std::path::PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -102,6 +109,12 @@ struct StepRow {
     normaliser_over_floor: f64,
     /// How much faster the large-nucleus path makes the step (1 where it does not run).
     bands_over_nextok: f64,
+    /// llama.cpp's chain on the same row (with `--llama-lib`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    llama_ns: Option<f64>,
+    /// How much faster nextok is than llama.cpp's chain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    llama_over_nextok: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -208,7 +221,19 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         Vec::new()
     };
     let flat: &[usize] = if args.no_flat { &[] } else { &FLAT_VOCAB_SIZES };
-    let steps = step_medians(&vocabs, flat, real, args.iters, args.cold, !args.json);
+    let llama = match &args.llama_lib {
+        Some(p) => Some(crate::llama_peer::LlamaLib::load(p)?),
+        None => None,
+    };
+    let steps = step_medians(
+        &vocabs,
+        flat,
+        real,
+        llama.as_ref(),
+        args.iters,
+        args.cold,
+        !args.json,
+    )?;
     let batch = batch_rates(&vocabs, args.batch_iters.max(1), !args.json);
     let targets = targets(&steps, &batch);
     let report = Report {
@@ -245,7 +270,7 @@ impl Evictor {
     }
 }
 
-fn call(b: &mut StepBench, which: usize) {
+fn call(b: &mut StepBench, peer: Option<&mut LlamaChain<'_>>, which: usize) {
     match which {
         0 => {
             std::hint::black_box(b.floor());
@@ -259,17 +284,32 @@ fn call(b: &mut StepBench, which: usize) {
         3 => {
             std::hint::black_box(b.normaliser());
         }
-        _ => {
+        4 => {
             std::hint::black_box(b.nextok_bands());
+        }
+        _ => {
+            if let Some(c) = peer {
+                std::hint::black_box(c.step(&b.fixture.logits));
+            }
         }
     }
 }
 
 /// The methods [`call`] times: floor, naive, nextok, normaliser, nextok with the band search
-/// alone.
-const METHODS: usize = 5;
+/// alone, llama.cpp's chain (with `--llama-lib`).
+const METHODS: usize = 6;
 
-/// Both cases on a real model's logits row (see `--real`), labelled with the model's name.
+/// The cases run: both, and with llama.cpp beside nextok also the default chain without
+/// penalties.
+fn cases(peer: bool) -> &'static [Case] {
+    if peer {
+        &Case::WITH_PEER
+    } else {
+        &Case::ALL
+    }
+}
+
+/// The cases on a real model's logits row (see `--real`), labelled with the model's name.
 fn real_benches(args: &BenchArgs) -> Result<Vec<(String, StepBench)>, String> {
     let path = crate::frontend::model_path(args.model.as_deref())?;
     let model =
@@ -290,7 +330,7 @@ fn real_benches(args: &BenchArgs) -> Result<Vec<(String, StepBench)>, String> {
         .file_stem()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    Ok(Case::ALL
+    Ok(cases(args.llama_lib.is_some())
         .iter()
         .map(|&case| {
             let fixture = crate::fixtures::Fixture {
@@ -308,20 +348,22 @@ fn step_medians(
     vocabs: &[usize],
     flat: &[usize],
     real: Vec<(String, StepBench)>,
+    llama: Option<&LlamaLib>,
     iters: usize,
     cold: bool,
     progress: bool,
-) -> Vec<StepRow> {
+) -> Result<Vec<StepRow>, String> {
     let mut benches: Vec<StepBench> = Vec::new();
     let mut labels: Vec<String> = Vec::new();
+    let cases = cases(llama.is_some());
     for &v in vocabs {
-        for case in Case::ALL {
+        for &case in cases {
             benches.push(StepBench::new(case, v));
             labels.push("synthetic".into());
         }
     }
     for &v in flat {
-        for case in Case::ALL {
+        for &case in cases {
             benches.push(StepBench::flat(case, v));
             labels.push("flat".into());
         }
@@ -331,6 +373,21 @@ fn step_medians(
         labels.push(label);
     }
     let supports: Vec<usize> = benches.iter_mut().map(|b| b.nextok_support()).collect();
+    let mut peers: Vec<Option<LlamaChain<'_>>> = match llama {
+        None => benches.iter().map(|_| None).collect(),
+        Some(lib) => benches
+            .iter()
+            .map(|b| {
+                LlamaChain::new(
+                    lib,
+                    &peer_config(b),
+                    b.fixture.logits.len(),
+                    &b.fixture.history,
+                )
+                .map(Some)
+            })
+            .collect::<Result<_, String>>()?,
+    };
     let mut evict = cold.then(Evictor::new);
     let mut times: Vec<[Vec<f64>; METHODS]> = (0..benches.len())
         .map(|_| std::array::from_fn(|_| Vec::with_capacity(iters)))
@@ -339,16 +396,19 @@ fn step_medians(
         if progress && it % 10 == 0 {
             eprint!("\rper-step iterations: {it}/{iters}");
         }
-        for (b, t) in benches.iter_mut().zip(times.iter_mut()) {
+        for ((b, t), peer) in benches.iter_mut().zip(times.iter_mut()).zip(&mut peers) {
             // rotate the order so no method always follows the same one
             for k in 0..METHODS {
                 let which = (it + k) % METHODS;
+                if which == METHODS - 1 && peer.is_none() {
+                    continue;
+                }
                 match evict.as_mut() {
                     Some(e) => e.run(),
-                    None => call(b, which),
+                    None => call(b, peer.as_mut(), which),
                 }
                 let t0 = Instant::now();
-                call(b, which);
+                call(b, peer.as_mut(), which);
                 t[which].push(ns(t0.elapsed()));
             }
         }
@@ -356,7 +416,7 @@ fn step_medians(
     if progress {
         eprintln!("\rper-step iterations: {iters}/{iters}");
     }
-    benches
+    Ok(benches
         .iter()
         .zip(times.iter_mut())
         .zip(supports)
@@ -367,6 +427,7 @@ fn step_medians(
             let nextok = median(&mut t[2]);
             let normaliser = median(&mut t[3]);
             let bands = median(&mut t[4]);
+            let llama = (!t[5].is_empty()).then(|| median(&mut t[5]));
             StepRow {
                 vocab: b.fixture.logits.len(),
                 logits,
@@ -382,9 +443,36 @@ fn step_medians(
                 naive_over_nextok: naive / nextok,
                 normaliser_over_floor: normaliser / floor,
                 bands_over_nextok: bands / nextok,
+                llama_ns: llama,
+                llama_over_nextok: llama.map(|l| l / nextok),
             }
         })
-        .collect()
+        .collect())
+}
+
+/// llama.cpp's chain for a workload: the same settings as the case's nextok pipeline.
+fn peer_config(b: &StepBench) -> ChainConfig {
+    let vocab = &b.fixture.vocab;
+    // the special mask with `ignore_eos`: every special id, EOS too
+    let banned = vocab.special_token_ids.to_vec();
+    let p = b.case.params();
+    ChainConfig {
+        banned,
+        penalties: match (p.repetition_penalty, p.penalty_last_n) {
+            (Some(rep), Some(n)) => Some((
+                n as i32,
+                rep,
+                p.frequency_penalty.unwrap_or(0.0),
+                p.presence_penalty.unwrap_or(0.0),
+            )),
+            _ => None,
+        },
+        top_k: p.top_k.map_or(0, |k| k as i32),
+        top_p: p.top_p.unwrap_or(1.0) as f32,
+        min_p: p.min_p.unwrap_or(0.0) as f32,
+        temperature: p.temperature.unwrap_or(1.0),
+        seed: 7,
+    }
 }
 
 fn batch_rates(vocabs: &[usize], iters: usize, progress: bool) -> Vec<BatchRow> {
@@ -476,6 +564,27 @@ fn targets(steps: &[StepRow], batch: &[BatchRow]) -> Vec<Target> {
             met: s.nextok_over_floor <= 8.0,
         });
     }
+    for (case, limit, name) in [
+        (
+            Case::NoPenalties,
+            3.0,
+            "default chain, no penalties: llama.cpp / nextok >= 3",
+        ),
+        (
+            Case::TopPOnly,
+            30.0,
+            "top-p alone: llama.cpp / nextok >= 30",
+        ),
+    ] {
+        if let Some(r) = step(case.key()).and_then(|s| s.llama_over_nextok) {
+            out.push(Target {
+                name,
+                limit,
+                measured: r,
+                met: r >= limit,
+            });
+        }
+    }
     for b in batch.iter().filter(|b| b.vocab == TARGET_VOCAB) {
         let dc = b.case == Case::DefaultChain.key();
         out.push(Target {
@@ -549,6 +658,43 @@ fn print_tables(r: &Report) {
          top-p must compute; bands: nextok with the dense top-p's large-nucleus path off (the \
          band search alone; the same tokens); [flat]: a Normal(0, 2) bulk and 20 strong tokens"
     );
+    if r.steps.iter().any(|s| s.llama_ns.is_some()) {
+        outln!();
+        outln!(
+            "llama.cpp's sampler chain on the same rows, in the same rotation (medians per step)"
+        );
+        outln!(
+            "{:>7}  {:<50} {:>10} {:>11} {:>13}",
+            "vocab",
+            "case",
+            "nextok µs",
+            "llama.cpp µs",
+            "llama/nextok"
+        );
+        for s in &r.steps {
+            if let (Some(l), Some(ratio)) = (s.llama_ns, s.llama_over_nextok) {
+                let name = if s.logits == "synthetic" {
+                    s.name.to_string()
+                } else {
+                    format!("{} [{}]", s.name, s.logits)
+                };
+                outln!(
+                    "{:>7}  {:<50} {:>10.2} {:>11.2} {:>13.2}",
+                    s.vocab,
+                    name,
+                    s.nextok_ns / 1e3,
+                    l / 1e3,
+                    ratio
+                );
+            }
+        }
+        outln!(
+            "llama.cpp: llama_sampler_apply and llama_sampler_accept on a chain of logit bias \
+             (the special ids), penalties, top-k, top-p, min-p, temperature and dist, as \
+             llama.cpp's common sampler builds it (the samplers that are off left out), after \
+             filling the candidate array from the row, as llama_sampler_sample does"
+        );
+    }
     outln!();
     outln!(
         "batch of {BATCH_ROWS} rows, {} repetitions each alternating 1 and 2 threads: medians, then the fastest repetitions",
