@@ -30,6 +30,7 @@ pub mod bench;
 pub mod constraint;
 pub mod error;
 mod fxhash;
+mod kernels;
 pub mod math;
 pub mod pipeline;
 pub mod processors;

@@ -17,7 +17,13 @@
 //! been created for a vocabulary size: all buffers are sized once.
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::math::{self, exp_f32, multiversion};
+use crate::kernels::{
+    self, cand_exp_sum, cand_weights, collect_band, collect_min_p, exact_sum_any_order,
+    nan_or_pos_inf, prefix_len, sum_f32, Band, Level,
+};
+use crate::math::{self, exp_f32};
+
+pub(crate) use crate::kernels::BLOCK;
 
 /// One candidate: token id and processed logit (`repr(C)`: the AVX-512 kernels store whole
 /// candidates as `(u32, f32)` pairs).
@@ -125,10 +131,10 @@ pub struct Workspace {
     /// support exactly as after the band search.
     pub(crate) cand_w_valid: bool,
     pub(crate) cand_norm: (f32, f64),
+    /// The kernel level for this workspace, when pinned (tests); `None` follows the
+    /// process-wide one ([`crate::math::simd::level`]).
+    pub(crate) kernel_level: Option<Level>,
 }
-
-/// Block length of [`Workspace::bmax`].
-pub(crate) const BLOCK: usize = 64;
 
 impl Workspace {
     /// A workspace for vocabularies of `vocab_size` tokens.
@@ -163,7 +169,15 @@ impl Workspace {
             large_nucleus: true,
             cand_w_valid: false,
             cand_norm: (0.0, 0.0),
+            kernel_level: None,
         }
+    }
+
+    /// The kernel level this workspace's kernels run at: the pinned one, else the process-wide
+    /// one.
+    #[inline]
+    pub(crate) fn level(&self) -> Level {
+        self.kernel_level.unwrap_or_else(Level::current)
     }
 
     /// Turns the dense top-p's path for large nuclei on (the default) or off.
@@ -197,7 +211,7 @@ impl Workspace {
             .into());
         }
         // one pass: copy, validate, count the selectable tokens and take the maximum
-        let (bad, count, max) = load(raw, &mut self.buf, &mut self.bmax);
+        let (bad, count, max) = kernels::load(self.level(), raw, &mut self.buf, &mut self.bmax);
         if bad {
             self.dense = true;
             self.dense_count = 0;
@@ -490,7 +504,7 @@ impl Workspace {
         if self.max_valid {
             self.max_cache
         } else {
-            math::max_f32(&self.buf)
+            kernels::max_f32(self.level(), &self.buf)
         }
     }
 
@@ -551,14 +565,14 @@ impl Workspace {
         }
         if self.dense {
             let m = self.dense_max();
-            let s = math::exp_weights(&self.buf, m, &mut self.w);
+            let s = kernels::exp_weights(self.level(), &self.buf, m, &mut self.w);
             self.norm_max = m;
             self.norm_sum = s;
             self.dense_w_valid = true;
         } else {
             self.sort_canonical();
             let m = self.cands.first().map(|c| c.z).unwrap_or(f32::NEG_INFINITY);
-            let s = cand_exp_sum(&self.cands, m);
+            let s = cand_exp_sum(self.level(), &self.cands, m);
             self.norm_max = m;
             self.norm_sum = s;
         }
@@ -571,6 +585,7 @@ impl Workspace {
     /// representable in `f64`, the canonical-order sum equals the sum in any order (see
     /// [`exact_sum_any_order`]). Leaves the support's order alone in that case.
     pub(crate) fn normalize_any_order(&mut self) -> (f32, f64) {
+        let level = self.level();
         if self.norm_valid {
             return (self.norm_max, self.norm_sum);
         }
@@ -580,8 +595,8 @@ impl Workspace {
                 // (the dense weights are not in use while the support is sparse)
                 self.dense_w_valid = false;
                 let w = &mut self.w[..self.cands.len()];
-                cand_weights(&self.cands, best.z, w);
-                if let Some(s) = exact_sum_any_order(w) {
+                cand_weights(level, &self.cands, best.z, w);
+                if let Some(s) = exact_sum_any_order(level, w) {
                     self.norm_max = best.z;
                     self.norm_sum = s;
                     self.norm_valid = true;
@@ -627,6 +642,7 @@ impl Workspace {
     /// Dense top-k by a size-k heap whose root is the worst kept candidate; result in
     /// canonical order in `cands`.
     fn dense_top_k(&mut self, k: usize) {
+        let level = self.level();
         let heap = &mut self.cands;
         heap.clear();
         let buf = &self.buf;
@@ -653,15 +669,7 @@ impl Workspace {
         // scan the rest; a later id with an equal z is worse, so only strictly greater enters
         if heap.len() == k && i < buf.len() {
             let bmax: &[f32] = if self.bmax_valid { &self.bmax } else { &[] };
-            #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-            if math::simd::level() >= math::simd::AVX512 {
-                // SAFETY: the CPU supports AVX-512 (`simd::detected`).
-                unsafe { top_k_scan_avx512(buf, bmax, i, heap) };
-            } else {
-                top_k_scan(buf, bmax, i, heap);
-            }
-            #[cfg(not(all(target_arch = "x86_64", nextok_avx512)))]
-            top_k_scan(buf, bmax, i, heap);
+            kernels::top_k_scan(level, buf, bmax, i, heap);
         }
         heap.sort_unstable_by(canonical);
         self.sorted = true;
@@ -674,7 +682,7 @@ impl Workspace {
             self.dense_top_p(p, min_keep);
         } else {
             let (m, s) = self.normalize();
-            let n = sparse_prefix(&self.cands, m, s, p, min_keep);
+            let n = sparse_prefix(self.level(), &self.cands, m, s, p, min_keep);
             if n < self.cands.len() {
                 self.cands.truncate(n);
                 self.invalidate();
@@ -704,7 +712,7 @@ impl Workspace {
     fn dense_top_p(&mut self, p: f64, min_keep: usize) {
         // `m` is the maximum of `buf`
         let m = self.dense_max();
-        let s = math::exp_sum_at_max(&self.buf, m);
+        let s = kernels::exp_sum_at_max(self.level(), &self.buf, m);
         let nblocks = self.v / BLOCK;
         if self.large_nucleus && nblocks >= 8 * SAMPLE_STRIDE {
             // the first band first: it decides most peaked rows
@@ -736,6 +744,7 @@ impl Workspace {
     /// `false`, the support unchanged); otherwise leaves the nucleus in `cands` and returns
     /// `true` (the caller marks the support sparse).
     fn band_top_p(&mut self, m: f32, s: f64, p: f64, min_keep: usize, stop: Stop) -> bool {
+        let level = self.level();
         let need = p * s;
         self.cands.clear();
         self.wts.clear();
@@ -767,7 +776,7 @@ impl Workspace {
             }
             let start = self.cands.len();
             if lo < hi {
-                collect_band(&self.buf, bmax, Band::new(lo, hi), &mut self.cands);
+                collect_band(level, &self.buf, bmax, Band::new(lo, hi), &mut self.cands);
                 runs += 1;
             }
             let all = last || self.cands.len() >= self.dense_count;
@@ -775,7 +784,7 @@ impl Workspace {
                 // a lower band only extends the canonical order
                 sort_canonical_from_id_order(&mut self.cands[start..], &mut self.aux);
             } else {
-                mass += band_weights(&self.cands[start..], m, &mut self.wts);
+                mass += band_weights(level, &self.cands[start..], m, &mut self.wts);
                 if !all && mass < need * (1.0 - 1e-9) {
                     // not enough mass collected yet: the boundary is further down
                     if stop == Stop::AfterFirst {
@@ -820,7 +829,7 @@ impl Workspace {
                                 tie_z: at.z,
                                 tie_id: at.id,
                             };
-                            collect_band(&self.buf, bmax, band, &mut self.cands);
+                            collect_band(level, &self.buf, bmax, band, &mut self.cands);
                         } else {
                             // the collection holds it, in runs of ascending ids
                             filter_cands(&self.cands, &self.wts, |c, _| before(c), &mut self.gath);
@@ -848,7 +857,7 @@ impl Workspace {
                     }
                 }
             }
-            if let Some(n) = dense_prefix(&self.cands, m, s, p, min_keep, all) {
+            if let Some(n) = dense_prefix(level, &self.cands, m, s, p, min_keep, all) {
                 self.cands.truncate(n);
                 self.sorted = true;
                 break;
@@ -864,6 +873,7 @@ impl Workspace {
     /// `w` and its normaliser. Returns `false`, the support still dense, when the collection does
     /// not certainly hold the boundary (or `min_keep` decides): the band search then decides.
     fn large_top_p(&mut self, m: f32, s: f64, p: f64, min_keep: usize, cuts: (f32, f32)) -> bool {
+        let level = self.level();
         let bmax: &[f32] = if self.bmax_valid { &self.bmax } else { &[] };
         let (mut lo, next) = cuts;
         self.cands.clear();
@@ -880,10 +890,10 @@ impl Workspace {
         let mut step = 0.5f32;
         let (found, at) = loop {
             let start = self.cands.len();
-            collect_band(&self.buf, bmax, Band::new(lo, hi), &mut self.cands);
+            collect_band(level, &self.buf, bmax, Band::new(lo, hi), &mut self.cands);
             runs += 1;
             self.wts.resize(self.cands.len(), 0.0);
-            cand_weights(&self.cands[start..], m, &mut self.wts[start..]);
+            cand_weights(level, &self.cands[start..], m, &mut self.wts[start..]);
             let all = lo <= -f32::MAX || self.cands.len() >= self.dense_count;
             let (walk, after) = nucleus_walk_on(
                 &self.cands[start..],
@@ -935,9 +945,9 @@ impl Workspace {
                 tie_z: at.z,
                 tie_id: at.id,
             };
-            collect_band(&self.buf, bmax, band, &mut self.gath);
+            collect_band(level, &self.buf, bmax, band, &mut self.gath);
             let n = self.gath.len();
-            cand_weights(&self.gath, m, &mut self.w[..n]);
+            cand_weights(level, &self.gath, m, &mut self.w[..n]);
             n
         };
         debug_assert_eq!(n, found);
@@ -956,7 +966,7 @@ impl Workspace {
             m
         };
         self.norm_valid = false;
-        match exact_sum_any_order(&self.w[..n]) {
+        match exact_sum_any_order(level, &self.w[..n]) {
             Some(sum) => {
                 self.cand_norm = (m, sum);
                 self.cand_w_valid = true;
@@ -1022,7 +1032,7 @@ impl Workspace {
             let m = self.dense_max();
             let lz = crate::math::ln_f64(alpha) as f32 - 1e-3;
             self.cands.clear();
-            collect_min_p(&self.buf, m, lz, alpha, &mut self.cands);
+            collect_min_p(self.level(), &self.buf, m, lz, alpha, &mut self.cands);
             if self.cands.len() < min_keep.min(self.dense_count) {
                 // rare: fall back to the exact top-min_keep
                 self.dense_top_k(min_keep.min(self.dense_count));
@@ -1100,173 +1110,22 @@ impl Workspace {
 
 /// Returns the smallest `n >= max(1, min_keep)` such that the canonical-order cumulative
 /// probability of the first `n` is `>= p` (or all of them).
-fn sparse_prefix(c: &[Cand], m: f32, s: f64, p: f64, min_keep: usize) -> usize {
-    prefix_len(c, m, s, p, min_keep).unwrap_or(c.len())
+fn sparse_prefix(level: Level, c: &[Cand], m: f32, s: f64, p: f64, min_keep: usize) -> usize {
+    prefix_len(level, c, m, s, p, min_keep).unwrap_or(c.len())
 }
 
 /// Like [`sparse_prefix`] over a collected top set; `None` when the prefix is not certain to
 /// lie inside the collected set (the caller then collects everything).
-fn dense_prefix(c: &[Cand], m: f32, s: f64, p: f64, min_keep: usize, all: bool) -> Option<usize> {
-    prefix_len(c, m, s, p, min_keep).or(if all { Some(c.len()) } else { None })
-}
-
-/// `exp_f32(c[j].z - m)` for up to 16 candidates (the rest of `out` is left alone).
-#[inline(always)]
-pub(crate) fn cand_exps(c: &[Cand], m: f32, out: &mut [f32; 16]) {
-    if let Ok(c) = <&[Cand; 16]>::try_from(c) {
-        for (o, x) in out.iter_mut().zip(c) {
-            *o = exp_f32(x.z - m);
-        }
-    } else {
-        for (o, x) in out.iter_mut().zip(c) {
-            *o = exp_f32(x.z - m);
-        }
-    }
-}
-
-/// `w[i] = exp_f32(c[i].z - m)` for every candidate (`w` at least as long as `c`).
-pub(crate) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) {
-    assert!(w.len() >= c.len());
-    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-    if math::simd::level() >= math::simd::AVX512 {
-        // SAFETY: the CPU supports AVX-512 (`simd::detected`); the lengths are checked above.
-        return unsafe { cand_weights_avx512(c, m, w) };
-    }
-    cand_weights_multi(c, m, w)
-}
-
-multiversion! {
-    /// [`cand_weights`], 16 at a time: the values are first copied out of the pairs, so that
-    /// `exp_f32` runs on whole vectors.
-    fn cand_weights_multi(c: &[Cand], m: f32, w: &mut [f32]) {
-        let mut x = [0.0f32; 16];
-        let blocks = c.chunks_exact(16);
-        let rest = blocks.remainder();
-        for (block, out) in blocks.zip(w.chunks_exact_mut(16)) {
-            for (xj, cj) in x.iter_mut().zip(block) {
-                *xj = cj.z - m;
-            }
-            for (o, &xj) in out.iter_mut().zip(&x) {
-                *o = exp_f32(xj);
-            }
-        }
-        let n = c.len() - rest.len();
-        for (o, cj) in w[n..].iter_mut().zip(rest) {
-            *o = exp_f32(cj.z - m);
-        }
-    }
-}
-
-/// [`cand_weights`] on 16 lanes, 64 candidates at a time.
-#[cfg(all(target_arch = "x86_64", nextok_avx512))]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
-unsafe fn cand_weights_avx512(c: &[Cand], m: f32, w: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let vm = _mm512_set1_ps(m);
-    // the `z` of 16 candidates (the odd `f32` slots of 128 bytes)
-    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    let z16 = |p: *const Cand| {
-        let f = p as *const f32;
-        _mm512_sub_ps(
-            _mm512_permutex2var_ps(_mm512_loadu_ps(f), odd, _mm512_loadu_ps(f.add(16))),
-            vm,
-        )
-    };
-    let n = c.len() / 64 * 64;
-    let mut i = 0;
-    while i < n {
-        let p = c.as_ptr().add(i);
-        let e = math::x86::exp16x4([z16(p), z16(p.add(16)), z16(p.add(32)), z16(p.add(48))]);
-        let q = w.as_mut_ptr().add(i);
-        for (k, e) in e.iter().enumerate() {
-            _mm512_storeu_ps(q.add(16 * k), *e);
-        }
-        i += 64;
-    }
-    for (x, o) in c[n..].iter().zip(w[n..].iter_mut()) {
-        *o = exp_f32(x.z - m);
-    }
-}
-
-multiversion! {
-    /// The smallest `n >= min_keep` whose cumulative probability `sum_{i<n} exp_f32(c[i].z - m)
-    /// / s` (added in order) is `>= p`, if any. The weights are computed 16 at a time.
-    fn prefix_len(c: &[Cand], m: f32, s: f64, p: f64, min_keep: usize) -> Option<usize> {
-        let mut cum = 0.0f64;
-        let mut e = [0.0f32; 16];
-        for (b, block) in c.chunks(16).enumerate() {
-            cand_exps(block, m, &mut e);
-            for (j, &w) in e.iter().enumerate().take(block.len()) {
-                cum += w as f64 / s;
-                let i = 16 * b + j;
-                if cum >= p && i + 1 >= min_keep {
-                    return Some(i + 1);
-                }
-            }
-        }
-        None
-    }
-}
-
-multiversion! {
-    /// `sum_i exp_f32(c[i].z - m)` in `f64`, added in order.
-    fn cand_exp_sum(c: &[Cand], m: f32) -> f64 {
-        let mut s = 0.0f64;
-        let mut e = [0.0f32; 16];
-        for block in c.chunks(16) {
-            cand_exps(block, m, &mut e);
-            for &w in e.iter().take(block.len()) {
-                s += w as f64;
-            }
-        }
-        s
-    }
-}
-
-multiversion! {
-    /// `sum_i w[i]` (non-negative weights) when it is exact in `f64` whatever the order of the
-    /// additions, else `None`. Every weight is a multiple of `g = 2^(e - 23)`, `2^e` the binary
-    /// magnitude of the smallest positive one, and no partial sum exceeds the exact total: with
-    /// the total below `2^(30 + e)` every partial sum is a multiple of `g` below `2^53 g`, so every
-    /// addition is exact, in the canonical order as in any other.
-    fn exact_sum_any_order(w: &[f32]) -> Option<f64> {
-        let mut acc = [0.0f64; 16];
-        let mut low = [u32::MAX; 16];
-        let chunks = w.chunks_exact(16);
-        let rest = chunks.remainder();
-        for c in chunks {
-            for j in 0..16 {
-                acc[j] += c[j] as f64;
-                // the bits of a non-negative `f32` order like its value; zero is skipped
-                let b = c[j].to_bits();
-                low[j] = if b != 0 && b < low[j] { b } else { low[j] };
-            }
-        }
-        for (j, &x) in rest.iter().enumerate() {
-            acc[j] += x as f64;
-            let b = x.to_bits();
-            low[j] = if b != 0 && b < low[j] { b } else { low[j] };
-        }
-        let low = low.iter().copied().min().unwrap_or(u32::MAX);
-        let sum: f64 = acc.iter().sum();
-        if low == u32::MAX {
-            // every weight is 0
-            return Some(sum);
-        }
-        let e = (low >> 23) as i32 - 127; // a subnormal gives -127: never exact enough
-        // no partial sum exceeds the exact total, which is within a relative `n 2^-53` of `sum`
-        if sum * (1.0 + 1e-6) >= 2f64.powi(30 + e) {
-            return None;
-        }
-        Some(sum)
-    }
-}
-
-/// Whether `x` is NaN or `+inf` (the raw logits nextok rejects); one comparison, so it vectorises.
-#[inline(always)]
-#[allow(clippy::neg_cmp_op_on_partial_ord)]
-fn nan_or_pos_inf(x: f32) -> bool {
-    !(x < f32::INFINITY)
+fn dense_prefix(
+    level: Level,
+    c: &[Cand],
+    m: f32,
+    s: f64,
+    p: f64,
+    min_keep: usize,
+    all: bool,
+) -> Option<usize> {
+    prefix_len(level, c, m, s, p, min_keep).or(if all { Some(c.len()) } else { None })
 }
 
 /// A key whose ascending order is the descending order of `z` (no NaN), with `-0.0 == 0.0`.
@@ -1344,12 +1203,12 @@ pub(crate) fn sort_by_id(v: &mut [Cand], tmp: &mut Vec<Cand>, vocab_size: usize)
 
 /// "Worse" in a top-k heap: lower z, or equal z and higher id (the root holds the worst).
 #[inline(always)]
-fn worse(a: &Cand, b: &Cand) -> bool {
+pub(crate) fn worse(a: &Cand, b: &Cand) -> bool {
     a.z < b.z || (a.z == b.z && a.id > b.id)
 }
 
 #[inline(always)]
-fn sift_down(h: &mut [Cand], mut i: usize) {
+pub(crate) fn sift_down(h: &mut [Cand], mut i: usize) {
     let n = h.len();
     loop {
         let l = 2 * i + 1;
@@ -1366,638 +1225,6 @@ fn sift_down(h: &mut [Cand], mut i: usize) {
             i = w;
         } else {
             break;
-        }
-    }
-}
-
-/// Whether any of the 32 values exceeds `t`.
-#[inline(always)]
-fn any_gt(c: &[f32], t: f32) -> bool {
-    let mut acc = [f32::NEG_INFINITY; 8];
-    for k in 0..4 {
-        for j in 0..8 {
-            let x = c[8 * k + j];
-            acc[j] = if x > acc[j] { x } else { acc[j] };
-        }
-    }
-    let mut any = false;
-    for a in acc {
-        any |= a > t;
-    }
-    any
-}
-
-/// Copies `raw` into `buf`, writes the maximum of every block of [`BLOCK`] values to `bmax`, and
-/// returns (whether a NaN or `+inf` was seen, the number of values above `-inf`, the maximum
-/// exactly as [`math::max_f32`] gives it).
-fn load(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, usize, f32) {
-    assert!(raw.len() == buf.len() && bmax.len() == raw.len().div_ceil(BLOCK));
-    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-    let (bad, count, max) = if math::simd::level() >= math::simd::AVX512 {
-        // SAFETY: the CPU supports AVX-512 (`simd::detected`); the lengths are checked above.
-        unsafe { load_avx512(raw, buf, bmax) }
-    } else {
-        load_kernel(raw, buf, bmax)
-    };
-    #[cfg(not(all(target_arch = "x86_64", nextok_avx512)))]
-    let (bad, count, max) = load_kernel(raw, buf, bmax);
-    // the maximum value is right; only the sign of a zero maximum depends on the order
-    let max = if max == 0.0 && !bad {
-        math::max_f32(raw)
-    } else {
-        max
-    };
-    (bad, count, max)
-}
-
-/// [`load`] on 16 lanes: one pass, copying, validating, counting, and taking the maximum (its
-/// *value* does not depend on the order). The maxima of 16 blocks are reduced together
-/// ([`block_maxima16`]); the counts come from the comparison masks.
-#[cfg(all(target_arch = "x86_64", nextok_avx512))]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
-unsafe fn load_avx512(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, usize, f32) {
-    use std::arch::x86_64::*;
-    const GROUP: usize = 16 * BLOCK;
-    let n = raw.len() / GROUP * GROUP;
-    let inf = _mm512_set1_ps(f32::INFINITY);
-    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut mx = ninf;
-    let mut ok_all: u64 = u64::MAX;
-    let mut count = 0usize;
-    let mut i = 0;
-    while i < n {
-        let mut bm = [ninf; 16];
-        for (blk, m) in bm.iter_mut().enumerate() {
-            let p = raw.as_ptr().add(i + BLOCK * blk);
-            let q = buf.as_mut_ptr().add(i + BLOCK * blk);
-            let x = [
-                _mm512_loadu_ps(p),
-                _mm512_loadu_ps(p.add(16)),
-                _mm512_loadu_ps(p.add(32)),
-                _mm512_loadu_ps(p.add(48)),
-            ];
-            let mut ok = [0u16; 4];
-            let mut fin = [0u16; 4];
-            for k in 0..4 {
-                ok[k] = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[k], inf);
-                // a NaN or +inf is not copied: the load fails anyway (and a plain store would
-                // be turned into a separate copy pass by the compiler)
-                _mm512_mask_storeu_ps(q.add(16 * k), ok[k], x[k]);
-                fin[k] = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x[k], ninf);
-            }
-            let ok64 =
-                ok[0] as u64 | (ok[1] as u64) << 16 | (ok[2] as u64) << 32 | (ok[3] as u64) << 48;
-            let fin64 = fin[0] as u64
-                | (fin[1] as u64) << 16
-                | (fin[2] as u64) << 32
-                | (fin[3] as u64) << 48;
-            ok_all &= ok64;
-            count += fin64.count_ones() as usize;
-            *m = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
-            mx = _mm512_max_ps(mx, *m);
-        }
-        _mm512_storeu_ps(bmax.as_mut_ptr().add(i / BLOCK), block_maxima16(&bm));
-        i += GROUP;
-    }
-    let mut a = [0.0f32; 16];
-    _mm512_storeu_ps(a.as_mut_ptr(), mx);
-    let mut m = f32::NEG_INFINITY;
-    for x in a {
-        if x > m {
-            m = x;
-        }
-    }
-    let mut any_bad = ok_all != u64::MAX;
-    // the rest block by block
-    let mut blk = f32::NEG_INFINITY;
-    for (j, (&x, b)) in raw[n..].iter().zip(buf[n..].iter_mut()).enumerate() {
-        *b = x;
-        any_bad |= nan_or_pos_inf(x);
-        count += (x > f32::NEG_INFINITY) as usize;
-        if x > m {
-            m = x;
-        }
-        if x > blk {
-            blk = x;
-        }
-        if (j + 1) % BLOCK == 0 || n + j + 1 == raw.len() {
-            bmax[(n + j) / BLOCK] = blk;
-            blk = f32::NEG_INFINITY;
-        }
-    }
-    (any_bad, count, m)
-}
-
-/// The horizontal maxima of 16 vectors, lane `b` from vector `b`: shuffles and maxima in a
-/// tree (halving the data at every level) instead of one reduction per vector.
-#[cfg(all(target_arch = "x86_64", nextok_avx512))]
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
-unsafe fn block_maxima16(v: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::*;
-    // pairs of vectors: 128-bit halves folded, [A0|A2, A1|A3, B0|B2, B1|B3]
-    let mut t = [_mm512_setzero_ps(); 8];
-    for (i, t) in t.iter_mut().enumerate() {
-        let (a, b) = (v[2 * i], v[2 * i + 1]);
-        *t = _mm512_max_ps(
-            _mm512_shuffle_f32x4::<0x44>(a, b),
-            _mm512_shuffle_f32x4::<0xEE>(a, b),
-        );
-    }
-    // 128-bit chunk k of u[j]: 4 lanes of vector 4j + k
-    let mut u = [_mm512_setzero_ps(); 4];
-    for (j, u) in u.iter_mut().enumerate() {
-        let (c, d) = (t[2 * j], t[2 * j + 1]);
-        *u = _mm512_max_ps(
-            _mm512_shuffle_f32x4::<0x88>(c, d),
-            _mm512_shuffle_f32x4::<0xDD>(c, d),
-        );
-    }
-    // within the chunks: [e0|e2, e1|e3, f0|f2, f1|f3]
-    let mut g = [_mm512_setzero_ps(); 2];
-    for (l, g) in g.iter_mut().enumerate() {
-        let (e, f) = (u[2 * l], u[2 * l + 1]);
-        *g = _mm512_max_ps(
-            _mm512_shuffle_ps::<0b01_00_01_00>(e, f),
-            _mm512_shuffle_ps::<0b11_10_11_10>(e, f),
-        );
-    }
-    // lane 4k + i: the maximum of vector 4i + k
-    let h = _mm512_max_ps(
-        _mm512_shuffle_ps::<0b10_00_10_00>(g[0], g[1]),
-        _mm512_shuffle_ps::<0b11_01_11_01>(g[0], g[1]),
-    );
-    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    _mm512_permutexvar_ps(order, h)
-}
-
-multiversion! {
-    /// [`load`]: one pass, with 16 independent lanes for the maximum (its *value* does not depend
-    /// on the order; the caller settles the sign of a zero maximum).
-    fn load_kernel(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, usize, f32) {
-        const L: usize = 16;
-        let n = raw.len().min(buf.len()) / BLOCK * BLOCK;
-        let mut bad = [0u32; L];
-        let mut cnt = [0u32; L];
-        let mut mx = [f32::NEG_INFINITY; L];
-        for ((r, b), bm) in raw[..n]
-            .chunks_exact(BLOCK)
-            .zip(buf[..n].chunks_exact_mut(BLOCK))
-            .zip(bmax.iter_mut())
-        {
-            let mut blk = [f32::NEG_INFINITY; L];
-            for (rh, bh) in r.chunks_exact(L).zip(b.chunks_exact_mut(L)) {
-                let v: [f32; L] = rh.try_into().expect("chunk");
-                for j in 0..L {
-                    let x = v[j];
-                    bad[j] |= nan_or_pos_inf(x) as u32;
-                    cnt[j] += (x > f32::NEG_INFINITY) as u32;
-                    blk[j] = if x > blk[j] { x } else { blk[j] };
-                }
-                bh.copy_from_slice(&v);
-            }
-            for j in 0..L {
-                mx[j] = if blk[j] > mx[j] { blk[j] } else { mx[j] };
-            }
-            *bm = blk.iter().fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a });
-        }
-        let mut any_bad = false;
-        let mut count = 0usize;
-        let mut m = f32::NEG_INFINITY;
-        for j in 0..L {
-            any_bad |= bad[j] != 0;
-            count += cnt[j] as usize;
-            if mx[j] > m {
-                m = mx[j];
-            }
-        }
-        let mut tail = f32::NEG_INFINITY;
-        for (&x, b) in raw[n..].iter().zip(buf[n..].iter_mut()) {
-            *b = x;
-            any_bad |= nan_or_pos_inf(x);
-            count += (x > f32::NEG_INFINITY) as usize;
-            if x > m {
-                m = x;
-            }
-            if x > tail {
-                tail = x;
-            }
-        }
-        if n < raw.len() {
-            bmax[n / BLOCK] = tail;
-        }
-        (any_bad, count, m)
-    }
-}
-
-/// [`top_k_scan`] testing 64 values at a time.
-#[cfg(all(target_arch = "x86_64", nextok_avx512))]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
-unsafe fn top_k_scan_avx512(buf: &[f32], bmax: &[f32], start: usize, heap: &mut [Cand]) {
-    use std::arch::x86_64::*;
-    let mut thr = heap[0].z;
-    let mut enter = |i: usize, z: f32, thr: &mut f32| {
-        if z > *thr {
-            heap[0] = Cand { id: i as u32, z };
-            sift_down(heap, 0);
-            *thr = heap[0].z;
-        }
-    };
-    // up to the next block boundary one by one, then whole blocks
-    let first = start.next_multiple_of(BLOCK).min(buf.len());
-    for (off, &z) in buf[start..first].iter().enumerate() {
-        enter(start + off, z, &mut thr);
-    }
-    let n = first + (buf.len() - first) / BLOCK * BLOCK;
-    let mut i = first;
-    while i < n {
-        if bmax.get(i / BLOCK).is_some_and(|&b| b <= thr) {
-            i += BLOCK;
-            continue;
-        }
-        let t = _mm512_set1_ps(thr);
-        let p = buf.as_ptr().add(i);
-        let m0 = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_loadu_ps(p), t);
-        let m1 = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_loadu_ps(p.add(16)), t);
-        let m2 = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_loadu_ps(p.add(32)), t);
-        let m3 = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_loadu_ps(p.add(48)), t);
-        let mut bits = m0 as u64 | (m1 as u64) << 16 | (m2 as u64) << 32 | (m3 as u64) << 48;
-        // only the values above the threshold at the start of the block can enter; visiting
-        // them in id order is the plain scan with the others skipped
-        while bits != 0 {
-            let j = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            enter(i + j, buf[i + j], &mut thr);
-        }
-        i += BLOCK;
-    }
-    for (off, &z) in buf[n..].iter().enumerate() {
-        enter(n + off, z, &mut thr);
-    }
-}
-
-multiversion! {
-    /// The top-k scan from `start` with a full heap: only values strictly above the worst kept
-    /// one enter. Blocks whose bound in `bmax` (when given) cannot enter are skipped, the others
-    /// are tested with one vector comparison.
-    fn top_k_scan(buf: &[f32], bmax: &[f32], start: usize, heap: &mut [Cand]) {
-        let mut thr = heap[0].z;
-        let mut enter = |i: usize, z: f32, thr: &mut f32| {
-            if z > *thr {
-                heap[0] = Cand { id: i as u32, z };
-                sift_down(heap, 0);
-                *thr = heap[0].z;
-            }
-        };
-        let first = start.next_multiple_of(BLOCK).min(buf.len());
-        for (off, &z) in buf[start..first].iter().enumerate() {
-            enter(start + off, z, &mut thr);
-        }
-        let mut i = first;
-        for c in buf[first..].chunks(BLOCK) {
-            let skip = bmax.get(i / BLOCK).is_some_and(|&b| b <= thr)
-                || (c.len() == BLOCK && !(any_gt(&c[..32], thr) || any_gt(&c[32..], thr)));
-            if !skip {
-                for (off, &z) in c.iter().enumerate() {
-                    enter(i + off, z, &mut thr);
-                }
-            }
-            i += c.len();
-        }
-    }
-}
-
-multiversion! {
-    /// Pushes `(id, z)` for every `z` with `z - m >= lz` and `exp_f32(z - m) >= alpha`, in id
-    /// order; blocks of 32 with no `z - m >= lz` are skipped with one vector test.
-    fn collect_min_p(z: &[f32], m: f32, lz: f32, alpha: f64, out: &mut Vec<Cand>) {
-        let mut i = 0;
-        for c in z.chunks(32) {
-            let mut acc = [f32::NEG_INFINITY; 8];
-            if c.len() == 32 {
-                for k in 0..4 {
-                    for j in 0..8 {
-                        let d = c[8 * k + j] - m;
-                        acc[j] = if d > acc[j] { d } else { acc[j] };
-                    }
-                }
-            }
-            let mut near = c.len() < 32;
-            for a in acc {
-                near |= a >= lz;
-            }
-            if near {
-                for (off, &x) in c.iter().enumerate() {
-                    if x - m >= lz && exp_f32(x - m) as f64 >= alpha {
-                        out.push(Cand { id: (i + off) as u32, z: x });
-                    }
-                }
-            }
-            i += c.len();
-        }
-    }
-}
-
-/// A band of processed logits for [`collect_band`]: `lo <= z < hi`, except the tokens with
-/// `z == tie_z` and `id > tie_id` (a NaN `tie_z` excludes nothing).
-#[derive(Debug, Clone, Copy)]
-struct Band {
-    lo: f32,
-    hi: f32,
-    tie_z: f32,
-    tie_id: u32,
-}
-
-impl Band {
-    fn new(lo: f32, hi: f32) -> Band {
-        Band {
-            lo,
-            hi,
-            tie_z: f32::NAN,
-            tie_id: 0,
-        }
-    }
-
-    #[inline(always)]
-    fn keeps(&self, id: usize, z: f32) -> bool {
-        z >= self.lo && z < self.hi && !(z == self.tie_z && id > self.tie_id as usize)
-    }
-}
-
-/// Appends `(id, z)` for every token of `band`, in id order. Blocks of [`BLOCK`] values whose
-/// bound in `bmax` (when given) is below `band.lo` are skipped unread.
-fn collect_band(buf: &[f32], bmax: &[f32], band: Band, out: &mut Vec<Cand>) {
-    // the bands of one step are disjoint, so this never allocates for a workspace's own buffers
-    // (capacity `v + 16`); the AVX-512 version stores 16 candidates at a time
-    out.reserve(buf.len().saturating_sub(out.len()) + 16);
-    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-    if math::simd::level() >= math::simd::AVX512 {
-        // SAFETY: the CPU supports AVX-512 (`simd::detected`).
-        return unsafe {
-            if band.tie_z.is_nan() {
-                collect_band_avx512::<false>(buf, bmax, band, out)
-            } else {
-                collect_band_avx512::<true>(buf, bmax, band, out)
-            }
-        };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if math::simd::level() >= math::simd::AVX2 {
-        // SAFETY: the CPU supports AVX2 (`simd::detected`).
-        return unsafe {
-            if band.tie_z.is_nan() {
-                collect_band_avx2::<false>(buf, bmax, band, out)
-            } else {
-                collect_band_avx2::<true>(buf, bmax, band, out)
-            }
-        };
-    }
-    collect_band_multi(buf, bmax, band, out)
-}
-
-/// For every 8-bit mask, the positions of its set bits in order (then zeros): the permutation
-/// that packs the kept lanes of an 8-lane vector to its front.
-#[cfg(target_arch = "x86_64")]
-static COMPRESS8: [[u32; 8]; 256] = compress8();
-
-#[cfg(target_arch = "x86_64")]
-const fn compress8() -> [[u32; 8]; 256] {
-    let mut t = [[0u32; 8]; 256];
-    let mut mask = 0;
-    while mask < 256 {
-        let (mut j, mut k) = (0, 0);
-        while j < 8 {
-            if (mask >> j) & 1 == 1 {
-                t[mask][k] = j as u32;
-                k += 1;
-            }
-            j += 1;
-        }
-        mask += 1;
-    }
-    t
-}
-
-/// [`collect_band`] on 8 lanes: the kept values of each vector are packed to its front with a
-/// permutation from [`COMPRESS8`] and stored with their ids as whole `Cand` vectors, the length
-/// advancing by the number kept (no branch on the values but one per block). `TIE`: whether
-/// `band` excludes anything by `tie_z`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,bmi1,popcnt")]
-unsafe fn collect_band_avx2<const TIE: bool>(
-    buf: &[f32],
-    bmax: &[f32],
-    band: Band,
-    out: &mut Vec<Cand>,
-) {
-    use std::arch::x86_64::*;
-    let nblocks = buf.len() / BLOCK;
-    let lo = _mm256_set1_ps(band.lo);
-    let hi = _mm256_set1_ps(band.hi);
-    let tz = _mm256_set1_ps(band.tie_z);
-    // ids stay below 2^31 (`u32` ids of a vocabulary held in memory), so signed compares do
-    let tid = _mm256_set1_epi32(band.tie_id.min(i32::MAX as u32) as i32);
-    let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for b in 0..nblocks {
-        if bmax.get(b).is_some_and(|&x| x < band.lo) {
-            continue;
-        }
-        let base = b * BLOCK;
-        let p = buf.as_ptr().add(base);
-        let mut masks = [0u32; 8];
-        let mut any = 0u32;
-        for (k, mk) in masks.iter_mut().enumerate() {
-            let x = _mm256_loadu_ps(p.add(8 * k));
-            let mut keep = _mm256_and_ps(
-                _mm256_cmp_ps::<_CMP_GE_OQ>(x, lo),
-                _mm256_cmp_ps::<_CMP_LT_OQ>(x, hi),
-            );
-            if TIE {
-                let ids = _mm256_add_epi32(iota, _mm256_set1_epi32((base + 8 * k) as i32));
-                let tie = _mm256_and_ps(
-                    _mm256_cmp_ps::<_CMP_EQ_OQ>(x, tz),
-                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(ids, tid)),
-                );
-                keep = _mm256_andnot_ps(tie, keep);
-            }
-            *mk = _mm256_movemask_ps(keep) as u32;
-            any |= *mk;
-        }
-        if any == 0 {
-            continue;
-        }
-        if out.capacity() - out.len() < BLOCK + 8 {
-            // no room for whole stores (only near a full buffer): one at a time
-            for (k, &mk) in masks.iter().enumerate() {
-                let mut bits = mk;
-                while bits != 0 {
-                    let j = 8 * k + bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    out.push(Cand {
-                        id: (base + j) as u32,
-                        z: buf[base + j],
-                    });
-                }
-            }
-            continue;
-        }
-        let mut len = out.len();
-        let q = out.as_mut_ptr() as *mut i32;
-        for (k, &mk) in masks.iter().enumerate() {
-            let x = _mm256_castps_si256(_mm256_loadu_ps(p.add(8 * k)));
-            let ids = _mm256_add_epi32(iota, _mm256_set1_epi32((base + 8 * k) as i32));
-            let perm = _mm256_loadu_si256(COMPRESS8[mk as usize].as_ptr().cast());
-            let ci = _mm256_permutevar8x32_epi32(ids, perm);
-            let cz = _mm256_permutevar8x32_epi32(x, perm);
-            let l = _mm256_unpacklo_epi32(ci, cz); // i0 z0 i1 z1 | i4 z4 i5 z5
-            let h = _mm256_unpackhi_epi32(ci, cz); // i2 z2 i3 z3 | i6 z6 i7 z7
-            let at = q.add(2 * len);
-            _mm256_storeu_si256(at.cast(), _mm256_permute2x128_si256::<0x20>(l, h));
-            _mm256_storeu_si256(at.add(8).cast(), _mm256_permute2x128_si256::<0x31>(l, h));
-            len += mk.count_ones() as usize;
-        }
-        // SAFETY: 64 + 8 `Cand`s fit in the capacity from the old length; the first `len` were
-        // written as whole `Cand { id, z }` values (`repr(C)`: `id`, `z`)
-        out.set_len(len);
-    }
-    for (i, &z) in buf.iter().enumerate().skip(nblocks * BLOCK) {
-        if band.keeps(i, z) {
-            out.push(Cand { id: i as u32, z });
-        }
-    }
-}
-
-multiversion! {
-    /// [`collect_band`], 64 values at a time.
-    fn collect_band_multi(buf: &[f32], bmax: &[f32], band: Band, out: &mut Vec<Cand>) {
-        let n = buf.len() / BLOCK * BLOCK;
-        for (b, c) in buf[..n].chunks_exact(BLOCK).enumerate() {
-            if bmax.get(b).is_some_and(|&x| x < band.lo) {
-                continue;
-            }
-            let base = b * BLOCK;
-            let mut bits = 0u64;
-            for (j, &z) in c.iter().enumerate() {
-                bits |= (band.keeps(base + j, z) as u64) << j;
-            }
-            while bits != 0 {
-                let j = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                out.push(Cand { id: (base + j) as u32, z: c[j] });
-            }
-        }
-        for (i, &z) in buf.iter().enumerate().skip(n) {
-            if band.keeps(i, z) {
-                out.push(Cand { id: i as u32, z });
-            }
-        }
-    }
-}
-
-/// [`collect_band`] on 16 lanes: the block bounds are tested 16 at a time, a block's values 64
-/// at a time, and the kept values are compressed and interleaved with their ids into whole
-/// `Cand` stores. `TIE`: whether `band` excludes anything by `tie_z`.
-#[cfg(all(target_arch = "x86_64", nextok_avx512))]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
-unsafe fn collect_band_avx512<const TIE: bool>(
-    buf: &[f32],
-    bmax: &[f32],
-    band: Band,
-    out: &mut Vec<Cand>,
-) {
-    use std::arch::x86_64::*;
-    let nblocks = buf.len() / BLOCK;
-    let lo = _mm512_set1_ps(band.lo);
-    let hi = _mm512_set1_ps(band.hi);
-    let tz = _mm512_set1_ps(band.tie_z);
-    let tid = _mm512_set1_epi32(band.tie_id as i32);
-    let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    // `Cand { id, z }` pairs from the compressed ids (first source) and values (second)
-    let first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    let second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    macro_rules! visit {
-        ($b:expr) => {{
-            let base = $b * BLOCK;
-            let p = buf.as_ptr().add(base);
-            let x = [
-                _mm512_loadu_ps(p),
-                _mm512_loadu_ps(p.add(16)),
-                _mm512_loadu_ps(p.add(32)),
-                _mm512_loadu_ps(p.add(48)),
-            ];
-            let mut keep = [0u16; 4];
-            for k in 0..4 {
-                keep[k] = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x[k], lo)
-                    & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[k], hi);
-                if TIE {
-                    let ids = _mm512_add_epi32(iota, _mm512_set1_epi32((base + 16 * k) as i32));
-                    keep[k] &= !(_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x[k], tz)
-                        & _mm512_cmp_epu32_mask::<_MM_CMPINT_NLE>(ids, tid));
-                }
-            }
-            let keep64 = keep[0] as u64
-                | (keep[1] as u64) << 16
-                | (keep[2] as u64) << 32
-                | (keep[3] as u64) << 48;
-            if keep64 != 0 {
-                if out.capacity() - out.len() < 64 {
-                    // no room for whole stores (only near a full buffer): one at a time
-                    let mut bits = keep64;
-                    while bits != 0 {
-                        let j = bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
-                        out.push(Cand {
-                            id: (base + j) as u32,
-                            z: buf[base + j],
-                        });
-                    }
-                } else {
-                    // without branches on the data: a vector with nothing to keep stores
-                    // nothing that counts
-                    let mut len = out.len();
-                    let q = out.as_mut_ptr() as *mut i32;
-                    for k in 0..4 {
-                        let ids = _mm512_add_epi32(iota, _mm512_set1_epi32((base + 16 * k) as i32));
-                        let kk = keep[k];
-                        let ci = _mm512_maskz_compress_epi32(kk, ids);
-                        let cz = _mm512_maskz_compress_epi32(kk, _mm512_castps_si512(x[k]));
-                        let at = q.add(2 * len);
-                        _mm512_storeu_si512(at.cast(), _mm512_permutex2var_epi32(ci, first, cz));
-                        _mm512_storeu_si512(
-                            at.add(16).cast(),
-                            _mm512_permutex2var_epi32(ci, second, cz),
-                        );
-                        len += kk.count_ones() as usize;
-                    }
-                    // SAFETY: 64 `Cand`s fit in the capacity from the old length; the first
-                    // `len` were written as whole `Cand { id, z }` values (`repr(C)`: `id`, `z`)
-                    out.set_len(len);
-                }
-            }
-        }};
-    }
-    let mut b = 0;
-    if bmax.len() >= nblocks {
-        while b + 16 <= nblocks {
-            let v = _mm512_loadu_ps(bmax.as_ptr().add(b));
-            let mut bits = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, lo);
-            while bits != 0 {
-                let j = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                visit!(b + j);
-            }
-            b += 16;
-        }
-    }
-    while b < nblocks {
-        if bmax.get(b).is_none_or(|&x| x >= band.lo) {
-            visit!(b);
-        }
-        b += 1;
-    }
-    for (i, &z) in buf.iter().enumerate().skip(nblocks * BLOCK) {
-        if band.keeps(i, z) {
-            out.push(Cand { id: i as u32, z });
         }
     }
 }
@@ -2020,26 +1247,11 @@ fn blocks_at_or_above(bmax: &[f32], nblocks: usize, lo: f32) -> usize {
 
 /// Appends `exp_f32(c[i].z - m)` for every candidate to `w` and returns their sum (in an
 /// unspecified order: it only steers the search).
-fn band_weights(c: &[Cand], m: f32, w: &mut Vec<f32>) -> f64 {
+fn band_weights(level: Level, c: &[Cand], m: f32, w: &mut Vec<f32>) -> f64 {
     let start = w.len();
     w.resize(start + c.len(), 0.0);
-    cand_weights(c, m, &mut w[start..]);
-    sum_f32(&w[start..])
-}
-
-multiversion! {
-    /// The sum of `xs` in 16 `f64` lanes (only for steering: the order is not specified).
-    fn sum_f32(xs: &[f32]) -> f64 {
-        let mut acc = [0.0f64; 16];
-        let chunks = xs.chunks_exact(16);
-        let rest = chunks.remainder();
-        for c in chunks {
-            for j in 0..16 {
-                acc[j] += c[j] as f64;
-            }
-        }
-        acc.iter().sum::<f64>() + rest.iter().map(|&x| x as f64).sum::<f64>()
-    }
+    cand_weights(level, c, m, &mut w[start..]);
+    sum_f32(level, &w[start..])
 }
 
 /// The weight's distance below 1 in `f32` bits (0 for `w >= 1`): a key that never increases
@@ -2415,173 +1627,22 @@ pub(crate) fn check_logits(raw: &[f32]) -> Option<Error> {
 
 #[cfg(test)]
 mod tests {
-    //! Every kernel version (baseline, AVX2, AVX-512 as the CPU allows) against plain scalar
-    //! code written the obvious way: same bits, same sets, same orders.
+    //! The workspace's truncations at every kernel level (pinned per workspace, so these tests
+    //! never touch the process-wide cap) against plain scalar code written the obvious way: same
+    //! sets, same orders, same bits.
 
     use super::*;
-    use crate::math::simd;
-
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        fn unit(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 24) as f32
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
-
-    /// Logit rows that stress the kernels: odd lengths, ties, signed zeros, `-inf`, huge and
-    /// tiny ranges, values far below the maximum (weights flushed to 0).
-    fn rows() -> Vec<Vec<f32>> {
-        let mut r = Rng(11);
-        let mut out = Vec::new();
-        for &n in &[
-            1usize, 7, 8, 15, 16, 17, 63, 64, 65, 127, 200, 1000, 4099, 70_001,
-        ] {
-            for kind in 0..10 {
-                let row: Vec<f32> = (0..n)
-                    .map(|i| match kind {
-                        0 => (r.unit() - 0.5) * 20.0,
-                        1 => (r.below(5) as f32) - 2.0,
-                        2 => [0.0, -0.0, -1.0][r.below(3)],
-                        3 => (r.unit() - 0.5) * 400.0,
-                        4 => (r.unit() - 0.9) * 1e-3,
-                        5 => {
-                            if r.below(4) == 0 {
-                                f32::NEG_INFINITY
-                            } else {
-                                (r.unit() - 0.5) * 30.0
-                            }
-                        }
-                        6 => {
-                            if r.below(50) == 0 {
-                                12.0 + r.unit() * 3.0
-                            } else {
-                                (r.unit() - 0.5) * 8.0
-                            }
-                        }
-                        // strong tokens packed at the low ids (few blocks hold a large nucleus)
-                        7 => {
-                            if i < n / 8 {
-                                6.0 + r.unit()
-                            } else {
-                                (r.unit() - 0.5) * 8.0
-                            }
-                        }
-                        // a sparse nucleus spread over many blocks, found in several bands
-                        8 => {
-                            if i % 700 == 0 {
-                                4.0 + 8.0 * r.unit()
-                            } else {
-                                -5.0 - r.unit()
-                            }
-                        }
-                        // a flat bulk with a few strong tokens (nuclei of thousands)
-                        _ => {
-                            if r.below(3000) == 0 {
-                                9.0 + r.unit() * 4.0
-                            } else {
-                                (r.unit() + r.unit() + r.unit() - 1.5) * 5.0
-                            }
-                        }
-                    })
-                    .collect();
-                out.push(row);
-            }
-        }
-        out
-    }
-
-    fn levels() -> Vec<u8> {
-        (simd::BASELINE..=simd::detected()).collect()
-    }
-
-    /// The maximum by the plain scalar code (the kernel's body, not dispatched).
-    fn max_ref(xs: &[f32]) -> f32 {
-        math::max_f32_inline(xs)
-    }
-
-    fn exp_sum_ref(z: &[f32], m: f32) -> (f64, Vec<f32>) {
-        let mut acc = [0.0f64; 8];
-        let mut w = vec![0.0f32; z.len()];
-        for (i, &x) in z.iter().enumerate() {
-            w[i] = exp_f32(x - m);
-            acc[i % 8] += w[i] as f64;
-        }
-        (acc.iter().sum(), w)
-    }
-
-    fn bits(xs: &[f32]) -> Vec<u32> {
-        xs.iter().map(|x| x.to_bits()).collect()
-    }
-
-    #[test]
-    fn load_matches_scalar_at_every_level() {
-        let restore = simd::level();
-        for level in levels() {
-            simd::set_max_level(level);
-            for row in rows() {
-                let mut buf = vec![1.0f32; row.len()];
-                let mut bmax = vec![0.0f32; row.len().div_ceil(BLOCK)];
-                let (bad, count, max) = load(&row, &mut buf, &mut bmax);
-                assert!(!bad);
-                assert_eq!(bits(&buf), bits(&row));
-                for (b, block) in bmax.iter().zip(row.chunks(BLOCK)) {
-                    assert_eq!(*b, max_ref(block), "level {level}");
-                }
-                let want = row.iter().filter(|x| **x > f32::NEG_INFINITY).count();
-                assert_eq!(count, want, "level {level}");
-                assert_eq!(max.to_bits(), max_ref(&row).to_bits(), "level {level}");
-                assert_eq!(math::max_f32(&row).to_bits(), max_ref(&row).to_bits());
-                for bad_value in [f32::NAN, f32::INFINITY] {
-                    let mut r2 = row.clone();
-                    let at = row.len() / 2;
-                    r2[at] = bad_value;
-                    assert!(load(&r2, &mut buf, &mut bmax).0, "level {level}");
-                }
-            }
-        }
-        simd::set_max_level(restore);
-    }
-
-    #[test]
-    fn exp_kernels_match_scalar_at_every_level() {
-        let restore = simd::level();
-        for level in levels() {
-            simd::set_max_level(level);
-            for row in rows() {
-                let m = max_ref(&row);
-                if m == f32::NEG_INFINITY {
-                    continue;
-                }
-                let (s, w_ref) = exp_sum_ref(&row, m);
-                let mut w = vec![0.0f32; row.len()];
-                assert_eq!(math::exp_weights(&row, m, &mut w).to_bits(), s.to_bits());
-                assert_eq!(bits(&w), bits(&w_ref), "level {level}");
-                assert_eq!(math::exp_sum(&row, m).to_bits(), s.to_bits());
-                assert_eq!(math::exp_sum_at_max(&row, m).to_bits(), s.to_bits());
-            }
-        }
-        simd::set_max_level(restore);
-    }
+    use crate::kernels::tests::{bits, exp_sum_ref, levels, max_ref, rows, Rng};
 
     #[test]
     fn block_bounds_follow_edits_and_temperature() {
-        let restore = simd::level();
-        for level in levels() {
-            simd::set_max_level(level);
+        const NAME: &str = "block_bounds_follow_edits_and_temperature";
+        for level in levels(NAME) {
             for row in rows() {
                 let n = row.len();
                 let mut r = Rng(n as u64);
                 let mut ws = Workspace::new(n);
+                ws.kernel_level = Some(level);
                 ws.load(&row, false).unwrap();
                 let mut z = row.clone();
                 // raise, lower and mask a few entries, then divide by a temperature
@@ -2615,19 +1676,17 @@ mod tests {
                 if k > 0 {
                     ws.top_k(k, TopKTies::ById);
                     if !ws.dense {
-                        assert_eq!(ws.cands, &canon[..k], "level {level}");
+                        assert_eq!(ws.cands, &canon[..k], "level {level:?}");
                     }
                 }
             }
         }
-        simd::set_max_level(restore);
     }
 
     #[test]
     fn truncation_kernels_match_scalar_at_every_level() {
-        let restore = simd::level();
-        for level in levels() {
-            simd::set_max_level(level);
+        const NAME: &str = "truncation_kernels_match_scalar_at_every_level";
+        for level in levels(NAME) {
             for row in rows() {
                 let n = row.len();
                 let finite: Vec<Cand> = row
@@ -2644,12 +1703,13 @@ mod tests {
                 // top-k
                 for k in [1usize, 3, 40, 100] {
                     let mut ws = Workspace::new(n);
+                    ws.kernel_level = Some(level);
                     ws.load(&row, false).unwrap();
                     ws.top_k(k, TopKTies::ById);
                     let want = &canon[..k.min(canon.len())];
                     assert_eq!(ws.support_len(), want.len());
                     if !ws.dense {
-                        assert_eq!(ws.cands, want, "level {level}, k {k}");
+                        assert_eq!(ws.cands, want, "level {level:?}, k {k}");
                     }
                 }
                 // radix sorts
@@ -2673,6 +1733,7 @@ mod tests {
                     (0.999_999, 1),
                 ] {
                     let mut ws = Workspace::new(n);
+                    ws.kernel_level = Some(level);
                     ws.load(&row, false).unwrap();
                     let (s, _) = exp_sum_ref(&row, m);
                     let mut cum = 0.0f64;
@@ -2692,11 +1753,11 @@ mod tests {
                     assert_eq!(
                         got,
                         &canon[..keep],
-                        "level {level}, p {p}, min_keep {min_keep}"
+                        "level {level:?}, p {p}, min_keep {min_keep}"
                     );
                     assert!(
                         ws.sorted || ws.cands.is_sorted_by_key(|c| c.id),
-                        "level {level}, p {p}"
+                        "level {level:?}, p {p}"
                     );
                     // the normaliser over the nucleus, without and with sorting it
                     let (m1, s1) = ws.normalize_any_order();
@@ -2712,6 +1773,7 @@ mod tests {
                 // min-p
                 for alpha in [0.01, 0.1, 0.5] {
                     let mut ws = Workspace::new(n);
+                    ws.kernel_level = Some(level);
                     ws.load(&row, false).unwrap();
                     ws.min_p(alpha, 1);
                     let lz = math::ln_f64(alpha) as f32 - 1e-3;
@@ -2726,10 +1788,9 @@ mod tests {
                     let mut got = ws.cands.clone();
                     got.sort_by_key(|c| c.id);
                     want.sort_by_key(|c| c.id);
-                    assert_eq!(got, want, "level {level}, min-p {alpha}");
+                    assert_eq!(got, want, "level {level:?}, min-p {alpha}");
                 }
             }
         }
-        simd::set_max_level(restore);
     }
 }
