@@ -181,7 +181,7 @@ pub fn exp_f64(x: f64) -> f64 {
         1.908_214_929_270_587_700_02e-10,
         -1.908_214_929_270_587_700_02e-10,
     ];
-    const INV_LN2: f64 = 1.442_695_040_888_963_387_00;
+    const INV_LN2: f64 = std::f64::consts::LOG2_E; // fdlibm's invln2, 0x3ff71547_652b82fe
     const P1: f64 = 1.666_666_666_666_660_190_37e-1;
     const P2: f64 = -2.777_777_777_701_559_338_42e-3;
     const P3: f64 = 6.613_756_321_437_934_361_17e-5;
@@ -362,6 +362,8 @@ mod tests {
             x += 0.013_7;
         }
         assert!(worst <= 1, "worst ulp error {worst}");
+        // the reduction's 1/ln 2 is fdlibm's `invln2`
+        assert_eq!(std::f64::consts::LOG2_E.to_bits(), 0x3ff7_1547_652b_82fe);
         assert_eq!(exp_f64(0.0), 1.0);
         let e = exp_f64(1.0).to_bits() as i64 - std::f64::consts::E.to_bits() as i64;
         assert!(e.abs() <= 1);
