@@ -5,7 +5,8 @@
 //!   kernel here (the workspace carries one, so tests can pin a level without touching the
 //!   process-wide cap);
 //! * `scalar` — the portable bodies, written as plain arithmetic; [`multiversion!`] compiles
-//!   each of them for the baseline target and, on x86-64, with AVX2 and AVX-512 enabled;
+//!   each of them for the baseline target and, on x86-64, with AVX2 and AVX-512 enabled; and
+//!   the branch-free compactions of the nucleus search;
 //! * `avx2`, `avx512` — the versions written with intrinsics, where the compiler would not
 //!   find the instructions on its own (compress stores, masked compares, exact rounding).
 //!
@@ -189,8 +190,8 @@ pub(crate) mod avx512;
 pub(crate) mod tests;
 
 pub(crate) use scalar::{
-    cand_exp_sum, collect_min_p, exact_sum_any_order, max_f32, nan_or_pos_inf, prefix_len, sum_f32,
-    sum_f64_lanes,
+    cand_exp_sum, collect_min_p, exact_sum_any_order, filter_cands, filter_cands_w, gather,
+    max_f32, nan_or_pos_inf, prefix_len, sum_f32, sum_f64_lanes,
 };
 
 /// Writes `w[i] = exp_f32(z[i] - m)` for every `i` and returns the lane sum of `w` in `f64`

@@ -1,6 +1,8 @@
 //! The portable kernel bodies: plain arithmetic, written so that the compiler can vectorise it.
 //! Each `multiversion!` function here is compiled for every [`Level`](super::Level) and takes
-//! the level to run first; the others are inlined into them.
+//! the level to run first; the others are inlined into them. Last, the branch-free compactions
+//! of the nucleus search ([`gather`], [`filter_cands`], [`filter_cands_w`]), which write through
+//! raw pointers so that only the count depends on the data.
 
 use super::{Band, TopKScan, BLOCK};
 use crate::math::exp_f32;
@@ -463,4 +465,85 @@ multiversion! {
         }
         acc.iter().sum::<f64>() + rest.iter().map(|&x| x as f64).sum::<f64>()
     }
+}
+
+/// Copies the candidates (and weights) whose weight passes `keep` to `out` (and `out_w`),
+/// without a branch on the data (only the count advances).
+pub(crate) fn gather(
+    c: &[Cand],
+    w: &[f32],
+    keep: impl Fn(f32) -> bool,
+    out: &mut Vec<Cand>,
+    out_w: &mut Vec<f32>,
+) {
+    let n = c.len().min(w.len());
+    out.clear();
+    out_w.clear();
+    out.reserve(n);
+    out_w.reserve(n);
+    let (p, pw) = (out.as_mut_ptr(), out_w.as_mut_ptr());
+    let mut k = 0usize;
+    for (cc, &x) in c[..n].iter().zip(&w[..n]) {
+        // SAFETY: `k <= ` the number of candidates seen so far `< n <=` both capacities.
+        unsafe {
+            p.add(k).write(*cc);
+            pw.add(k).write(x);
+        }
+        k += keep(x) as usize;
+    }
+    // SAFETY: the first `k` elements of both were written.
+    unsafe {
+        out.set_len(k);
+        out_w.set_len(k);
+    }
+}
+
+/// Copies the candidates `c[i]` for which `keep(c[i], w[i])` holds to `out`, in order, without a
+/// branch on the data.
+pub(crate) fn filter_cands(
+    c: &[Cand],
+    w: &[f32],
+    keep: impl Fn(&Cand, f32) -> bool,
+    out: &mut Vec<Cand>,
+) {
+    let n = c.len().min(w.len());
+    out.clear();
+    out.reserve(n);
+    let p = out.as_mut_ptr();
+    let mut k = 0usize;
+    for (cc, &x) in c[..n].iter().zip(&w[..n]) {
+        // SAFETY: `k <` the number of candidates seen so far `<= n <=` the capacity.
+        unsafe { p.add(k).write(*cc) };
+        k += keep(cc, x) as usize;
+    }
+    // SAFETY: the first `k` elements were written.
+    unsafe { out.set_len(k) };
+}
+
+/// Like [`filter_cands`], also copying the kept weights to the front of `out_w` (at least as
+/// long as `c`); returns how many were kept.
+pub(crate) fn filter_cands_w(
+    c: &[Cand],
+    w: &[f32],
+    keep: impl Fn(&Cand) -> bool,
+    out: &mut Vec<Cand>,
+    out_w: &mut [f32],
+) -> usize {
+    let n = c.len().min(w.len()).min(out_w.len());
+    out.clear();
+    out.reserve(n);
+    let p = out.as_mut_ptr();
+    let pw = out_w.as_mut_ptr();
+    let mut k = 0usize;
+    for (cc, &x) in c[..n].iter().zip(&w[..n]) {
+        // SAFETY: `k <` the number of candidates seen so far `<= n <=` both capacities.
+        unsafe {
+            p.add(k).write(*cc);
+            pw.add(k).write(x);
+        }
+        k += keep(cc) as usize;
+    }
+    // SAFETY: the first `k` elements were written.
+    unsafe { out.set_len(k) };
+    k
 }

@@ -8,7 +8,8 @@
 use super::sort::{descending_key, sort_by_id, sort_canonical_from_id_order};
 use super::{Cand, Workspace, BLOCK};
 use crate::kernels::{
-    self, cand_weights, collect_band, exact_sum_any_order, prefix_len, sum_f32, Band, Level,
+    self, cand_weights, collect_band, exact_sum_any_order, filter_cands, filter_cands_w, gather,
+    prefix_len, sum_f32, Band, Level,
 };
 use crate::math::{self, exp_f32};
 
@@ -526,82 +527,6 @@ fn histogram<const N: usize>(w: &[f32], key: impl Fn(f32) -> usize) -> ([u32; N]
         }
     }
     (c, m)
-}
-
-/// Copies the candidates (and weights) whose weight passes `keep` to `out` (and `out_w`),
-/// without a branch on the data (only the count advances).
-fn gather(
-    c: &[Cand],
-    w: &[f32],
-    keep: impl Fn(f32) -> bool,
-    out: &mut Vec<Cand>,
-    out_w: &mut Vec<f32>,
-) {
-    let n = c.len().min(w.len());
-    out.clear();
-    out_w.clear();
-    out.reserve(n);
-    out_w.reserve(n);
-    let (p, pw) = (out.as_mut_ptr(), out_w.as_mut_ptr());
-    let mut k = 0usize;
-    for (cc, &x) in c[..n].iter().zip(&w[..n]) {
-        // SAFETY: `k <= ` the number of candidates seen so far `< n <=` both capacities.
-        unsafe {
-            p.add(k).write(*cc);
-            pw.add(k).write(x);
-        }
-        k += keep(x) as usize;
-    }
-    // SAFETY: the first `k` elements of both were written.
-    unsafe {
-        out.set_len(k);
-        out_w.set_len(k);
-    }
-}
-
-/// Copies the candidates `c[i]` for which `keep(c[i], w[i])` holds to `out`, in order, without a
-/// branch on the data.
-fn filter_cands(c: &[Cand], w: &[f32], keep: impl Fn(&Cand, f32) -> bool, out: &mut Vec<Cand>) {
-    let n = c.len().min(w.len());
-    out.clear();
-    out.reserve(n);
-    let p = out.as_mut_ptr();
-    let mut k = 0usize;
-    for (cc, &x) in c[..n].iter().zip(&w[..n]) {
-        // SAFETY: `k <` the number of candidates seen so far `<= n <=` the capacity.
-        unsafe { p.add(k).write(*cc) };
-        k += keep(cc, x) as usize;
-    }
-    // SAFETY: the first `k` elements were written.
-    unsafe { out.set_len(k) };
-}
-
-/// Like [`filter_cands`], also copying the kept weights to the front of `out_w` (at least as
-/// long as `c`); returns how many were kept.
-fn filter_cands_w(
-    c: &[Cand],
-    w: &[f32],
-    keep: impl Fn(&Cand) -> bool,
-    out: &mut Vec<Cand>,
-    out_w: &mut [f32],
-) -> usize {
-    let n = c.len().min(w.len()).min(out_w.len());
-    out.clear();
-    out.reserve(n);
-    let p = out.as_mut_ptr();
-    let pw = out_w.as_mut_ptr();
-    let mut k = 0usize;
-    for (cc, &x) in c[..n].iter().zip(&w[..n]) {
-        // SAFETY: `k <` the number of candidates seen so far `<= n <=` both capacities.
-        unsafe {
-            p.add(k).write(*cc);
-            pw.add(k).write(x);
-        }
-        k += keep(cc) as usize;
-    }
-    // SAFETY: the first `k` elements were written.
-    unsafe { out.set_len(k) };
-    k
 }
 
 /// Where the large-nucleus top-p cuts its collection: two processed logits below which, by an
