@@ -29,6 +29,7 @@
 pub mod constraint;
 pub mod error;
 mod fxhash;
+mod kernels;
 pub mod math;
 pub mod pipeline;
 pub mod processors;

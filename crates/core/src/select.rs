@@ -12,9 +12,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::kernels::{cand_weights, Level};
 use crate::math::{exp_f32, ln_f64};
 use crate::rng::{Purpose, RngState};
-use crate::support::{cand_weights, Cand, Workspace};
+use crate::support::{Cand, Workspace};
 
 /// The selection rule of a pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -133,6 +134,7 @@ fn walk(dense: bool, buf: &[f32], ids: &[Cand], w: &[f32], mut f: impl FnMut(u32
 /// it: the candidates themselves when already in id order (the dense top-p leaves its nucleus
 /// so), else a copy sorted by id in `scratch` (the canonical order stays for the record).
 fn sparse_in_id_order<'a>(
+    level: Level,
     cands: &'a [Cand],
     scratch: &'a mut Vec<Cand>,
     aux: &mut Vec<Cand>,
@@ -149,7 +151,7 @@ fn sparse_in_id_order<'a>(
         scratch
     };
     let w = &mut w[..c.len()];
-    cand_weights(c, m, w);
+    cand_weights(level, c, m, w);
     (c, w)
 }
 
@@ -161,7 +163,16 @@ fn rejection(ws: &mut Workspace, rng: &RngState, step: u64, x: u32) -> Option<Se
         (&[], &ws.w[..])
     } else {
         ws.dense_w_valid = false;
-        sparse_in_id_order(&ws.cands, &mut ws.scratch, &mut ws.aux, ws.v, &mut ws.w, m)
+        let level = ws.level();
+        sparse_in_id_order(
+            level,
+            &ws.cands,
+            &mut ws.scratch,
+            &mut ws.aux,
+            ws.v,
+            &mut ws.w,
+            m,
+        )
     };
     let (dense, buf) = (ws.dense, &ws.buf[..]);
     let mut wx = 0.0f64;
@@ -227,7 +238,7 @@ fn categorical(ws: &mut Workspace, u: f64) -> Option<u32> {
         ws.norm_valid = true;
         ws.dense_w_valid = false;
         let n = ws.cands.len();
-        return inverse_cdf(&ws.cands, &ws.w[..n], s, u);
+        return inverse_cdf(ws.level(), &ws.cands, &ws.w[..n], s, u);
     }
     let (m, s) = ws.normalize_any_order();
     if ws.dense {
@@ -252,9 +263,17 @@ fn categorical(ws: &mut Workspace, u: f64) -> Option<u32> {
         // the canonical order for the record
         // (the dense weights are not in use while the support is sparse)
         ws.dense_w_valid = false;
-        let (c, w) =
-            sparse_in_id_order(&ws.cands, &mut ws.scratch, &mut ws.aux, ws.v, &mut ws.w, m);
-        inverse_cdf(c, w, s, u)
+        let level = ws.level();
+        let (c, w) = sparse_in_id_order(
+            level,
+            &ws.cands,
+            &mut ws.scratch,
+            &mut ws.aux,
+            ws.v,
+            &mut ws.w,
+            m,
+        );
+        inverse_cdf(level, c, w, s, u)
     }
 }
 
@@ -287,7 +306,7 @@ fn gumbel(ws: &mut Workspace, rng: &RngState, step: u64) -> Option<u32> {
     best.map(|b| b.1)
 }
 
-crate::math::multiversion! {
+crate::kernels::multiversion! {
     /// Inverse CDF over candidates in id order with weights `w`: the first whose running sum of
     /// `w / s` exceeds `u`, else the last with a positive weight. The divisions are done 8 at a
     /// time ahead of the sequential sum.

@@ -299,19 +299,22 @@ proptest! {
 }
 
 /// The benchmark's flat rows (a Normal(0, 2) bulk and 20 strong tokens) at 128,256 and 262,144
-/// tokens, with top-p 0.95 and others, at every kernel level this CPU supports (the levels give
-/// the same bits, so other tests running meanwhile are unaffected).
+/// tokens, with top-p 0.95 and others, at every kernel level this CPU supports. The level is
+/// process-wide here: `with_max_level` serialises the tests that set it (the levels give the
+/// same bits, so other tests running meanwhile are unaffected).
 #[test]
 fn benchmark_flat_rows() {
-    let restore = simd::level();
-    for level in simd::BASELINE..=simd::detected() {
-        simd::set_max_level(level);
-        for v in nextok_bench::fixtures::FLAT_VOCAB_SIZES {
-            let f = nextok_bench::fixtures::flat_fixture(v, v as u64);
-            for p in [0.5, 0.9, 0.95, 0.99] {
-                check(&f.logits, p, 1, None, &[0.0, 0.1, 0.37, 0.5, 0.9, U_MAX]);
+    let levels: Vec<u8> = (simd::BASELINE..=simd::detected()).collect();
+    eprintln!("benchmark_flat_rows: kernel levels tested: {levels:?}");
+    for level in levels {
+        simd::with_max_level(level, || {
+            assert_eq!(simd::level(), level);
+            for v in nextok_bench::fixtures::FLAT_VOCAB_SIZES {
+                let f = nextok_bench::fixtures::flat_fixture(v, v as u64);
+                for p in [0.5, 0.9, 0.95, 0.99] {
+                    check(&f.logits, p, 1, None, &[0.0, 0.1, 0.37, 0.5, 0.9, U_MAX]);
+                }
             }
-        }
+        });
     }
-    simd::set_max_level(restore);
 }

@@ -193,21 +193,24 @@ fn selector_cases() -> Vec<(&'static str, Preset, SamplingParams)> {
 
 #[test]
 fn step_and_select_do_not_allocate() {
-    let restore = simd::level();
-    for level in levels() {
-        simd::set_max_level(level);
-        for case in Case::ALL {
-            check_bench_case(case);
-            // flat rows: the dense top-p's large-nucleus path (nuclei of 14 and 53 thousand)
-            for v in FLAT_VOCAB_SIZES {
-                check_bench(case, StepBench::flat(case, v));
+    let levels = levels();
+    eprintln!("step_and_select_do_not_allocate: kernel levels tested: {levels:?}");
+    for level in levels {
+        // the level is process-wide here: `with_max_level` serialises the tests that set it
+        simd::with_max_level(level, || {
+            assert_eq!(simd::level(), level);
+            for case in Case::ALL {
+                check_bench_case(case);
+                // flat rows: the dense top-p's large-nucleus path (nuclei of 14 and 53 thousand)
+                for v in FLAT_VOCAB_SIZES {
+                    check_bench(case, StepBench::flat(case, v));
+                }
             }
-        }
-        for (name, preset, params) in selector_cases() {
-            check_params(name, preset, params);
-        }
+            for (name, preset, params) in selector_cases() {
+                check_params(name, preset, params);
+            }
+        });
     }
-    simd::set_max_level(restore);
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! holds is a [`BeamScorer`]:
 //!
 //! * [`RawScorer`] — scores are **raw-layer** logprobs (log-softmax of the model's logits, in
-//!   `f64`); a hypothesis ends at an EOS id. No state.
+//!   `f64`, exactly as the sampler's records compute the raw layer); a hypothesis ends at an EOS
+//!   id. No state.
 //! * [`PipelineScorer`] — each hypothesis carries its own [`DecoderState`] (token counts,
 //!   sequence automata, constraint state, stop state), and each step runs the request's
 //!   pipeline on its logits: masks, penalties, the grammar mask and temperature shape the
@@ -30,10 +31,14 @@
 //! * Final ranking: `score = logprob / len^α` (`α` = `length_penalty`; `α = 0` compares raw
 //!   sums), descending; ties → the shorter hypothesis, then the lexicographically smaller ids.
 //!
+//! All the numerics are nextok-core's own (`nextok_core::math`: the log-softmax normaliser, `ln`
+//! and `exp` for `len^α`), never the platform's `libm`, so scores are the same bits everywhere.
+//!
 //! Greedy decoding is width 1.
 
 use std::cell::RefCell;
 
+use nextok_core::math;
 use nextok_core::{DecoderState, Draw, FinishReason, Sampler, Workspace};
 
 use crate::error::{ModelError, Result};
@@ -199,19 +204,18 @@ struct Live<S, T> {
     state: T,
 }
 
-/// Log-softmax of `logits` in `f64`.
+/// Log-softmax of `logits` in `f64`: `(z − m) − ln S` with nextok's normaliser
+/// ([`math::log_sum_exp`]), the same bits as the raw-layer logprobs of the sampler's records.
 pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
-    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let s: f64 = logits.iter().map(|&z| (z as f64 - m).exp()).sum();
-    let ln = s.ln();
-    logits.iter().map(|&z| z as f64 - m - ln).collect()
+    let norm = math::log_sum_exp(logits);
+    logits.iter().map(|&z| math::logprob(z, norm)).collect()
 }
 
 fn score(logprob: f64, len: usize, alpha: f64) -> f64 {
     if alpha == 0.0 {
         logprob
     } else {
-        logprob / (len.max(1) as f64).powf(alpha)
+        logprob / math::pow_f64(len.max(1) as f64, alpha)
     }
 }
 

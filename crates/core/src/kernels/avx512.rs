@@ -1,0 +1,507 @@
+//! The AVX-512 kernels, written with intrinsics: the same IEEE-754 operations as the portable
+//! code, lane by lane, in the same order (fused multiply-adds exactly where the portable code has
+//! `mul_add`); where a single exact instruction replaces a sequence of the portable code
+//! (rounding to an integer, scaling by a power of two), it is shown to give the same bits (see
+//! [`exp16x4`]).
+//!
+//! Every function here requires AVX-512 F/BW/DQ/VL (with AVX2, BMI1, POPCNT and FMA): the
+//! dispatch in [`super`] calls them only at a [`Level`](super::Level) of
+//! [`simd::AVX512`](super::simd::AVX512). Their only other unsafe operations are unaligned
+//! loads and stores through raw pointers, each within the slice the pointer was taken from.
+
+use std::arch::x86_64::*;
+
+use super::{Band, TopKScan, BLOCK};
+use crate::math::{exp_f32, EXP_C1, EXP_C2, EXP_CLAMP, EXP_F32_FLUSH, EXP_LOG2E, EXP_P};
+use crate::support::Cand;
+
+/// [`exp_f32`] on four vectors of 16 lanes, with the same bits for every input (checked
+/// exhaustively over all non-NaN `f32` inputs when this was written; the unit test
+/// `exp16x4_matches_scalar` checks every 61st bit pattern and the edges).
+///
+/// Two steps are done by single exact instructions instead of the scalar code's integer
+/// tricks: `n = (x · log2 e + 1.5·2^23) − 1.5·2^23` is round-to-nearest-even of `x · log2 e`
+/// (for `|x · log2 e| < 2^22`; larger values only reach flushed lanes), which `vrndscaleps`
+/// computes directly, and `y · 2^n` (`2^n` built from the exponent bits) is `vscalefps(y,
+/// n)`: both are one correctly rounded multiplication by an exact power of two, subnormal
+/// results included. A `-0.0` from the rounding (for `−0.5 ≤ x · log2 e < 0`) only changes the
+/// sign of a zero `r`, which the final `… + r + 1` absorbs.
+///
+/// Each step is done for all four vectors before the next (the four dependency chains
+/// interleave, which keeps more of the vector units busy).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+pub(crate) fn exp16x4(x: [__m512; 4]) -> [__m512; 4] {
+    exp16x4_clamp::<true>(x)
+}
+
+/// [`exp16x4`]; without `CLAMP` only for inputs `<= 0` (then `min(88, x)` is `x`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+fn exp16x4_clamp<const CLAMP: bool>(x: [__m512; 4]) -> [__m512; 4] {
+    let mut keep = [0u16; 4];
+    let mut xc = [_mm512_setzero_ps(); 4];
+    let mut n = [_mm512_setzero_ps(); 4];
+    let mut r = [_mm512_setzero_ps(); 4];
+    let mut z = [_mm512_setzero_ps(); 4];
+    let mut y = [_mm512_set1_ps(EXP_P[0]); 4];
+    for k in 0..4 {
+        // not flushed: `!(x < -87)` (a NaN lane computes NaN, as the scalar code does)
+        keep[k] = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x[k], _mm512_set1_ps(EXP_F32_FLUSH));
+        xc[k] = if CLAMP {
+            _mm512_min_ps(_mm512_set1_ps(EXP_CLAMP), x[k])
+        } else {
+            x[k]
+        };
+    }
+    for k in 0..4 {
+        n[k] = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(xc[k], _mm512_set1_ps(EXP_LOG2E)),
+        );
+    }
+    for k in 0..4 {
+        r[k] = _mm512_fnmadd_ps(
+            n[k],
+            _mm512_set1_ps(EXP_C2),
+            _mm512_fnmadd_ps(n[k], _mm512_set1_ps(EXP_C1), xc[k]),
+        );
+    }
+    for k in 0..4 {
+        z[k] = _mm512_mul_ps(r[k], r[k]);
+    }
+    for &c in &EXP_P[1..] {
+        for k in 0..4 {
+            y[k] = _mm512_fmadd_ps(y[k], r[k], _mm512_set1_ps(c));
+        }
+    }
+    for k in 0..4 {
+        y[k] = _mm512_add_ps(_mm512_fmadd_ps(y[k], z[k], r[k]), _mm512_set1_ps(1.0));
+    }
+    for k in 0..4 {
+        y[k] = _mm512_maskz_scalef_ps(keep[k], y[k], n[k]);
+    }
+    y
+}
+
+/// Adds the 16 lanes of `e` to the 8 `f64` lanes: elements 0..8, then 8..16.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+fn add_lanes16(acc: __m512d, e: __m512) -> __m512d {
+    let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
+    let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+        _mm512_castps_pd(e),
+    )));
+    _mm512_add_pd(_mm512_add_pd(acc, lo), hi)
+}
+
+/// The 64 values of `z` from `i` (`i + 64 <= z.len()`, checked), as four vectors.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+fn load64(z: &[f32], i: usize) -> [__m512; 4] {
+    let p = z[i..i + 64].as_ptr();
+    // SAFETY: `p` points to 64 readable `f32`s (the slice above); each load reads 16 of them.
+    unsafe {
+        [
+            _mm512_loadu_ps(p),
+            _mm512_loadu_ps(p.add(16)),
+            _mm512_loadu_ps(p.add(32)),
+            _mm512_loadu_ps(p.add(48)),
+        ]
+    }
+}
+
+/// `w[i] = exp_f32(z[i] - m)` over the whole blocks of 64 values (nothing is stored when `w`
+/// is `None`); the lane sums of [`super::sum_f64_lanes`] continue in `acc`. Returns the
+/// number of values covered.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+fn exp_blocks<const CLAMP: bool>(
+    z: &[f32],
+    m: f32,
+    mut w: Option<&mut [f32]>,
+    acc: &mut [f64; 8],
+) -> usize {
+    let n = match &w {
+        Some(w) => z.len().min(w.len()),
+        None => z.len(),
+    } / 64
+        * 64;
+    let vm = _mm512_set1_ps(m);
+    // SAFETY: `acc` holds 8 `f64`s, one vector.
+    let mut a = unsafe { _mm512_loadu_pd(acc.as_ptr()) };
+    // software pipelined: the weights of a block are summed one block later, so that the
+    // sequential lane sums never wait for the long `exp` chain of the block being computed
+    let mut block = |i: usize| {
+        let p = z.as_ptr();
+        debug_assert!(i + 64 <= n);
+        // SAFETY: `i + 64 <= n <= z.len()` (`i` is a multiple of 64 below `n`), so the four
+        // loads read `z[i..i + 64]`.
+        let x = unsafe {
+            [
+                _mm512_loadu_ps(p.add(i)),
+                _mm512_loadu_ps(p.add(i + 16)),
+                _mm512_loadu_ps(p.add(i + 32)),
+                _mm512_loadu_ps(p.add(i + 48)),
+            ]
+        };
+        let e = exp16x4_clamp::<CLAMP>([
+            _mm512_sub_ps(x[0], vm),
+            _mm512_sub_ps(x[1], vm),
+            _mm512_sub_ps(x[2], vm),
+            _mm512_sub_ps(x[3], vm),
+        ]);
+        if let Some(w) = w.as_deref_mut() {
+            let q = w.as_mut_ptr();
+            // SAFETY: `i + 64 <= n <= w.len()`, so the four stores write `w[i..i + 64]`.
+            unsafe {
+                _mm512_storeu_ps(q.add(i), e[0]);
+                _mm512_storeu_ps(q.add(i + 16), e[1]);
+                _mm512_storeu_ps(q.add(i + 32), e[2]);
+                _mm512_storeu_ps(q.add(i + 48), e[3]);
+            }
+        }
+        e
+    };
+    let mut consume = |e: [__m512; 4]| {
+        a = add_lanes16(a, e[0]);
+        a = add_lanes16(a, e[1]);
+        a = add_lanes16(a, e[2]);
+        a = add_lanes16(a, e[3]);
+    };
+    if n > 0 {
+        let mut prev = block(0);
+        let mut i = 64;
+        while i < n {
+            let e = block(i);
+            consume(prev);
+            prev = e;
+            i += 64;
+        }
+        consume(prev);
+    }
+    // SAFETY: `acc` holds 8 `f64`s, one vector.
+    unsafe { _mm512_storeu_pd(acc.as_mut_ptr(), a) };
+    n
+}
+
+/// [`super::exp_weights`] on 16 lanes, 64 values at a time.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+pub(super) fn exp_weights(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let n = exp_blocks::<true>(z, m, Some(&mut *w), &mut acc);
+    for (i, (zv, wv)) in z.iter().zip(w.iter_mut()).enumerate().skip(n) {
+        let e = exp_f32(*zv - m);
+        *wv = e;
+        acc[i % 8] += e as f64;
+    }
+    acc.iter().sum()
+}
+
+/// [`super::exp_sum`] on 16 lanes, 64 values at a time; without `CLAMP` only when `z[i] - m <=
+/// 0` for every `i`.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+pub(super) fn exp_sum<const CLAMP: bool>(z: &[f32], m: f32) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let n = exp_blocks::<CLAMP>(z, m, None, &mut acc);
+    for (i, &x) in z.iter().enumerate().skip(n) {
+        acc[i % 8] += exp_f32(x - m) as f64;
+    }
+    acc.iter().sum()
+}
+
+/// [`super::cand_weights`] on 16 lanes, 64 candidates at a time (`w` at least as long as `c`,
+/// checked).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) {
+    assert!(w.len() >= c.len());
+    let vm = _mm512_set1_ps(m);
+    // the `z` of 16 candidates (the odd `f32` slots of 128 bytes)
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    let n = c.len() / 64 * 64;
+    let mut i = 0;
+    while i < n {
+        let f = c.as_ptr().cast::<f32>();
+        // SAFETY: `i + 64 <= n <= c.len()`: `c[i..i + 64]` is 128 `f32`s (`Cand` is `repr(C)`
+        // `(u32, f32)`, 8 bytes without padding) from `f.add(2 * i)`; the eight loads read them.
+        let v = unsafe {
+            let f = f.add(2 * i);
+            [
+                _mm512_loadu_ps(f),
+                _mm512_loadu_ps(f.add(16)),
+                _mm512_loadu_ps(f.add(32)),
+                _mm512_loadu_ps(f.add(48)),
+                _mm512_loadu_ps(f.add(64)),
+                _mm512_loadu_ps(f.add(80)),
+                _mm512_loadu_ps(f.add(96)),
+                _mm512_loadu_ps(f.add(112)),
+            ]
+        };
+        let z16 = |a: __m512, b: __m512| _mm512_sub_ps(_mm512_permutex2var_ps(a, odd, b), vm);
+        let e = exp16x4([
+            z16(v[0], v[1]),
+            z16(v[2], v[3]),
+            z16(v[4], v[5]),
+            z16(v[6], v[7]),
+        ]);
+        let q = w.as_mut_ptr();
+        for (k, e) in e.iter().enumerate() {
+            // SAFETY: `i + 64 <= c.len() <= w.len()`: the store writes `w[i + 16 k..][..16]`.
+            unsafe { _mm512_storeu_ps(q.add(i + 16 * k), *e) };
+        }
+        i += 64;
+    }
+    for (x, o) in c[n..].iter().zip(w[n..].iter_mut()) {
+        *o = exp_f32(x.z - m);
+    }
+}
+
+/// [`super::load`] on 16 lanes: one pass, copying, validating, counting, and taking the maximum
+/// (its *value* does not depend on the order). The maxima of 16 blocks are reduced together
+/// ([`block_maxima16`]); the counts come from the comparison masks. The lengths are checked:
+/// `buf` as long as `raw`, `bmax` one per block.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+pub(super) fn load(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, usize, f32) {
+    assert!(raw.len() == buf.len() && bmax.len() == raw.len().div_ceil(BLOCK));
+    const GROUP: usize = 16 * BLOCK;
+    let n = raw.len() / GROUP * GROUP;
+    let inf = _mm512_set1_ps(f32::INFINITY);
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut mx = ninf;
+    let mut ok_all: u64 = u64::MAX;
+    let mut count = 0usize;
+    let mut i = 0;
+    while i < n {
+        let mut bm = [ninf; 16];
+        for (blk, m) in bm.iter_mut().enumerate() {
+            let at = i + BLOCK * blk;
+            let x = load64(raw, at);
+            let q = buf.as_mut_ptr();
+            let mut ok = [0u16; 4];
+            let mut fin = [0u16; 4];
+            for k in 0..4 {
+                ok[k] = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[k], inf);
+                // a NaN or +inf is not copied: the load fails anyway (and a plain store would
+                // be turned into a separate copy pass by the compiler)
+                // SAFETY: `at + 64 <= n <= raw.len() == buf.len()`: the store writes (some
+                // of) `buf[at + 16 k..][..16]`.
+                unsafe { _mm512_mask_storeu_ps(q.add(at + 16 * k), ok[k], x[k]) };
+                fin[k] = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x[k], ninf);
+            }
+            let ok64 =
+                ok[0] as u64 | (ok[1] as u64) << 16 | (ok[2] as u64) << 32 | (ok[3] as u64) << 48;
+            let fin64 = fin[0] as u64
+                | (fin[1] as u64) << 16
+                | (fin[2] as u64) << 32
+                | (fin[3] as u64) << 48;
+            ok_all &= ok64;
+            count += fin64.count_ones() as usize;
+            *m = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
+            mx = _mm512_max_ps(mx, *m);
+        }
+        // SAFETY: `i + GROUP <= n <= raw.len()`, so the 16 blocks `i / BLOCK ..` are whole
+        // blocks of `raw` and `bmax` (one per block) holds them: the store writes
+        // `bmax[i / BLOCK..][..16]`.
+        unsafe { _mm512_storeu_ps(bmax.as_mut_ptr().add(i / BLOCK), block_maxima16(&bm)) };
+        i += GROUP;
+    }
+    let mut a = [0.0f32; 16];
+    // SAFETY: `a` holds 16 `f32`s, one vector.
+    unsafe { _mm512_storeu_ps(a.as_mut_ptr(), mx) };
+    let mut m = f32::NEG_INFINITY;
+    for x in a {
+        if x > m {
+            m = x;
+        }
+    }
+    let mut any_bad = ok_all != u64::MAX;
+    // the rest block by block
+    let mut blk = f32::NEG_INFINITY;
+    for (j, (&x, b)) in raw[n..].iter().zip(buf[n..].iter_mut()).enumerate() {
+        *b = x;
+        any_bad |= super::nan_or_pos_inf(x);
+        count += (x > f32::NEG_INFINITY) as usize;
+        if x > m {
+            m = x;
+        }
+        if x > blk {
+            blk = x;
+        }
+        if (j + 1) % BLOCK == 0 || n + j + 1 == raw.len() {
+            bmax[(n + j) / BLOCK] = blk;
+            blk = f32::NEG_INFINITY;
+        }
+    }
+    (any_bad, count, m)
+}
+
+/// The horizontal maxima of 16 vectors, lane `b` from vector `b`: shuffles and maxima in a
+/// tree (halving the data at every level) instead of one reduction per vector.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+fn block_maxima16(v: &[__m512; 16]) -> __m512 {
+    // pairs of vectors: 128-bit halves folded, [A0|A2, A1|A3, B0|B2, B1|B3]
+    let mut t = [_mm512_setzero_ps(); 8];
+    for (i, t) in t.iter_mut().enumerate() {
+        let (a, b) = (v[2 * i], v[2 * i + 1]);
+        *t = _mm512_max_ps(
+            _mm512_shuffle_f32x4::<0x44>(a, b),
+            _mm512_shuffle_f32x4::<0xEE>(a, b),
+        );
+    }
+    // 128-bit chunk k of u[j]: 4 lanes of vector 4j + k
+    let mut u = [_mm512_setzero_ps(); 4];
+    for (j, u) in u.iter_mut().enumerate() {
+        let (c, d) = (t[2 * j], t[2 * j + 1]);
+        *u = _mm512_max_ps(
+            _mm512_shuffle_f32x4::<0x88>(c, d),
+            _mm512_shuffle_f32x4::<0xDD>(c, d),
+        );
+    }
+    // within the chunks: [e0|e2, e1|e3, f0|f2, f1|f3]
+    let mut g = [_mm512_setzero_ps(); 2];
+    for (l, g) in g.iter_mut().enumerate() {
+        let (e, f) = (u[2 * l], u[2 * l + 1]);
+        *g = _mm512_max_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(e, f),
+            _mm512_shuffle_ps::<0b11_10_11_10>(e, f),
+        );
+    }
+    // lane 4k + i: the maximum of vector 4i + k
+    let h = _mm512_max_ps(
+        _mm512_shuffle_ps::<0b10_00_10_00>(g[0], g[1]),
+        _mm512_shuffle_ps::<0b11_01_11_01>(g[0], g[1]),
+    );
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_permutexvar_ps(order, h)
+}
+
+/// [`super::top_k_scan`] over whole blocks (`buf` ends at a block boundary, `start` is one),
+/// testing 64 values at a time.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+pub(super) fn top_k_blocks(buf: &[f32], bmax: &[f32], start: usize, scan: &mut TopKScan<'_>) {
+    let mut i = start;
+    while i + BLOCK <= buf.len() {
+        if bmax.get(i / BLOCK).is_some_and(|&b| b <= scan.thr) {
+            i += BLOCK;
+            continue;
+        }
+        let t = _mm512_set1_ps(scan.thr);
+        let x = load64(buf, i);
+        let m0 = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x[0], t);
+        let m1 = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x[1], t);
+        let m2 = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x[2], t);
+        let m3 = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x[3], t);
+        let mut bits = m0 as u64 | (m1 as u64) << 16 | (m2 as u64) << 32 | (m3 as u64) << 48;
+        // only the values above the threshold at the start of the block can enter; visiting
+        // them in id order is the plain scan with the others skipped
+        while bits != 0 {
+            let j = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            scan.offer(i + j, buf[i + j]);
+        }
+        i += BLOCK;
+    }
+}
+
+/// [`super::collect_band`] on 16 lanes: the block bounds are tested 16 at a time, a block's
+/// values 64 at a time, and the kept values are compressed and interleaved with their ids into
+/// whole `Cand` stores. `TIE`: whether `band` excludes anything by `tie_z`.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+pub(super) fn collect_band<const TIE: bool>(
+    buf: &[f32],
+    bmax: &[f32],
+    band: Band,
+    out: &mut Vec<Cand>,
+) {
+    let nblocks = buf.len() / BLOCK;
+    let lo = _mm512_set1_ps(band.lo);
+    let hi = _mm512_set1_ps(band.hi);
+    let tz = _mm512_set1_ps(band.tie_z);
+    let tid = _mm512_set1_epi32(band.tie_id as i32);
+    let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    // `Cand { id, z }` pairs from the compressed ids (first source) and values (second)
+    let first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    let visit = |b: usize, out: &mut Vec<Cand>| {
+        let base = b * BLOCK;
+        let x = load64(buf, base);
+        let mut keep = [0u16; 4];
+        for k in 0..4 {
+            keep[k] = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x[k], lo)
+                & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[k], hi);
+            if TIE {
+                let ids = _mm512_add_epi32(iota, _mm512_set1_epi32((base + 16 * k) as i32));
+                keep[k] &= !(_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(x[k], tz)
+                    & _mm512_cmp_epu32_mask::<_MM_CMPINT_NLE>(ids, tid));
+            }
+        }
+        let keep64 = keep[0] as u64
+            | (keep[1] as u64) << 16
+            | (keep[2] as u64) << 32
+            | (keep[3] as u64) << 48;
+        if keep64 == 0 {
+            return;
+        }
+        if out.capacity() - out.len() < 64 {
+            // no room for whole stores (only near a full buffer): one at a time
+            let mut bits = keep64;
+            while bits != 0 {
+                let j = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                out.push(Cand {
+                    id: (base + j) as u32,
+                    z: buf[base + j],
+                });
+            }
+            return;
+        }
+        // without branches on the data: a vector with nothing to keep stores nothing that
+        // counts
+        let old = out.len();
+        let mut len = old;
+        let q = out.as_mut_ptr().cast::<i32>();
+        for k in 0..4 {
+            let ids = _mm512_add_epi32(iota, _mm512_set1_epi32((base + 16 * k) as i32));
+            let kk = keep[k];
+            let ci = _mm512_maskz_compress_epi32(kk, ids);
+            let cz = _mm512_maskz_compress_epi32(kk, _mm512_castps_si512(x[k]));
+            debug_assert!(len + 16 <= old + 64);
+            // SAFETY: `len <= old + 16 k`, and `old + 64 <= out.capacity()` (checked above): the
+            // two stores write the 16 `Cand`s (32 `i32`s) from `len` within the allocation.
+            unsafe {
+                let at = q.add(2 * len);
+                _mm512_storeu_si512(at.cast(), _mm512_permutex2var_epi32(ci, first, cz));
+                _mm512_storeu_si512(at.add(16).cast(), _mm512_permutex2var_epi32(ci, second, cz));
+            }
+            len += kk.count_ones() as usize;
+        }
+        // SAFETY: `len <= old + 64 <= out.capacity()`; the first `len` were written as whole
+        // `Cand { id, z }` values (`repr(C)`: `id`, `z`; any bits are valid for both).
+        unsafe { out.set_len(len) };
+    };
+    let mut b = 0;
+    if bmax.len() >= nblocks {
+        while b + 16 <= nblocks {
+            // SAFETY: `b + 16 <= nblocks <= bmax.len()`: the load reads `bmax[b..b + 16]`.
+            let v = unsafe { _mm512_loadu_ps(bmax.as_ptr().add(b)) };
+            let mut bits = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, lo);
+            while bits != 0 {
+                let j = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                visit(b + j, out);
+            }
+            b += 16;
+        }
+    }
+    while b < nblocks {
+        if bmax.get(b).is_none_or(|&x| x >= band.lo) {
+            visit(b, out);
+        }
+        b += 1;
+    }
+    for (i, &z) in buf.iter().enumerate().skip(nblocks * BLOCK) {
+        if band.keeps(i, z) {
+            out.push(Cand { id: i as u32, z });
+        }
+    }
+}

@@ -1,0 +1,387 @@
+//! The slice kernels and their run-time dispatch: one place for every vectorised loop.
+//!
+//! * [`simd`] — which kernel versions this CPU supports, and the process-wide cap on them;
+//! * [`Level`] — a kernel version this CPU is known to support, passed explicitly to every
+//!   kernel here (the workspace carries one, so tests can pin a level without touching the
+//!   process-wide cap);
+//! * `scalar` — the portable bodies, written as plain arithmetic; [`multiversion!`] compiles
+//!   each of them for the baseline target and, on x86-64, with AVX2 and AVX-512 enabled; and
+//!   the branch-free compactions of the nucleus search;
+//! * `avx2`, `avx512` — the versions written with intrinsics, where the compiler would not
+//!   find the instructions on its own (compress stores, masked compares, exact rounding).
+//!
+//! Every version performs the same IEEE-754 operations in the same order (fused multiply-adds
+//! exactly where the portable code has `mul_add`, the lane structure of every reduction written
+//! out), so all of them return the same bits; only the speed differs. See [`crate::math`] for
+//! the numerics themselves.
+//!
+//! Every `unsafe` block here says why it is sound: a target-feature function is only called at
+//! a [`Level`] the CPU supports, and every raw-pointer access stays within the slice it was
+//! taken from.
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+use crate::support::{sift_down, Cand};
+
+/// Block length of the block bounds (`Workspace::bmax`): scans skip whole blocks by them.
+pub(crate) const BLOCK: usize = 64;
+
+#[doc(hidden)]
+pub mod simd {
+    //! Run-time choice of the kernel versions (see the module docs of `kernels`).
+
+    use std::sync::atomic::{AtomicU8, Ordering};
+    use std::sync::Mutex;
+
+    /// Plain code for the compilation target.
+    pub const BASELINE: u8 = 1;
+    /// AVX2 (x86-64).
+    pub const AVX2: u8 = 2;
+    /// AVX-512 F/BW/DQ/VL (x86-64).
+    pub const AVX512: u8 = 3;
+
+    static LEVEL: AtomicU8 = AtomicU8::new(0);
+    static CAP: AtomicU8 = AtomicU8::new(u8::MAX);
+    /// Held by [`with_max_level`] while the cap is changed.
+    static CAP_LOCK: Mutex<()> = Mutex::new(());
+
+    /// The widest version this CPU (and build) supports.
+    pub fn detected() -> u8 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[cfg(nextok_avx512)]
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("bmi1")
+                && std::arch::is_x86_feature_detected!("popcnt")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return AVX512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("bmi1")
+                && std::arch::is_x86_feature_detected!("popcnt")
+            {
+                return AVX2;
+            }
+        }
+        BASELINE
+    }
+
+    /// The version the kernels use now (never above [`detected`]).
+    #[inline]
+    pub fn level() -> u8 {
+        let l = LEVEL.load(Ordering::Relaxed);
+        if l != 0 {
+            return l;
+        }
+        let l = detected().min(CAP.load(Ordering::Relaxed));
+        LEVEL.store(l, Ordering::Relaxed);
+        l
+    }
+
+    /// Uses at most `level` from now on, process-wide (for benchmarks; results do not change).
+    /// Tests that compare the versions pass a level explicitly instead, or use
+    /// [`with_max_level`].
+    pub fn set_max_level(level: u8) {
+        CAP.store(level.max(BASELINE), Ordering::Relaxed);
+        LEVEL.store(detected().min(level.max(BASELINE)), Ordering::Relaxed);
+    }
+
+    /// Runs `f` with the process-wide cap at `level`, then restores the previous cap. Callers
+    /// are serialised (one lock for the process), so two of them never change the cap under
+    /// each other; code that reads the level without this lock may still see either value,
+    /// which only changes its speed.
+    pub fn with_max_level<R>(level: u8, f: impl FnOnce() -> R) -> R {
+        struct Restore(u8);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                CAP.store(self.0, Ordering::Relaxed);
+                LEVEL.store(0, Ordering::Relaxed);
+            }
+        }
+        let _lock = CAP_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let _restore = Restore(CAP.load(Ordering::Relaxed));
+        set_max_level(level);
+        f()
+    }
+}
+
+/// A kernel version that this CPU supports: it can only be made by [`Level::current`] and
+/// [`Level::at_most`], which never go above [`simd::detected`]. The target-feature kernels rely
+/// on that for their soundness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Level(u8);
+
+impl Level {
+    /// The process-wide level ([`simd::level`]).
+    #[inline]
+    pub(crate) fn current() -> Level {
+        Level(simd::level())
+    }
+
+    /// The widest level this CPU supports, but at most `max` (at least [`simd::BASELINE`]): a
+    /// level for tests to pin.
+    #[cfg(test)]
+    pub(crate) fn at_most(max: u8) -> Level {
+        Level(simd::detected().min(max.max(simd::BASELINE)))
+    }
+
+    /// One of [`simd::BASELINE`], [`simd::AVX2`], [`simd::AVX512`].
+    #[inline]
+    pub(crate) fn get(self) -> u8 {
+        self.0
+    }
+}
+
+/// Defines a function whose body is compiled for the baseline target and, on x86-64, with AVX2
+/// and AVX-512 enabled; the defined function takes a [`Level`] first and runs that copy. The
+/// body must be plain arithmetic (see the module docs): every copy returns identical results.
+macro_rules! multiversion {
+    ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$attr])*
+        $vis fn $name(level: $crate::kernels::Level, $($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn generic($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[cfg(nextok_avx512)]
+                {
+                    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+                    fn avx512($($arg: $ty),*) $(-> $ret)? {
+                        generic($($arg),*)
+                    }
+                    if level.get() >= $crate::kernels::simd::AVX512 {
+                        // SAFETY: a `Level` never exceeds what the CPU supports, so it has
+                        // these features.
+                        return unsafe { avx512($($arg),*) };
+                    }
+                }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    generic($($arg),*)
+                }
+                if level.get() >= $crate::kernels::simd::AVX2 {
+                    // SAFETY: a `Level` never exceeds what the CPU supports, so it has these
+                    // features.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            let _ = level;
+            generic($($arg),*)
+        }
+    };
+}
+pub(crate) use multiversion;
+
+mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+#[cfg(all(target_arch = "x86_64", nextok_avx512))]
+pub(crate) mod avx512;
+
+#[cfg(test)]
+pub(crate) mod tests;
+
+pub(crate) use scalar::{
+    cand_exp_sum, collect_min_p, exact_sum_any_order, filter_cands, filter_cands_w, gather,
+    max_f32, nan_or_pos_inf, prefix_len, sum_f32, sum_f64_lanes,
+};
+
+/// Writes `w[i] = exp_f32(z[i] - m)` for every `i` and returns the lane sum of `w` in `f64`
+/// (see [`crate::math::exp_weights`]).
+pub(crate) fn exp_weights(level: Level, z: &[f32], m: f32, w: &mut [f32]) -> f64 {
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    if level.get() >= simd::AVX512 {
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+        return unsafe { avx512::exp_weights(z, m, w) };
+    }
+    scalar::exp_weights(level, z, m, w)
+}
+
+/// `sum_i exp_f32(z[i] - m)` in the lane order of [`sum_f64_lanes`], without storing weights.
+pub(crate) fn exp_sum(level: Level, z: &[f32], m: f32) -> f64 {
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    if level.get() >= simd::AVX512 {
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+        return unsafe { avx512::exp_sum::<true>(z, m) };
+    }
+    scalar::exp_sum(level, z, m)
+}
+
+/// [`exp_sum`] when `m` is at least every `z[i]` (the maximum): the same result, a little faster
+/// (the clamp of large inputs cannot apply).
+pub(crate) fn exp_sum_at_max(level: Level, z: &[f32], m: f32) -> f64 {
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    if level.get() >= simd::AVX512 && !m.is_nan() {
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512. (`z[i] - m <=
+        // 0` for every `i`, the caller's contract, so skipping `min(88, x)` changes nothing.)
+        return unsafe { avx512::exp_sum::<false>(z, m) };
+    }
+    scalar::exp_sum(level, z, m)
+}
+
+/// `w[i] = exp_f32(c[i].z - m)` for every candidate (`w` at least as long as `c`).
+pub(crate) fn cand_weights(level: Level, c: &[Cand], m: f32, w: &mut [f32]) {
+    assert!(w.len() >= c.len());
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    if level.get() >= simd::AVX512 {
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+        return unsafe { avx512::cand_weights(c, m, w) };
+    }
+    scalar::cand_weights(level, c, m, w)
+}
+
+/// Copies `raw` into `buf`, writes the maximum of every block of [`BLOCK`] values to `bmax`, and
+/// returns (whether a NaN or `+inf` was seen, the number of values above `-inf`, the maximum
+/// exactly as [`max_f32`] gives it).
+pub(crate) fn load(
+    level: Level,
+    raw: &[f32],
+    buf: &mut [f32],
+    bmax: &mut [f32],
+) -> (bool, usize, f32) {
+    assert!(raw.len() == buf.len() && bmax.len() == raw.len().div_ceil(BLOCK));
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    let (bad, count, max) = if level.get() >= simd::AVX512 {
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+        unsafe { avx512::load(raw, buf, bmax) }
+    } else {
+        scalar::load(level, raw, buf, bmax)
+    };
+    #[cfg(not(all(target_arch = "x86_64", nextok_avx512)))]
+    let (bad, count, max) = scalar::load(level, raw, buf, bmax);
+    // the maximum value is right; only the sign of a zero maximum depends on the order
+    let max = if max == 0.0 && !bad {
+        max_f32(level, raw)
+    } else {
+        max
+    };
+    (bad, count, max)
+}
+
+/// A full top-k heap (its root the worst kept candidate, see `support::sort`) during the scan of
+/// the rest of the row, with the root's value as the threshold to enter.
+pub(crate) struct TopKScan<'a> {
+    heap: &'a mut [Cand],
+    thr: f32,
+}
+
+impl<'a> TopKScan<'a> {
+    /// Starts a scan with a full, non-empty heap.
+    fn new(heap: &'a mut [Cand]) -> Self {
+        let thr = heap[0].z;
+        TopKScan { heap, thr }
+    }
+
+    /// Offers token `i`: it enters only when strictly above the worst kept one (a later id with
+    /// an equal value is worse).
+    #[inline(always)]
+    fn offer(&mut self, i: usize, z: f32) {
+        if z > self.thr {
+            self.heap[0] = Cand { id: i as u32, z };
+            sift_down(self.heap, 0);
+            self.thr = self.heap[0].z;
+        }
+    }
+
+    /// Offers the tokens `start, start + 1, ...` with values `zs`, in order.
+    #[inline(always)]
+    fn offer_run(&mut self, start: usize, zs: &[f32]) {
+        for (off, &z) in zs.iter().enumerate() {
+            self.offer(start + off, z);
+        }
+    }
+}
+
+/// The top-k scan of `buf` from `start` into a full heap: only values strictly above the worst
+/// kept one enter. The values up to the next block boundary and after the last whole block are
+/// offered one by one; the whole blocks in between go to a kernel, which skips the blocks whose
+/// bound in `bmax` (when given) cannot enter and offers the others' candidates in id order.
+pub(crate) fn top_k_scan(level: Level, buf: &[f32], bmax: &[f32], start: usize, heap: &mut [Cand]) {
+    let mut scan = TopKScan::new(heap);
+    let first = start.next_multiple_of(BLOCK).min(buf.len());
+    let end = first + (buf.len() - first) / BLOCK * BLOCK;
+    scan.offer_run(start, &buf[start..first]);
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    if level.get() >= simd::AVX512 {
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+        unsafe { avx512::top_k_blocks(&buf[..end], bmax, first, &mut scan) };
+    } else {
+        scalar::top_k_blocks(level, &buf[..end], bmax, first, &mut scan);
+    }
+    #[cfg(not(all(target_arch = "x86_64", nextok_avx512)))]
+    scalar::top_k_blocks(level, &buf[..end], bmax, first, &mut scan);
+    scan.offer_run(end, &buf[end..]);
+}
+
+/// A band of processed logits for [`collect_band`]: `lo <= z < hi`, except the tokens with
+/// `z == tie_z` and `id > tie_id` (a NaN `tie_z` excludes nothing).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Band {
+    pub(crate) lo: f32,
+    pub(crate) hi: f32,
+    pub(crate) tie_z: f32,
+    pub(crate) tie_id: u32,
+}
+
+impl Band {
+    /// `lo <= z < hi`, no tie exclusion.
+    pub(crate) fn new(lo: f32, hi: f32) -> Band {
+        Band {
+            lo,
+            hi,
+            tie_z: f32::NAN,
+            tie_id: 0,
+        }
+    }
+
+    /// Whether token `id` with value `z` is in the band.
+    #[inline(always)]
+    pub(crate) fn keeps(&self, id: usize, z: f32) -> bool {
+        z >= self.lo && z < self.hi && !(z == self.tie_z && id > self.tie_id as usize)
+    }
+}
+
+/// Appends `(id, z)` for every token of `band`, in id order. Blocks of [`BLOCK`] values whose
+/// bound in `bmax` (when given) is below `band.lo` are skipped unread.
+pub(crate) fn collect_band(
+    level: Level,
+    buf: &[f32],
+    bmax: &[f32],
+    band: Band,
+    out: &mut Vec<Cand>,
+) {
+    // the bands of one step are disjoint, so this never allocates for a workspace's own buffers
+    // (capacity `v + 16`); the AVX-512 version stores 16 candidates at a time
+    out.reserve(buf.len().saturating_sub(out.len()) + 16);
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    if level.get() >= simd::AVX512 {
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+        return unsafe {
+            if band.tie_z.is_nan() {
+                avx512::collect_band::<false>(buf, bmax, band, out)
+            } else {
+                avx512::collect_band::<true>(buf, bmax, band, out)
+            }
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level.get() >= simd::AVX2 {
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
+        return unsafe {
+            if band.tie_z.is_nan() {
+                avx2::collect_band::<false>(buf, bmax, band, out)
+            } else {
+                avx2::collect_band::<true>(buf, bmax, band, out)
+            }
+        };
+    }
+    scalar::collect_band(level, buf, bmax, band, out)
+}

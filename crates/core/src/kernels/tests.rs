@@ -1,0 +1,302 @@
+//! Every kernel version (baseline, AVX2, AVX-512 as the CPU allows) against plain scalar code
+//! written the obvious way: same bits. The levels are passed explicitly, so these tests never
+//! touch the process-wide cap and may run in parallel with anything.
+//!
+//! Each test prints the levels it ran (`cargo test -- --nocapture`). A machine without AVX-512
+//! tests the other levels only, unless `NEXTOK_EXPECT_AVX512=1` says it must have AVX-512 (set
+//! it on CI runners that do): then the missing level fails the test.
+
+use super::*;
+use crate::math::{self, exp_f32};
+
+pub(crate) struct Rng(pub(crate) u64);
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub(crate) fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Logit rows that stress the kernels: odd lengths, ties, signed zeros, `-inf`, huge and
+/// tiny ranges, values far below the maximum (weights flushed to 0).
+pub(crate) fn rows() -> Vec<Vec<f32>> {
+    let mut r = Rng(11);
+    let mut out = Vec::new();
+    for &n in &[
+        1usize, 7, 8, 15, 16, 17, 63, 64, 65, 127, 200, 1000, 4099, 70_001,
+    ] {
+        for kind in 0..10 {
+            let row: Vec<f32> = (0..n)
+                .map(|i| match kind {
+                    0 => (r.unit() - 0.5) * 20.0,
+                    1 => (r.below(5) as f32) - 2.0,
+                    2 => [0.0, -0.0, -1.0][r.below(3)],
+                    3 => (r.unit() - 0.5) * 400.0,
+                    4 => (r.unit() - 0.9) * 1e-3,
+                    5 => {
+                        if r.below(4) == 0 {
+                            f32::NEG_INFINITY
+                        } else {
+                            (r.unit() - 0.5) * 30.0
+                        }
+                    }
+                    6 => {
+                        if r.below(50) == 0 {
+                            12.0 + r.unit() * 3.0
+                        } else {
+                            (r.unit() - 0.5) * 8.0
+                        }
+                    }
+                    // strong tokens packed at the low ids (few blocks hold a large nucleus)
+                    7 => {
+                        if i < n / 8 {
+                            6.0 + r.unit()
+                        } else {
+                            (r.unit() - 0.5) * 8.0
+                        }
+                    }
+                    // a sparse nucleus spread over many blocks, found in several bands
+                    8 => {
+                        if i % 700 == 0 {
+                            4.0 + 8.0 * r.unit()
+                        } else {
+                            -5.0 - r.unit()
+                        }
+                    }
+                    // a flat bulk with a few strong tokens (nuclei of thousands)
+                    _ => {
+                        if r.below(3000) == 0 {
+                            9.0 + r.unit() * 4.0
+                        } else {
+                            (r.unit() + r.unit() + r.unit() - 1.5) * 5.0
+                        }
+                    }
+                })
+                .collect();
+            out.push(row);
+        }
+    }
+    out
+}
+
+/// Whether the environment says this machine must run the AVX-512 kernels.
+fn avx512_expected() -> bool {
+    std::env::var_os("NEXTOK_EXPECT_AVX512").is_some_and(|v| v != "0" && !v.is_empty())
+}
+
+/// The name of a level, for the reports.
+fn name(level: Level) -> &'static str {
+    match level.get() {
+        simd::AVX512 => "avx512",
+        simd::AVX2 => "avx2",
+        _ => "baseline",
+    }
+}
+
+/// Every kernel level this CPU (and build) supports, reported on stderr for `test`. Fails when
+/// `NEXTOK_EXPECT_AVX512` is set and AVX-512 is not among them.
+pub(crate) fn levels(test: &str) -> Vec<Level> {
+    let levels: Vec<Level> = (simd::BASELINE..=simd::detected())
+        .map(Level::at_most)
+        .collect();
+    let names: Vec<&str> = levels.iter().map(|&l| name(l)).collect();
+    eprintln!("{test}: kernel levels tested: {}", names.join(", "));
+    if simd::detected() < simd::AVX512 {
+        let why = if cfg!(all(target_arch = "x86_64", nextok_avx512)) {
+            "this CPU lacks AVX-512"
+        } else {
+            "this build has no AVX-512 kernels"
+        };
+        assert!(
+            !avx512_expected(),
+            "{test}: NEXTOK_EXPECT_AVX512 is set, but {why}: the AVX-512 kernels were not tested"
+        );
+        eprintln!("{test}: avx512 not tested ({why})");
+    }
+    levels
+}
+
+/// The maximum by the plain scalar code (the kernel's body, not dispatched).
+pub(crate) fn max_ref(xs: &[f32]) -> f32 {
+    scalar::max_f32_inline(xs)
+}
+
+/// The lane sum of `exp_f32(z - m)` and the weights, written the obvious way.
+pub(crate) fn exp_sum_ref(z: &[f32], m: f32) -> (f64, Vec<f32>) {
+    let mut acc = [0.0f64; 8];
+    let mut w = vec![0.0f32; z.len()];
+    for (i, &x) in z.iter().enumerate() {
+        w[i] = exp_f32(x - m);
+        acc[i % 8] += w[i] as f64;
+    }
+    (acc.iter().sum(), w)
+}
+
+/// The bits of every value.
+pub(crate) fn bits(xs: &[f32]) -> Vec<u32> {
+    xs.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn load_matches_scalar_at_every_level() {
+    for level in levels("load_matches_scalar_at_every_level") {
+        for row in rows() {
+            let mut buf = vec![1.0f32; row.len()];
+            let mut bmax = vec![0.0f32; row.len().div_ceil(BLOCK)];
+            let (bad, count, max) = load(level, &row, &mut buf, &mut bmax);
+            assert!(!bad);
+            assert_eq!(bits(&buf), bits(&row));
+            for (b, block) in bmax.iter().zip(row.chunks(BLOCK)) {
+                assert_eq!(*b, max_ref(block), "level {level:?}");
+            }
+            let want = row.iter().filter(|x| **x > f32::NEG_INFINITY).count();
+            assert_eq!(count, want, "level {level:?}");
+            assert_eq!(max.to_bits(), max_ref(&row).to_bits(), "level {level:?}");
+            assert_eq!(max_f32(level, &row).to_bits(), max_ref(&row).to_bits());
+            for bad_value in [f32::NAN, f32::INFINITY] {
+                let mut r2 = row.clone();
+                let at = row.len() / 2;
+                r2[at] = bad_value;
+                assert!(load(level, &r2, &mut buf, &mut bmax).0, "level {level:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn exp_kernels_match_scalar_at_every_level() {
+    for level in levels("exp_kernels_match_scalar_at_every_level") {
+        for row in rows() {
+            let m = max_ref(&row);
+            if m == f32::NEG_INFINITY {
+                continue;
+            }
+            let (s, w_ref) = exp_sum_ref(&row, m);
+            let mut w = vec![0.0f32; row.len()];
+            assert_eq!(exp_weights(level, &row, m, &mut w).to_bits(), s.to_bits());
+            assert_eq!(bits(&w), bits(&w_ref), "level {level:?}");
+            assert_eq!(exp_sum(level, &row, m).to_bits(), s.to_bits());
+            assert_eq!(exp_sum_at_max(level, &row, m).to_bits(), s.to_bits());
+            let mut acc = [0.0f64; 8];
+            for (i, &x) in row.iter().enumerate() {
+                acc[i % 8] += x as f64;
+            }
+            let lanes: f64 = acc.iter().sum();
+            assert_eq!(sum_f64_lanes(level, &row).to_bits(), lanes.to_bits());
+        }
+    }
+    // the public functions at the process-wide level give the same bits
+    let row = &rows()[40];
+    let m = math::max_f32(row);
+    assert_eq!(
+        math::exp_sum(row, m).to_bits(),
+        exp_sum_ref(row, m).0.to_bits()
+    );
+}
+
+/// Checks [`avx512::exp16x4`] against [`exp_f32`] on 64 inputs (AVX-512 must be available).
+#[cfg(all(target_arch = "x86_64", nextok_avx512))]
+fn check_exp16x4(v: &[f32; 64]) {
+    use std::arch::x86_64::*;
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+    fn run(v: &[f32; 64]) -> [f32; 64] {
+        let mut out = [0.0f32; 64];
+        let p = v.as_ptr();
+        // SAFETY: `v` holds 64 `f32`s: the four loads read 16 each.
+        let x = unsafe {
+            [
+                _mm512_loadu_ps(p),
+                _mm512_loadu_ps(p.add(16)),
+                _mm512_loadu_ps(p.add(32)),
+                _mm512_loadu_ps(p.add(48)),
+            ]
+        };
+        for (k, e) in avx512::exp16x4(x).iter().enumerate() {
+            // SAFETY: `out` holds 64 `f32`s: the store writes `out[16 k..16 k + 16]`.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * k), *e) };
+        }
+        out
+    }
+    assert!(simd::detected() >= simd::AVX512);
+    // SAFETY: the CPU supports AVX-512 (checked above).
+    let out = unsafe { run(v) };
+    for (x, y) in v.iter().zip(out) {
+        assert_eq!(exp_f32(*x).to_bits(), y.to_bits(), "exp of {x:e}");
+    }
+}
+
+/// The AVX-512 `exp` against the scalar one on every 61st `f32` bit pattern, and on the values
+/// around 0, the flush threshold and the clamp. Reports when it cannot run (no AVX-512), and then
+/// fails only if `NEXTOK_EXPECT_AVX512` says this machine must have it.
+#[test]
+fn exp16x4_matches_scalar() {
+    let tested = levels("exp16x4_matches_scalar");
+    if tested.last().is_none_or(|l| l.get() < simd::AVX512) {
+        eprintln!("exp16x4_matches_scalar: skipped (no AVX-512 here)");
+        return;
+    }
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    {
+        let mut xs: Vec<f32> = (0..u32::MAX / 61).map(|i| f32::from_bits(i * 61)).collect();
+        for c in [0.0f32, -87.0, 88.0, -87.5, 87.5] {
+            let b = c.to_bits();
+            for d in 0..20_000u32 {
+                xs.push(f32::from_bits(b.wrapping_add(d)));
+                xs.push(f32::from_bits(b.wrapping_sub(d)));
+            }
+        }
+        xs.extend([f32::NEG_INFINITY, f32::INFINITY, -0.0, f32::MAX, -f32::MAX]);
+        xs.retain(|x| !x.is_nan());
+        for c in xs.chunks(64) {
+            let mut v = [0.0f32; 64];
+            v[..c.len()].copy_from_slice(c);
+            check_exp16x4(&v);
+        }
+        eprintln!(
+            "exp16x4_matches_scalar: avx512 against scalar on {} inputs",
+            xs.len()
+        );
+    }
+}
+
+/// Every non-NaN `f32` input (about 4·10⁹; a minute in release):
+/// `cargo test --release -p nextok-core --lib exp16x4_matches_scalar_everywhere -- --ignored`.
+#[test]
+#[ignore]
+fn exp16x4_matches_scalar_everywhere() {
+    let tested = levels("exp16x4_matches_scalar_everywhere");
+    if tested.last().is_none_or(|l| l.get() < simd::AVX512) {
+        eprintln!("exp16x4_matches_scalar_everywhere: skipped (no AVX-512 here)");
+        return;
+    }
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    {
+        let mut v = [0.0f32; 64];
+        for base in (0..=u32::MAX).step_by(64) {
+            for (j, x) in v.iter_mut().enumerate() {
+                let x0 = f32::from_bits(base + j as u32);
+                *x = if x0.is_nan() { 0.0 } else { x0 };
+            }
+            check_exp16x4(&v);
+        }
+    }
+}
+
+#[test]
+fn levels_never_exceed_the_cpu() {
+    for max in [0, simd::BASELINE, simd::AVX2, simd::AVX512, u8::MAX] {
+        let l = Level::at_most(max);
+        assert!(l.get() <= simd::detected() && l.get() >= simd::BASELINE);
+        assert!(l.get() <= max.max(simd::BASELINE));
+    }
+    assert!(Level::current().get() <= simd::detected());
+}
