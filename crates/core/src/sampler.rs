@@ -394,14 +394,9 @@ impl Sampler {
         pos: usize,
         token: u32,
     ) {
-        // slots are in processor order, one per processor that keeps one
-        for (p, slot) in self
-            .processors
-            .iter()
-            .filter(|p| p.has_slot())
-            .zip(slots.iter_mut())
-        {
-            p.consume(slot, st, pos, token);
+        // each processor that keeps a slot advances its own (slots are in processor order)
+        for p in &self.processors {
+            p.consume(slots, st, pos, token);
         }
     }
 

@@ -11,10 +11,11 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1, CompileCtx};
+use super::{v1, Apply, Compile, CompileCtx, StateField};
 use crate::error::{Error, Result};
 use crate::state::{DecoderState, SequenceSlot};
 use crate::support::Workspace;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -179,9 +180,16 @@ pub struct Compiled {
     slot: usize,
 }
 
-impl BannedSequences {
-    pub(crate) fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for BannedSequences {
+    const NAME: &'static str = "banned_sequences";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         for (i, s) in self.sequences.iter().enumerate() {
             if s.is_empty() {
                 return Err(Error::invalid(
@@ -199,8 +207,7 @@ impl BannedSequences {
                 }
             }
         }
-        let slot = ctx.next_slot;
-        ctx.next_slot += 1;
+        let slot = ctx.take_slot();
         Ok(Compiled {
             automaton: Automaton::build(&self.sequences),
             include_prompt: self.include_prompt,
@@ -209,8 +216,26 @@ impl BannedSequences {
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, st: &DecoderState, ws: &mut Workspace) {
+impl Apply for Compiled {
+    fn reads(&self) -> &'static [StateField] {
+        &[StateField::SequenceState]
+    }
+
+    fn new_slot(&self) -> Option<SequenceSlot> {
+        Some(SequenceSlot::Banned { node: 0 })
+    }
+
+    fn consume(&self, slots: &mut [SequenceSlot], st: &DecoderState, pos: usize, token: u32) {
+        if let Some(SequenceSlot::Banned { node }) = slots.get_mut(self.slot) {
+            *node = self.automaton.next(
+                *node,
+                token,
+                self.include_prompt || pos >= st.prompt_ids.len(),
+            );
+        }
+    }
+
+    fn apply(&self, st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         let node = match st.sequence.get(self.slot) {
             Some(SequenceSlot::Banned { node }) => *node,
             _ => 0,
@@ -218,6 +243,7 @@ impl Compiled {
         for &t in self.automaton.forbidden(node) {
             ws.mask(t);
         }
+        Ok(())
     }
 }
 

@@ -3,9 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1, CompileCtx};
+use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
+use crate::state::DecoderState;
 use crate::support::Workspace;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -28,9 +30,16 @@ pub struct Compiled {
     pub(crate) ids: Vec<u32>,
 }
 
-impl SpecialTokenMask {
-    pub(crate) fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for SpecialTokenMask {
+    const NAME: &'static str = "special_token_mask";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let mut ids: Vec<u32> = ctx
             .vocab
             .special_token_ids
@@ -54,11 +63,12 @@ impl SpecialTokenMask {
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, ws: &mut Workspace) {
+impl Apply for Compiled {
+    fn apply(&self, _st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         for &id in &self.ids {
             ws.mask(id);
         }
+        Ok(())
     }
 }
 
