@@ -6,6 +6,7 @@ use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
 use crate::state::DecoderState;
 use crate::support::Workspace;
+use crate::vocab::sorted_ids;
 use crate::vocab::VocabInfo;
 
 /// Implementation version.
@@ -44,18 +45,11 @@ impl Compile for AllowedTokenIds {
                 "the allowed set is empty, so no token could ever be selected",
             ));
         }
-        for (i, &id) in self.token_ids.iter().enumerate() {
-            if id as usize >= ctx.vocab.vocab_size {
-                return Err(Error::out_of_range(
-                    format!("{field}.token_ids[{i}]"),
-                    id as u64,
-                    ctx.vocab.vocab_size,
-                ));
-            }
-        }
-        let mut ids = self.token_ids.clone();
-        ids.sort_unstable();
-        ids.dedup();
+        let ids = sorted_ids(
+            &format!("{field}.token_ids"),
+            &self.token_ids,
+            ctx.vocab.vocab_size,
+        )?;
         Ok(Compiled { ids })
     }
 }

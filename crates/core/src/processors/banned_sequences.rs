@@ -15,6 +15,7 @@ use super::{v1, Apply, Compile, CompileCtx, StateField};
 use crate::error::{Error, Result};
 use crate::state::{DecoderState, SequenceSlot};
 use crate::support::Workspace;
+use crate::vocab::check_ids;
 use crate::vocab::VocabInfo;
 
 /// Implementation version.
@@ -197,15 +198,7 @@ impl Compile for BannedSequences {
                     "a banned sequence cannot be empty",
                 ));
             }
-            for (j, &t) in s.iter().enumerate() {
-                if t as usize >= ctx.vocab.vocab_size {
-                    return Err(Error::out_of_range(
-                        format!("{field}.sequences[{i}][{j}]"),
-                        t as u64,
-                        ctx.vocab.vocab_size,
-                    ));
-                }
-            }
+            check_ids(&format!("{field}.sequences[{i}]"), s, ctx.vocab.vocab_size)?;
         }
         let slot = ctx.take_slot();
         Ok(Compiled {

@@ -4,9 +4,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::{v1, Apply, Compile, CompileCtx};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::state::DecoderState;
 use crate::support::Workspace;
+use crate::vocab::check_ids;
 use crate::vocab::VocabInfo;
 
 /// Implementation version.
@@ -47,16 +48,12 @@ impl Compile for SpecialTokenMask {
             .copied()
             .filter(|id| !ctx.vocab.eos_token_ids.contains(id) && !ctx.stop_ids.contains(id))
             .collect();
-        for (i, &id) in self.token_ids.iter().enumerate() {
-            if id as usize >= ctx.vocab.vocab_size {
-                return Err(Error::out_of_range(
-                    format!("{field}.token_ids[{i}]"),
-                    id as u64,
-                    ctx.vocab.vocab_size,
-                ));
-            }
-            ids.push(id);
-        }
+        check_ids(
+            &format!("{field}.token_ids"),
+            &self.token_ids,
+            ctx.vocab.vocab_size,
+        )?;
+        ids.extend_from_slice(&self.token_ids);
         ids.sort_unstable();
         ids.dedup();
         Ok(Compiled { ids })

@@ -9,7 +9,7 @@ use crate::pipeline::presets::{self, Preset};
 use crate::pipeline::{PipelineConfig, StopConfig};
 use crate::processors::{CompileCtx, Processor, ProcessorConfig};
 use crate::stop::StopStrings;
-use crate::vocab::{TokenBytes, VocabInfo};
+use crate::vocab::{sorted_ids, TokenBytes, VocabInfo};
 
 impl Sampler {
     /// Validates and compiles `config`. Contradictions (an empty allowed set, a min-length mask
@@ -29,18 +29,7 @@ impl Sampler {
     ) -> Result<Sampler> {
         config.check_format()?;
         let vocab = vocab.validated()?;
-        let mut stop_ids = stop.stop_token_ids.clone();
-        for (i, &t) in stop_ids.iter().enumerate() {
-            if t as usize >= vocab.vocab_size {
-                return Err(Error::out_of_range(
-                    format!("stop_token_ids[{i}]"),
-                    t as u64,
-                    vocab.vocab_size,
-                ));
-            }
-        }
-        stop_ids.sort_unstable();
-        stop_ids.dedup();
+        let stop_ids = sorted_ids("stop_token_ids", &stop.stop_token_ids, vocab.vocab_size)?;
         if stop.max_tokens == Some(0) {
             return Err(Error::invalid("max_tokens", "must be at least 1"));
         }

@@ -1,22 +1,15 @@
 //! A sequence's decoder state: creation, history and the sequence-constraint slots.
 
 use super::Sampler;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::rng::RngState;
 use crate::state::{DecoderState, FinishStatus, SequenceSlot, StopState};
+use crate::vocab::check_ids;
 
 impl Sampler {
     /// A fresh decoder state for `prompt_ids` with the random stream keyed by `seed`.
     pub fn new_state(&self, prompt_ids: &[u32], seed: u64) -> Result<DecoderState> {
-        for (i, &t) in prompt_ids.iter().enumerate() {
-            if t as usize >= self.vocab.vocab_size {
-                return Err(Error::out_of_range(
-                    format!("prompt_ids[{i}]"),
-                    t as u64,
-                    self.vocab.vocab_size,
-                ));
-            }
-        }
+        check_ids("prompt_ids", prompt_ids, self.vocab.vocab_size)?;
         let mut st = DecoderState {
             prompt_ids: prompt_ids.to_vec(),
             selected_ids: Vec::new(),
@@ -65,15 +58,7 @@ impl Sampler {
         seed: u64,
     ) -> Result<DecoderState> {
         let mut st = self.new_state(prompt_ids, seed)?;
-        for (i, &t) in selected_ids.iter().enumerate() {
-            if t as usize >= self.vocab.vocab_size {
-                return Err(Error::out_of_range(
-                    format!("selected_ids[{i}]"),
-                    t as u64,
-                    self.vocab.vocab_size,
-                ));
-            }
-        }
+        check_ids("selected_ids", selected_ids, self.vocab.vocab_size)?;
         for &t in selected_ids {
             self.advance(&mut st, t);
         }
