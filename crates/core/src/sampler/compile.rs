@@ -125,7 +125,9 @@ impl Sampler {
         })
     }
 
-    /// Builds a preset pipeline from request parameters and compiles it.
+    /// Builds a preset pipeline from request parameters and compiles it. `params.seed` is not
+    /// part of the pipeline: create each sequence's state with
+    /// [`params.sequence_seed(i)`](SamplingParams::sequence_seed).
     pub fn from_params(
         preset: Preset,
         params: &SamplingParams,

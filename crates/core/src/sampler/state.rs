@@ -7,7 +7,11 @@ use crate::state::{DecoderState, FinishStatus, SequenceSlot, StopState};
 use crate::vocab::check_ids;
 
 impl Sampler {
-    /// A fresh decoder state for `prompt_ids` with the random stream keyed by `seed`.
+    /// A fresh decoder state for `prompt_ids` with the random stream keyed by `seed`, the
+    /// sequence's seed. For a request, that is
+    /// [`SamplingParams::sequence_seed`](crate::SamplingParams::sequence_seed): the seed is given
+    /// once, in the request's parameters, and the compiled sampler stays seed-free so that one
+    /// sampler serves every sequence of the request.
     pub fn new_state(&self, prompt_ids: &[u32], seed: u64) -> Result<DecoderState> {
         check_ids("prompt_ids", prompt_ids, self.vocab.vocab_size)?;
         let mut st = DecoderState {
