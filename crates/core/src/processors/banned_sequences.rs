@@ -176,8 +176,8 @@ impl Automaton {
 /// Compiled form.
 #[derive(Debug, Clone)]
 pub struct Compiled {
-    pub(crate) automaton: Automaton,
-    pub(crate) include_prompt: bool,
+    automaton: Automaton,
+    include_prompt: bool,
     slot: usize,
 }
 

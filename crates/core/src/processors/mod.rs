@@ -134,7 +134,7 @@ pub(crate) trait Apply {
     /// Applies the processor to the workspace.
     fn apply(&self, st: &DecoderState, ws: &mut Workspace, vocab: &VocabInfo) -> Result<()>;
     /// A fresh sequence-constraint slot, for a processor that keeps one (at the index it took
-    /// from [`CompileCtx::next_slot`]).
+    /// with [`CompileCtx::take_slot`]).
     fn new_slot(&self) -> Option<SequenceSlot> {
         None
     }
@@ -147,7 +147,7 @@ pub(crate) fn v1() -> u32 {
     1
 }
 
-pub(crate) fn check_version(field: &str, got: u32, supported: u32) -> Result<()> {
+fn check_version(field: &str, got: u32, supported: u32) -> Result<()> {
     if got != supported {
         return Err(crate::Error::invalid(
             format!("{field}.version"),
