@@ -17,7 +17,7 @@
 //! use nextok_core::{Sampler, SamplingParams, Preset, VocabInfo};
 //! let params = SamplingParams { temperature: Some(0.8), top_p: Some(0.8), seed: Some(7), ..Default::default() };
 //! let sampler = Sampler::from_params(Preset::Reference, &params, VocabInfo::plain(3)).unwrap();
-//! let mut state = sampler.new_state(&[], 7).unwrap();
+//! let mut state = sampler.new_state(&[], params.sequence_seed(0)).unwrap();
 //! let mut ws = sampler.new_workspace();
 //! let r = sampler.step(&[2.0, 1.5, 0.5], &mut state, &mut ws).unwrap();
 //! assert!(r.token < 2); // the support is {A, B}

@@ -234,7 +234,7 @@ impl StepRequest {
                         format!("{u} is outside [0, 1)"),
                     ));
                 }
-                (Draw::FixedU(u), self.params.seed.unwrap_or(0))
+                (Draw::FixedU(u), self.params.sequence_seed(0))
             }
             Some(SelectorInput { seed: Some(s), .. }) => {
                 if self.params.seed.is_some_and(|p| p != s) {
@@ -245,7 +245,7 @@ impl StepRequest {
                 }
                 (Draw::Stream, s)
             }
-            _ => (Draw::Stream, self.params.seed.unwrap_or(0)),
+            _ => (Draw::Stream, self.params.sequence_seed(0)),
         };
         // the history goes through the §3.10 transition, terminal checks included: a token after
         // the one that finished the sequence is an error naming it, and a history that has

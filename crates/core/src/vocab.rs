@@ -36,24 +36,15 @@ impl VocabInfo {
         if self.vocab_size > u32::MAX as usize {
             return Err(Error::invalid("vocab_size", "must fit in 32-bit token ids"));
         }
-        let mut v = self.clone();
-        for (name, ids) in [
-            ("eos_token_ids", &mut v.eos_token_ids),
-            ("special_token_ids", &mut v.special_token_ids),
-        ] {
-            for (i, &t) in ids.iter().enumerate() {
-                if t as usize >= self.vocab_size {
-                    return Err(Error::out_of_range(
-                        format!("{name}[{i}]"),
-                        t as u64,
-                        self.vocab_size,
-                    ));
-                }
-            }
-            ids.sort_unstable();
-            ids.dedup();
-        }
-        Ok(v)
+        Ok(VocabInfo {
+            vocab_size: self.vocab_size,
+            eos_token_ids: sorted_ids("eos_token_ids", &self.eos_token_ids, self.vocab_size)?,
+            special_token_ids: sorted_ids(
+                "special_token_ids",
+                &self.special_token_ids,
+                self.vocab_size,
+            )?,
+        })
     }
 
     /// Whether `id` is a special token (`special_token_ids` must be sorted, as after validation).
@@ -61,6 +52,28 @@ impl VocabInfo {
     pub fn is_special(&self, id: u32) -> bool {
         self.special_token_ids.binary_search(&id).is_ok()
     }
+}
+
+/// Checks that every id in `ids` is below `vocab_size`; the error names the first bad one as
+/// `field[i]`.
+pub(crate) fn check_ids(field: &str, ids: &[u32], vocab_size: usize) -> Result<()> {
+    match ids.iter().position(|&t| t as usize >= vocab_size) {
+        Some(i) => Err(Error::out_of_range(
+            format!("{field}[{i}]"),
+            ids[i] as u64,
+            vocab_size,
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `ids` checked with [`check_ids`], sorted and deduplicated.
+pub(crate) fn sorted_ids(field: &str, ids: &[u32], vocab_size: usize) -> Result<Vec<u32>> {
+    check_ids(field, ids, vocab_size)?;
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
 }
 
 /// The exact bytes of every token, stored flat (token `i` is

@@ -223,8 +223,8 @@ impl ModelShared {
             ),
             None => None,
         };
-        let seed = params.seed.unwrap_or_else(fresh_seed);
-        params.seed = Some(seed);
+        // the request's seed, resolved once: every sequence's seed derives from it
+        params.seed = Some(params.seed.unwrap_or_else(fresh_seed));
         let (pipeline, stop) = match &req.pipeline {
             PipelineChoice::Preset(p) => presets::build(*p, &params).map_err(EngineError::core)?,
             PipelineChoice::Config(cfg) => (
@@ -270,14 +270,14 @@ impl ModelShared {
         };
         // a state for the prompt checks the prompt against the pipeline (ids, history limits)
         sampler
-            .new_state(&prompt_ids, seed)
+            .new_state(&prompt_ids, params.sequence_seed(0))
             .map_err(EngineError::core)?;
         if let Some(l) = &req.logprobs {
             if l.top > 20 {
                 return Err(EngineError::invalid("top_logprobs", "at most 20"));
             }
         }
-        let seeds = (0..req.n as u64).map(|i| seed.wrapping_add(i)).collect();
+        let seeds = (0..req.n as u64).map(|i| params.sequence_seed(i)).collect();
         Ok(Prepared {
             info: RequestInfo {
                 id,

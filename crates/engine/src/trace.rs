@@ -142,19 +142,17 @@ pub fn replay_request(h: &TraceHeader) -> Result<GenerateRequest> {
     let Some(&seed) = h.seeds.first() else {
         return Err(EngineError::invalid("seeds", "the trace names no sequence"));
     };
+    let mut params = h.params.clone();
+    params.seed = Some(seed);
     for (i, &s) in h.seeds.iter().enumerate() {
-        if s != seed.wrapping_add(i as u64) {
+        let want = params.sequence_seed(i as u64);
+        if s != want {
             return Err(EngineError::invalid(
                 "seeds",
-                format!(
-                    "seed {i} is {s}, not {} (seed + i)",
-                    seed.wrapping_add(i as u64)
-                ),
+                format!("seed {i} is {s}, not {want} (seed + i)"),
             ));
         }
     }
-    let mut params = h.params.clone();
-    params.seed = Some(seed);
     check_params(h, &params)?;
     Ok(GenerateRequest {
         prompt: Prompt::Ids(h.prompt_ids.clone()),

@@ -81,13 +81,13 @@ fn bench(c: &mut Criterion) {
     let mut ws = sampler.new_workspace();
     g.bench_function("sampler_step/unconstrained", |b| {
         b.iter(|| {
-            let mut st = sampler.new_state(&[], 1).unwrap();
+            let mut st = sampler.new_state(&[], params.sequence_seed(0)).unwrap();
             sampler.step(&row, &mut st, &mut ws).unwrap()
         })
     });
     g.bench_function("sampler_step/trace", |b| {
         b.iter(|| {
-            let mut st = sampler.new_state(&[], 1).unwrap();
+            let mut st = sampler.new_state(&[], params.sequence_seed(0)).unwrap();
             let (_, rec) = sampler
                 .step_recorded(&row, &mut st, &mut ws, Draw::Stream, 8)
                 .unwrap();

@@ -48,7 +48,9 @@ pub struct SamplingParams {
     /// Extra stop token ids.
     #[serde(default)]
     pub stop_token_ids: Vec<u32>,
-    /// Random-stream seed (default 0).
+    /// The request's random-stream seed (default 0): the one place a seed is given. It is not
+    /// part of the pipeline (nor of its hash); sequence `i` of the request draws from
+    /// [`sequence_seed(i)`](Self::sequence_seed), the value its decoder state is created with.
     #[serde(default)]
     pub seed: Option<u64>,
     /// Only these ids may be selected (vLLM `allowed_token_ids`).
@@ -84,6 +86,15 @@ pub struct SamplingParams {
     /// What happens once the constraint accepts (default `only_end`).
     #[serde(default)]
     pub grammar_policy: Option<super::GrammarPolicy>,
+}
+
+impl SamplingParams {
+    /// The seed of sequence `i` of this request, `seed + i` (wrapping; a missing seed reads as
+    /// 0): the value to give [`Sampler::new_state`](crate::Sampler::new_state) for that
+    /// sequence, so that each of `n` sequences equals a single request with its seed.
+    pub fn sequence_seed(&self, i: u64) -> u64 {
+        self.seed.unwrap_or(0).wrapping_add(i)
+    }
 }
 
 fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {

@@ -2,9 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1, CompileCtx};
+use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
+use crate::state::DecoderState;
 use crate::support::Workspace;
+use crate::vocab::sorted_ids;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -26,33 +29,34 @@ pub struct Compiled {
     ids: Vec<u32>,
 }
 
-impl AllowedTokenIds {
-    pub(crate) fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for AllowedTokenIds {
+    const NAME: &'static str = "allowed_token_ids";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         if self.token_ids.is_empty() {
             return Err(Error::contradiction(
                 format!("{field}.token_ids"),
                 "the allowed set is empty, so no token could ever be selected",
             ));
         }
-        for (i, &id) in self.token_ids.iter().enumerate() {
-            if id as usize >= ctx.vocab.vocab_size {
-                return Err(Error::out_of_range(
-                    format!("{field}.token_ids[{i}]"),
-                    id as u64,
-                    ctx.vocab.vocab_size,
-                ));
-            }
-        }
-        let mut ids = self.token_ids.clone();
-        ids.sort_unstable();
-        ids.dedup();
+        let ids = sorted_ids(
+            &format!("{field}.token_ids"),
+            &self.token_ids,
+            ctx.vocab.vocab_size,
+        )?;
         Ok(Compiled { ids })
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, ws: &mut Workspace) {
+impl Apply for Compiled {
+    fn apply(&self, _st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         ws.retain_ids(&self.ids);
+        Ok(())
     }
 }

@@ -11,10 +11,12 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1, CompileCtx};
+use super::{v1, Apply, Compile, CompileCtx, StateField};
 use crate::error::{Error, Result};
 use crate::state::{DecoderState, SequenceSlot};
 use crate::support::Workspace;
+use crate::vocab::check_ids;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -174,14 +176,21 @@ impl Automaton {
 /// Compiled form.
 #[derive(Debug, Clone)]
 pub struct Compiled {
-    pub(crate) automaton: Automaton,
-    pub(crate) include_prompt: bool,
+    automaton: Automaton,
+    include_prompt: bool,
     slot: usize,
 }
 
-impl BannedSequences {
-    pub(crate) fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for BannedSequences {
+    const NAME: &'static str = "banned_sequences";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         for (i, s) in self.sequences.iter().enumerate() {
             if s.is_empty() {
                 return Err(Error::invalid(
@@ -189,18 +198,9 @@ impl BannedSequences {
                     "a banned sequence cannot be empty",
                 ));
             }
-            for (j, &t) in s.iter().enumerate() {
-                if t as usize >= ctx.vocab.vocab_size {
-                    return Err(Error::out_of_range(
-                        format!("{field}.sequences[{i}][{j}]"),
-                        t as u64,
-                        ctx.vocab.vocab_size,
-                    ));
-                }
-            }
+            check_ids(&format!("{field}.sequences[{i}]"), s, ctx.vocab.vocab_size)?;
         }
-        let slot = ctx.next_slot;
-        ctx.next_slot += 1;
+        let slot = ctx.take_slot();
         Ok(Compiled {
             automaton: Automaton::build(&self.sequences),
             include_prompt: self.include_prompt,
@@ -209,8 +209,26 @@ impl BannedSequences {
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, st: &DecoderState, ws: &mut Workspace) {
+impl Apply for Compiled {
+    fn reads(&self) -> &'static [StateField] {
+        &[StateField::SequenceState]
+    }
+
+    fn new_slot(&self) -> Option<SequenceSlot> {
+        Some(SequenceSlot::Banned { node: 0 })
+    }
+
+    fn consume(&self, slots: &mut [SequenceSlot], st: &DecoderState, pos: usize, token: u32) {
+        if let Some(SequenceSlot::Banned { node }) = slots.get_mut(self.slot) {
+            *node = self.automaton.next(
+                *node,
+                token,
+                self.include_prompt || pos >= st.prompt_ids.len(),
+            );
+        }
+    }
+
+    fn apply(&self, st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         let node = match st.sequence.get(self.slot) {
             Some(SequenceSlot::Banned { node }) => *node,
             _ => 0,
@@ -218,6 +236,7 @@ impl Compiled {
         for &t in self.automaton.forbidden(node) {
             ws.mask(t);
         }
+        Ok(())
     }
 }
 

@@ -7,10 +7,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1};
+use super::{v1, Apply, Compile, CompileCtx, StateField};
 use crate::error::Result;
 use crate::state::DecoderState;
 use crate::support::Workspace;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -28,15 +29,26 @@ pub struct GrammarMask {
 #[derive(Debug, Clone)]
 pub struct Compiled;
 
-impl GrammarMask {
-    pub(crate) fn compile(&self, field: &str) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for GrammarMask {
+    const NAME: &'static str = "grammar_mask";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, _field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         Ok(Compiled)
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, st: &DecoderState, ws: &mut Workspace) -> Result<()> {
+impl Apply for Compiled {
+    fn reads(&self) -> &'static [StateField] {
+        &[StateField::GrammarState]
+    }
+
+    fn apply(&self, st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         let Some(g) = st.grammar.as_ref().filter(|g| g.active) else {
             return Ok(());
         };

@@ -4,9 +4,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1, CompileCtx};
+use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
+use crate::state::DecoderState;
 use crate::support::Workspace;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -29,9 +31,16 @@ pub struct Compiled {
     list: Vec<(u32, f32)>,
 }
 
-impl LogitBias {
-    pub(crate) fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for LogitBias {
+    const NAME: &'static str = "logit_bias";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let mut list = Vec::with_capacity(self.logit_bias.len());
         for (&id, &b) in &self.logit_bias {
             if id as usize >= ctx.vocab.vocab_size {
@@ -53,8 +62,8 @@ impl LogitBias {
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, ws: &mut Workspace) {
+impl Apply for Compiled {
+    fn apply(&self, _st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         if ws.is_dense() || ws.exact {
             for &(id, b) in &self.list {
                 ws.edit_buf(id, |z| z + b);
@@ -68,6 +77,7 @@ impl Compiled {
             });
         }
         ws.after_transform();
+        Ok(())
     }
 }
 

@@ -5,9 +5,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::top_p::one;
-use super::{check_version, v1};
+use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
+use crate::state::DecoderState;
 use crate::support::Workspace;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -33,9 +35,16 @@ pub struct Compiled {
     min_keep: usize,
 }
 
-impl MinP {
-    pub(crate) fn compile(&self, field: &str) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for MinP {
+    const NAME: &'static str = "min_p";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let a = self.min_p;
         if !(a > 0.0 && a <= 1.0) {
             return Err(Error::invalid(
@@ -56,8 +65,11 @@ impl MinP {
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, ws: &mut Workspace) {
+impl Apply for Compiled {
+    const TRUNCATION: bool = true;
+
+    fn apply(&self, _st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         ws.min_p(self.alpha, self.min_keep);
+        Ok(())
     }
 }

@@ -3,10 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1, CompileCtx};
+use super::{v1, Apply, Compile, CompileCtx, StateField};
 use crate::error::Result;
 use crate::state::DecoderState;
 use crate::support::Workspace;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -29,9 +30,16 @@ pub struct Compiled {
     pub(crate) ids: Vec<u32>,
 }
 
-impl MinTokens {
-    pub(crate) fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for MinTokens {
+    const NAME: &'static str = "min_tokens";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, _field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let mut ids: Vec<u32> = ctx
             .vocab
             .eos_token_ids
@@ -48,12 +56,17 @@ impl MinTokens {
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, st: &DecoderState, ws: &mut Workspace) {
+impl Apply for Compiled {
+    fn reads(&self) -> &'static [StateField] {
+        &[StateField::StepIndex]
+    }
+
+    fn apply(&self, st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         if (st.selected_ids.len() as u64) < self.min_tokens {
             for &id in &self.ids {
                 ws.mask(id);
             }
         }
+        Ok(())
     }
 }

@@ -11,6 +11,25 @@
 //!   [`no_repeat_ngram`];
 //! * transforms: [`logit_bias`], [`presence_frequency`], [`repetition`], [`temperature`];
 //! * truncations (support): [`top_k`], [`top_p`], [`min_p`], [`typical_p`].
+//!
+//! Everything about one processor lives in its file: the config struct (its serde form), the
+//! compiled struct, and two trait impls — `Compile` for the config (type tag, version,
+//! validation, compilation) and `Apply` for the compiled form (what it reads, the step itself,
+//! and, for a processor that keeps a sequence-constraint slot, that slot). This file only lists
+//! the processors.
+//!
+//! How to add a processor:
+//! 1. Write `processors/<name>.rs` with the config struct (`#[serde(deny_unknown_fields)]`,
+//!    a `version` field defaulting to 1), a `Compiled` struct, `impl Compile for <Config>`
+//!    (`NAME` is the snake_case of the enum arm, i.e. the JSON `"type"`) and
+//!    `impl Apply for Compiled`.
+//! 2. Add `pub mod <name>;` and one documented arm `<Arm>(<name>::<Config>)` to
+//!    [`ProcessorConfig`].
+//! 3. Add one line `<Arm>(<name>::<Config>),` to the `processors!` list below; it generates the
+//!    [`Processor`] arm and every dispatch.
+//! 4. Add an example of it to `EXAMPLES` in this file's test (which checks `NAME` against the
+//!    serde tag) and its own unit tests in its file. The golden pipelines under
+//!    `testdata/golden` stay unchanged unless a preset starts using the new processor.
 
 pub mod allowed_ids;
 pub mod banned_sequences;
@@ -89,11 +108,46 @@ pub enum ProcessorConfig {
     TypicalP(typical_p::TypicalP),
 }
 
+/// What a processor's config provides (implemented in the processor's file).
+pub(crate) trait Compile {
+    /// The `"type"` tag: the snake_case name of the [`ProcessorConfig`] arm.
+    const NAME: &'static str;
+    /// The implementation version this build supports.
+    const VERSION: u32;
+    /// The compiled form.
+    type Compiled: Apply;
+    /// The config's declared version.
+    fn version(&self) -> u32;
+    /// Validates the config and compiles it (the version is already checked); `field` names the
+    /// processor in errors (`processors[i]`).
+    fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Self::Compiled>;
+}
+
+/// What a compiled processor does at each step (implemented in the processor's file).
+pub(crate) trait Apply {
+    /// Whether this processor is a truncation (changes the support, not logits).
+    const TRUNCATION: bool = false;
+    /// The parts of the decoder state this processor reads.
+    fn reads(&self) -> &'static [StateField] {
+        &[]
+    }
+    /// Applies the processor to the workspace.
+    fn apply(&self, st: &DecoderState, ws: &mut Workspace, vocab: &VocabInfo) -> Result<()>;
+    /// A fresh sequence-constraint slot, for a processor that keeps one (at the index it took
+    /// with [`CompileCtx::take_slot`]).
+    fn new_slot(&self) -> Option<SequenceSlot> {
+        None
+    }
+    /// Advances this processor's slot in `slots` after `token` was appended at context
+    /// position `pos`.
+    fn consume(&self, _slots: &mut [SequenceSlot], _st: &DecoderState, _pos: usize, _token: u32) {}
+}
+
 pub(crate) fn v1() -> u32 {
     1
 }
 
-pub(crate) fn check_version(field: &str, got: u32, supported: u32) -> Result<()> {
+fn check_version(field: &str, got: u32, supported: u32) -> Result<()> {
     if got != supported {
         return Err(crate::Error::invalid(
             format!("{field}.version"),
@@ -110,227 +164,173 @@ pub(crate) struct CompileCtx<'a> {
     pub next_slot: usize,
 }
 
-/// A compiled processor (immutable, shareable across threads).
-#[derive(Debug, Clone)]
-pub enum Processor {
-    /// See [`special_mask`].
-    SpecialTokenMask(special_mask::Compiled),
-    /// See [`min_tokens`].
-    MinTokens(min_tokens::Compiled),
-    /// See [`allowed_ids`].
-    AllowedTokenIds(allowed_ids::Compiled),
-    /// See [`grammar_mask`].
-    GrammarMask(grammar_mask::Compiled),
-    /// See [`logit_bias`].
-    LogitBias(logit_bias::Compiled),
-    /// See [`banned_sequences`].
-    BannedSequences(banned_sequences::Compiled),
-    /// See [`no_repeat_ngram`].
-    NoRepeatNgram(no_repeat_ngram::Compiled),
-    /// See [`presence_frequency`].
-    PresenceFrequencyPenalty(presence_frequency::Compiled),
-    /// See [`repetition`].
-    RepetitionPenalty(repetition::Compiled),
-    /// See [`temperature`].
-    Temperature(temperature::Compiled),
-    /// See [`top_k`].
-    TopK(top_k::Compiled),
-    /// See [`top_p`].
-    TopP(top_p::Compiled),
-    /// See [`min_p`].
-    MinP(min_p::Compiled),
-    /// See [`typical_p`].
-    TypicalP(typical_p::Compiled),
-}
-
-impl ProcessorConfig {
-    /// The `"type"` tag.
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            ProcessorConfig::SpecialTokenMask(_) => "special_token_mask",
-            ProcessorConfig::MinTokens(_) => "min_tokens",
-            ProcessorConfig::AllowedTokenIds(_) => "allowed_token_ids",
-            ProcessorConfig::GrammarMask(_) => "grammar_mask",
-            ProcessorConfig::LogitBias(_) => "logit_bias",
-            ProcessorConfig::BannedSequences(_) => "banned_sequences",
-            ProcessorConfig::NoRepeatNgram(_) => "no_repeat_ngram",
-            ProcessorConfig::PresenceFrequencyPenalty(_) => "presence_frequency_penalty",
-            ProcessorConfig::RepetitionPenalty(_) => "repetition_penalty",
-            ProcessorConfig::Temperature(_) => "temperature",
-            ProcessorConfig::TopK(_) => "top_k",
-            ProcessorConfig::TopP(_) => "top_p",
-            ProcessorConfig::MinP(_) => "min_p",
-            ProcessorConfig::TypicalP(_) => "typical_p",
-        }
-    }
-
-    /// The config's declared version.
-    pub fn version(&self) -> u32 {
-        match self {
-            ProcessorConfig::SpecialTokenMask(c) => c.version,
-            ProcessorConfig::MinTokens(c) => c.version,
-            ProcessorConfig::AllowedTokenIds(c) => c.version,
-            ProcessorConfig::GrammarMask(c) => c.version,
-            ProcessorConfig::LogitBias(c) => c.version,
-            ProcessorConfig::BannedSequences(c) => c.version,
-            ProcessorConfig::NoRepeatNgram(c) => c.version,
-            ProcessorConfig::PresenceFrequencyPenalty(c) => c.version,
-            ProcessorConfig::RepetitionPenalty(c) => c.version,
-            ProcessorConfig::Temperature(c) => c.version,
-            ProcessorConfig::TopK(c) => c.version,
-            ProcessorConfig::TopP(c) => c.version,
-            ProcessorConfig::MinP(c) => c.version,
-            ProcessorConfig::TypicalP(c) => c.version,
-        }
-    }
-
-    pub(crate) fn compile(&self, idx: usize, ctx: &mut CompileCtx<'_>) -> Result<Processor> {
-        let field = format!("processors[{idx}]");
-        Ok(match self {
-            ProcessorConfig::SpecialTokenMask(c) => {
-                Processor::SpecialTokenMask(c.compile(&field, ctx)?)
-            }
-            ProcessorConfig::MinTokens(c) => Processor::MinTokens(c.compile(&field, ctx)?),
-            ProcessorConfig::AllowedTokenIds(c) => {
-                Processor::AllowedTokenIds(c.compile(&field, ctx)?)
-            }
-            ProcessorConfig::GrammarMask(c) => Processor::GrammarMask(c.compile(&field)?),
-            ProcessorConfig::LogitBias(c) => Processor::LogitBias(c.compile(&field, ctx)?),
-            ProcessorConfig::BannedSequences(c) => {
-                Processor::BannedSequences(c.compile(&field, ctx)?)
-            }
-            ProcessorConfig::NoRepeatNgram(c) => Processor::NoRepeatNgram(c.compile(&field, ctx)?),
-            ProcessorConfig::PresenceFrequencyPenalty(c) => {
-                Processor::PresenceFrequencyPenalty(c.compile(&field, ctx)?)
-            }
-            ProcessorConfig::RepetitionPenalty(c) => {
-                Processor::RepetitionPenalty(c.compile(&field, ctx)?)
-            }
-            ProcessorConfig::Temperature(c) => Processor::Temperature(c.compile(&field)?),
-            ProcessorConfig::TopK(c) => Processor::TopK(c.compile(&field)?),
-            ProcessorConfig::TopP(c) => Processor::TopP(c.compile(&field)?),
-            ProcessorConfig::MinP(c) => Processor::MinP(c.compile(&field)?),
-            ProcessorConfig::TypicalP(c) => Processor::TypicalP(c.compile(&field)?),
-        })
+impl CompileCtx<'_> {
+    /// Takes the next sequence-constraint slot index.
+    pub(crate) fn take_slot(&mut self) -> usize {
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        slot
     }
 }
 
-impl Processor {
-    /// The `"type"` tag of the processor.
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            Processor::SpecialTokenMask(_) => "special_token_mask",
-            Processor::MinTokens(_) => "min_tokens",
-            Processor::AllowedTokenIds(_) => "allowed_token_ids",
-            Processor::GrammarMask(_) => "grammar_mask",
-            Processor::LogitBias(_) => "logit_bias",
-            Processor::BannedSequences(_) => "banned_sequences",
-            Processor::NoRepeatNgram(_) => "no_repeat_ngram",
-            Processor::PresenceFrequencyPenalty(_) => "presence_frequency_penalty",
-            Processor::RepetitionPenalty(_) => "repetition_penalty",
-            Processor::Temperature(_) => "temperature",
-            Processor::TopK(_) => "top_k",
-            Processor::TopP(_) => "top_p",
-            Processor::MinP(_) => "min_p",
-            Processor::TypicalP(_) => "typical_p",
+fn compile_one<C: Compile>(c: &C, idx: usize, ctx: &mut CompileCtx<'_>) -> Result<C::Compiled> {
+    let field = format!("processors[{idx}]");
+    check_version(&field, c.version(), C::VERSION)?;
+    c.compile(&field, ctx)
+}
+
+/// Generates [`Processor`] and the dispatch of [`ProcessorConfig`] and [`Processor`] from the
+/// list of `Arm(module::Config)` lines.
+macro_rules! processors {
+    ($($arm:ident($module:ident::$config:ident),)*) => {
+        /// A compiled processor (immutable, shareable across threads).
+        #[derive(Debug, Clone)]
+        pub enum Processor {
+            $(
+                #[doc = concat!("See [`", stringify!($module), "`].")]
+                $arm($module::Compiled),
+            )*
         }
-    }
 
-    /// The parts of the decoder state this processor reads.
-    pub fn reads(&self) -> &'static [StateField] {
-        match self {
-            Processor::SpecialTokenMask(_) => &[],
-            Processor::MinTokens(_) => &[StateField::StepIndex],
-            Processor::AllowedTokenIds(_) => &[],
-            Processor::GrammarMask(_) => &[StateField::GrammarState],
-            Processor::LogitBias(_) => &[],
-            Processor::BannedSequences(_) => &[StateField::SequenceState],
-            Processor::NoRepeatNgram(_) => &[
-                StateField::PromptIds,
-                StateField::SelectedIds,
-                StateField::SequenceState,
-            ],
-            Processor::PresenceFrequencyPenalty(c) => c.scope.reads(),
-            Processor::RepetitionPenalty(c) => c.scope.reads(),
-            Processor::Temperature(_) => &[],
-            Processor::TopK(_) => &[],
-            Processor::TopP(_) => &[],
-            Processor::MinP(_) => &[],
-            Processor::TypicalP(_) => &[],
-        }
-    }
+        /// The `"type"` tag of every processor, in list order.
+        #[cfg(test)]
+        const NAMES: &[&str] = &[$(<$module::$config as Compile>::NAME,)*];
 
-    /// Applies the processor to the workspace.
-    pub(crate) fn apply(
-        &self,
-        st: &DecoderState,
-        ws: &mut Workspace,
-        vocab: &VocabInfo,
-    ) -> Result<()> {
-        match self {
-            Processor::SpecialTokenMask(c) => c.apply(ws),
-            Processor::MinTokens(c) => c.apply(st, ws),
-            Processor::AllowedTokenIds(c) => c.apply(ws),
-            Processor::GrammarMask(c) => return c.apply(st, ws),
-            Processor::LogitBias(c) => c.apply(ws),
-            Processor::BannedSequences(c) => c.apply(st, ws),
-            Processor::NoRepeatNgram(c) => c.apply(st, ws),
-            Processor::PresenceFrequencyPenalty(c) => c.apply(st, ws, vocab),
-            Processor::RepetitionPenalty(c) => c.apply(st, ws, vocab),
-            Processor::Temperature(c) => c.apply(ws),
-            Processor::TopK(c) => c.apply(ws),
-            Processor::TopP(c) => c.apply(ws),
-            Processor::MinP(c) => c.apply(ws),
-            Processor::TypicalP(c) => c.apply(ws),
-        }
-        Ok(())
-    }
-
-    /// Whether this processor keeps a sequence-constraint slot in the decoder state.
-    pub(crate) fn has_slot(&self) -> bool {
-        matches!(
-            self,
-            Processor::BannedSequences(_) | Processor::NoRepeatNgram(_)
-        )
-    }
-
-    /// A fresh sequence-constraint slot for this processor, if it keeps one.
-    pub(crate) fn new_slot(&self) -> Option<SequenceSlot> {
-        match self {
-            Processor::BannedSequences(_) => Some(SequenceSlot::Banned { node: 0 }),
-            Processor::NoRepeatNgram(_) => Some(SequenceSlot::NGram {
-                index: Default::default(),
-            }),
-            _ => None,
-        }
-    }
-
-    /// Advances this processor's slot after `token` was appended at context position `pos`.
-    pub(crate) fn consume(
-        &self,
-        slot: &mut SequenceSlot,
-        st: &DecoderState,
-        pos: usize,
-        token: u32,
-    ) {
-        match (self, slot) {
-            (Processor::BannedSequences(c), SequenceSlot::Banned { node }) => {
-                *node =
-                    c.automaton
-                        .next(*node, token, c.include_prompt || pos >= st.prompt_ids.len())
+        impl ProcessorConfig {
+            /// The `"type"` tag.
+            pub fn type_name(&self) -> &'static str {
+                match self {
+                    $(ProcessorConfig::$arm(_) => <$module::$config as Compile>::NAME,)*
+                }
             }
-            (Processor::NoRepeatNgram(c), SequenceSlot::NGram { index }) => {
-                c.consume(index, st, pos)
-            }
-            _ => {}
-        }
-    }
 
-    /// Whether this processor is a truncation (changes the support, not logits).
-    pub fn is_truncation(&self) -> bool {
-        matches!(
-            self,
-            Processor::TopK(_) | Processor::TopP(_) | Processor::MinP(_) | Processor::TypicalP(_)
-        )
+            /// The config's declared version.
+            pub fn version(&self) -> u32 {
+                match self {
+                    $(ProcessorConfig::$arm(c) => c.version(),)*
+                }
+            }
+
+            pub(crate) fn compile(&self, idx: usize, ctx: &mut CompileCtx<'_>) -> Result<Processor> {
+                Ok(match self {
+                    $(ProcessorConfig::$arm(c) => Processor::$arm(compile_one(c, idx, ctx)?),)*
+                })
+            }
+        }
+
+        impl Processor {
+            /// The `"type"` tag of the processor.
+            pub fn type_name(&self) -> &'static str {
+                match self {
+                    $(Processor::$arm(_) => <$module::$config as Compile>::NAME,)*
+                }
+            }
+
+            /// The parts of the decoder state this processor reads.
+            pub fn reads(&self) -> &'static [StateField] {
+                match self {
+                    $(Processor::$arm(c) => c.reads(),)*
+                }
+            }
+
+            /// Applies the processor to the workspace.
+            pub(crate) fn apply(
+                &self,
+                st: &DecoderState,
+                ws: &mut Workspace,
+                vocab: &VocabInfo,
+            ) -> Result<()> {
+                match self {
+                    $(Processor::$arm(c) => c.apply(st, ws, vocab),)*
+                }
+            }
+
+            /// A fresh sequence-constraint slot for this processor, if it keeps one.
+            pub(crate) fn new_slot(&self) -> Option<SequenceSlot> {
+                match self {
+                    $(Processor::$arm(c) => c.new_slot(),)*
+                }
+            }
+
+            /// Advances this processor's slot in `slots` (all of the state's slots) after `token`
+            /// was appended at context position `pos`.
+            pub(crate) fn consume(
+                &self,
+                slots: &mut [SequenceSlot],
+                st: &DecoderState,
+                pos: usize,
+                token: u32,
+            ) {
+                match self {
+                    $(Processor::$arm(c) => c.consume(slots, st, pos, token),)*
+                }
+            }
+
+            /// Whether this processor is a truncation (changes the support, not logits).
+            pub fn is_truncation(&self) -> bool {
+                match self {
+                    $(Processor::$arm(_) => <$module::Compiled as Apply>::TRUNCATION,)*
+                }
+            }
+        }
+    };
+}
+
+// The one list of processors: each line generates the processor's `Processor` arm and its
+// arm in every dispatch below. Order is the order of the enums, not of a pipeline.
+processors! {
+    SpecialTokenMask(special_mask::SpecialTokenMask),
+    MinTokens(min_tokens::MinTokens),
+    AllowedTokenIds(allowed_ids::AllowedTokenIds),
+    GrammarMask(grammar_mask::GrammarMask),
+    LogitBias(logit_bias::LogitBias),
+    BannedSequences(banned_sequences::BannedSequences),
+    NoRepeatNgram(no_repeat_ngram::NoRepeatNgram),
+    PresenceFrequencyPenalty(presence_frequency::PresenceFrequencyPenalty),
+    RepetitionPenalty(repetition::RepetitionPenalty),
+    Temperature(temperature::Temperature),
+    TopK(top_k::TopK),
+    TopP(top_p::TopP),
+    MinP(min_p::MinP),
+    TypicalP(typical_p::TypicalP),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One example of every processor, as JSON.
+    const EXAMPLES: &str = r#"[
+        {"type": "special_token_mask"},
+        {"type": "min_tokens", "min_tokens": 1},
+        {"type": "allowed_token_ids", "token_ids": [1]},
+        {"type": "grammar_mask"},
+        {"type": "logit_bias", "logit_bias": {"1": 2.0}},
+        {"type": "banned_sequences", "sequences": [[1, 2]]},
+        {"type": "no_repeat_ngram", "ngram_size": 2},
+        {"type": "presence_frequency_penalty", "presence_penalty": 0.5},
+        {"type": "repetition_penalty", "repetition_penalty": 1.1},
+        {"type": "temperature", "temperature": 0.7},
+        {"type": "top_k", "top_k": 3},
+        {"type": "top_p", "top_p": 0.9},
+        {"type": "min_p", "min_p": 0.1},
+        {"type": "typical_p", "typical_p": 0.9}
+    ]"#;
+
+    #[test]
+    fn type_names_match_the_serde_tags() {
+        let values: Vec<serde_json::Value> = serde_json::from_str(EXAMPLES).unwrap();
+        let mut names = Vec::new();
+        for v in values {
+            let cfg: ProcessorConfig = serde_json::from_value(v.clone()).unwrap();
+            let tag = serde_json::to_value(&cfg).unwrap()["type"].clone();
+            assert_eq!(tag, v["type"]);
+            assert_eq!(tag, cfg.type_name());
+            names.push(cfg.type_name());
+        }
+        names.sort_unstable();
+        let mut all = NAMES.to_vec();
+        all.sort_unstable();
+        assert_eq!(names, all, "every processor needs an example here");
     }
 }

@@ -8,11 +8,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1, CompileCtx};
+use super::{v1, Apply, Compile, CompileCtx, StateField};
 use crate::error::{Error, Result};
-use crate::fxhash::FxHashMap;
 use crate::state::{DecoderState, SequenceSlot};
 use crate::support::Workspace;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -47,17 +47,23 @@ fn hash_window(st: &DecoderState, start: usize, len: usize) -> u64 {
     h
 }
 
-impl NoRepeatNgram {
-    pub(crate) fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for NoRepeatNgram {
+    const NAME: &'static str = "no_repeat_ngram";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         if self.ngram_size == 0 || self.ngram_size > MAX_NGRAM_SIZE {
             return Err(Error::invalid(
                 format!("{field}.ngram_size"),
                 format!("{} must be in 1..={MAX_NGRAM_SIZE}", self.ngram_size),
             ));
         }
-        let slot = ctx.next_slot;
-        ctx.next_slot += 1;
+        let slot = ctx.take_slot();
         Ok(Compiled {
             n: self.ngram_size,
             slot,
@@ -65,14 +71,26 @@ impl NoRepeatNgram {
     }
 }
 
-impl Compiled {
+impl Apply for Compiled {
+    fn reads(&self) -> &'static [StateField] {
+        &[
+            StateField::PromptIds,
+            StateField::SelectedIds,
+            StateField::SequenceState,
+        ]
+    }
+
+    fn new_slot(&self) -> Option<SequenceSlot> {
+        Some(SequenceSlot::NGram {
+            index: Default::default(),
+        })
+    }
+
     /// Indexes the n-gram that ends at context position `pos` (just appended).
-    pub(crate) fn consume(
-        &self,
-        index: &mut FxHashMap<u64, Vec<u32>>,
-        st: &DecoderState,
-        pos: usize,
-    ) {
+    fn consume(&self, slots: &mut [SequenceSlot], st: &DecoderState, pos: usize, _token: u32) {
+        let Some(SequenceSlot::NGram { index }) = slots.get_mut(self.slot) else {
+            return;
+        };
         let n = self.n;
         if pos + 1 < n {
             return;
@@ -91,15 +109,15 @@ impl Compiled {
         }
     }
 
-    pub(crate) fn apply(&self, st: &DecoderState, ws: &mut Workspace) {
+    fn apply(&self, st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         let n = self.n;
         let len = st.context_len();
         if len < n - 1 {
-            return;
+            return Ok(());
         }
         let index = match st.sequence.get(self.slot) {
             Some(SequenceSlot::NGram { index }) => index,
-            _ => return,
+            _ => return Ok(()),
         };
         let suffix = len - (n - 1);
         let h = hash_window(st, suffix, n - 1);
@@ -111,5 +129,6 @@ impl Compiled {
                 }
             }
         }
+        Ok(())
     }
 }

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1, CompileCtx, PenaltyScope};
+use super::{v1, Apply, Compile, CompileCtx, PenaltyScope, StateField};
 use crate::error::{Error, Result};
 use crate::state::DecoderState;
 use crate::support::Workspace;
@@ -51,9 +51,16 @@ pub struct Compiled {
     exclude_special: bool,
 }
 
-impl PresenceFrequencyPenalty {
-    pub(crate) fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for PresenceFrequencyPenalty {
+    const NAME: &'static str = "presence_frequency_penalty";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         for (name, v) in [
             ("presence_penalty", self.presence_penalty),
             ("frequency_penalty", self.frequency_penalty),
@@ -84,11 +91,18 @@ impl Compiled {
             z - self.presence - self.frequency * c as f32
         }
     }
+}
 
-    pub(crate) fn apply(&self, st: &DecoderState, ws: &mut Workspace, vocab: &VocabInfo) {
+impl Apply for Compiled {
+    fn reads(&self) -> &'static [StateField] {
+        self.scope.reads()
+    }
+
+    fn apply(&self, st: &DecoderState, ws: &mut Workspace, vocab: &VocabInfo) -> Result<()> {
         apply_counted(&self.scope, self.exclude_special, st, ws, vocab, |z, c| {
             self.penalised(z, c)
         });
+        Ok(())
     }
 }
 

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::presence_frequency::apply_counted;
-use super::{check_version, v1, CompileCtx, PenaltyScope};
+use super::{v1, Apply, Compile, CompileCtx, PenaltyScope, StateField};
 use crate::error::{Error, Result};
 use crate::state::DecoderState;
 use crate::support::Workspace;
@@ -49,9 +49,16 @@ pub struct Compiled {
     exclude_special: bool,
 }
 
-impl RepetitionPenalty {
-    pub(crate) fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for RepetitionPenalty {
+    const NAME: &'static str = "repetition_penalty";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let r = self.repetition_penalty;
         if !r.is_finite() || !(MIN_PENALTY..=MAX_PENALTY).contains(&r) {
             return Err(Error::invalid(
@@ -68,8 +75,12 @@ impl RepetitionPenalty {
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, st: &DecoderState, ws: &mut Workspace, vocab: &VocabInfo) {
+impl Apply for Compiled {
+    fn reads(&self) -> &'static [StateField] {
+        self.scope.reads()
+    }
+
+    fn apply(&self, st: &DecoderState, ws: &mut Workspace, vocab: &VocabInfo) -> Result<()> {
         let r = self.r;
         apply_counted(&self.scope, self.exclude_special, st, ws, vocab, |z, c| {
             if c == 0 {
@@ -80,5 +91,6 @@ impl Compiled {
                 z * r
             }
         });
+        Ok(())
     }
 }

@@ -3,9 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1, CompileCtx};
-use crate::error::{Error, Result};
+use super::{v1, Apply, Compile, CompileCtx};
+use crate::error::Result;
+use crate::state::DecoderState;
 use crate::support::Workspace;
+use crate::vocab::check_ids;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -28,9 +31,16 @@ pub struct Compiled {
     pub(crate) ids: Vec<u32>,
 }
 
-impl SpecialTokenMask {
-    pub(crate) fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for SpecialTokenMask {
+    const NAME: &'static str = "special_token_mask";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let mut ids: Vec<u32> = ctx
             .vocab
             .special_token_ids
@@ -38,27 +48,24 @@ impl SpecialTokenMask {
             .copied()
             .filter(|id| !ctx.vocab.eos_token_ids.contains(id) && !ctx.stop_ids.contains(id))
             .collect();
-        for (i, &id) in self.token_ids.iter().enumerate() {
-            if id as usize >= ctx.vocab.vocab_size {
-                return Err(Error::out_of_range(
-                    format!("{field}.token_ids[{i}]"),
-                    id as u64,
-                    ctx.vocab.vocab_size,
-                ));
-            }
-            ids.push(id);
-        }
+        check_ids(
+            &format!("{field}.token_ids"),
+            &self.token_ids,
+            ctx.vocab.vocab_size,
+        )?;
+        ids.extend_from_slice(&self.token_ids);
         ids.sort_unstable();
         ids.dedup();
         Ok(Compiled { ids })
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, ws: &mut Workspace) {
+impl Apply for Compiled {
+    fn apply(&self, _st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         for &id in &self.ids {
             ws.mask(id);
         }
+        Ok(())
     }
 }
 

@@ -9,9 +9,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1};
+use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
+use crate::state::DecoderState;
 use crate::support::Workspace;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -33,9 +35,16 @@ pub struct Compiled {
     pub(crate) t: f32,
 }
 
-impl Temperature {
-    pub(crate) fn compile(&self, field: &str) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for Temperature {
+    const NAME: &'static str = "temperature";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let t = self.temperature;
         if !t.is_finite() || t < 0.0 {
             return Err(Error::invalid(
@@ -47,13 +56,14 @@ impl Temperature {
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, ws: &mut Workspace) {
+impl Apply for Compiled {
+    fn apply(&self, _st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         if self.t == 0.0 || (self.t < 1.0 && overflows(ws.max_abs_finite(), self.t)) {
             ws.keep_argmax();
         } else if self.t != 1.0 {
             ws.divide(self.t);
         }
+        Ok(())
     }
 }
 

@@ -6,9 +6,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1};
+use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
+use crate::state::DecoderState;
 use crate::support::{TopKTies, Workspace};
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -45,9 +47,16 @@ pub struct Compiled {
     ties: TopKTies,
 }
 
-impl TopK {
-    pub(crate) fn compile(&self, field: &str) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for TopK {
+    const NAME: &'static str = "top_k";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         if self.top_k < 1 {
             return Err(Error::invalid(
                 format!("{field}.top_k"),
@@ -68,8 +77,11 @@ impl TopK {
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, ws: &mut Workspace) {
+impl Apply for Compiled {
+    const TRUNCATION: bool = true;
+
+    fn apply(&self, _st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         ws.top_k(self.k, self.ties);
+        Ok(())
     }
 }

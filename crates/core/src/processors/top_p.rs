@@ -7,9 +7,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_version, v1};
+use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
+use crate::state::DecoderState;
 use crate::support::Workspace;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -54,9 +56,16 @@ pub struct Compiled {
     rule: Rule,
 }
 
-impl TopP {
-    pub(crate) fn compile(&self, field: &str) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for TopP {
+    const NAME: &'static str = "top_p";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let p = self.top_p;
         if !(p > 0.0 && p <= 1.0) {
             return Err(Error::invalid(
@@ -78,14 +87,17 @@ impl TopP {
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, ws: &mut Workspace) {
+impl Apply for Compiled {
+    const TRUNCATION: bool = true;
+
+    fn apply(&self, _st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         if self.p >= 1.0 {
-            return;
+            return Ok(());
         }
         match self.rule {
             Rule::DescendingPrefix => ws.top_p(self.p, self.min_keep),
             Rule::AscendingTail => ws.top_p_ascending(self.p, self.min_keep),
         }
+        Ok(())
     }
 }

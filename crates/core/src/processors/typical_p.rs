@@ -7,9 +7,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::top_p::one;
-use super::{check_version, v1};
+use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
+use crate::state::DecoderState;
 use crate::support::Workspace;
+use crate::vocab::VocabInfo;
 
 /// Implementation version.
 pub const VERSION: u32 = 1;
@@ -39,9 +41,16 @@ pub struct Compiled {
     keep_ties: bool,
 }
 
-impl TypicalP {
-    pub(crate) fn compile(&self, field: &str) -> Result<Compiled> {
-        check_version(field, self.version, VERSION)?;
+impl Compile for TypicalP {
+    const NAME: &'static str = "typical_p";
+    const VERSION: u32 = VERSION;
+    type Compiled = Compiled;
+
+    fn version(&self) -> u32 {
+        self.version
+    }
+
+    fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let t = self.typical_p;
         if !(t > 0.0 && t <= 1.0) {
             return Err(Error::invalid(
@@ -63,10 +72,13 @@ impl TypicalP {
     }
 }
 
-impl Compiled {
-    pub(crate) fn apply(&self, ws: &mut Workspace) {
+impl Apply for Compiled {
+    const TRUNCATION: bool = true;
+
+    fn apply(&self, _st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         if self.tau < 1.0 {
             ws.typical(self.tau, self.min_keep, self.keep_ties);
         }
+        Ok(())
     }
 }
