@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-pub use error::{ConstraintError, LimitKind};
+pub use error::{ConstraintError, ConstraintErrorKind, LimitKind};
 pub use llguidance;
 pub use schema::{json_text_for_mask, Handling, KeywordUse, SchemaMode, SchemaReport, Validation};
 pub use vocab::ConstraintVocab;
@@ -138,7 +138,7 @@ impl ConstraintSpec {
 }
 
 /// Limits on compile time, automaton size and per-step work. Exceeding one is a
-/// [`ConstraintError::Limit`] naming it. The llguidance limits are its `ParserLimits`.
+/// [`ConstraintErrorKind::Limit`] error naming it. The llguidance limits are its `ParserLimits`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
@@ -238,10 +238,10 @@ fn check_depth(spec: &ConstraintSpec, limits: &Limits) -> Result<(), ConstraintE
         } else {
             count.to_string()
         };
-        return Err(ConstraintError::Limit {
-            limit: kind,
-            message: format!("{what} {shown} {unit}, the limit is {max}"),
-        });
+        return Err(ConstraintError::limit_exceeded(
+            kind,
+            format!("{what} {shown} {unit}, the limit is {max}"),
+        ));
     }
     Ok(())
 }
@@ -315,10 +315,7 @@ impl std::fmt::Debug for ConstraintEngine {
 impl ConstraintEngine {
     /// An engine over `vocab` with default [`Limits`].
     pub fn new(vocab: Arc<ConstraintVocab>) -> Result<ConstraintEngine, ConstraintError> {
-        let mut factory =
-            ParserFactory::new_simple(vocab.tok_env()).map_err(|e| ConstraintError::Engine {
-                message: format!("{e:#}"),
-            })?;
+        let mut factory = ParserFactory::new_simple(vocab.tok_env()).map_err(llg::engine_error)?;
         factory.quiet();
         Ok(ConstraintEngine {
             vocab,
@@ -386,9 +383,9 @@ impl ConstraintEngine {
                 .spawn_scoped(s, || self.compile_here(spec))
             {
                 Ok(h) => h.join().unwrap_or_else(|_| {
-                    Err(ConstraintError::Engine {
-                        message: "the constraint compiler failed (panicked)".into(),
-                    })
+                    Err(ConstraintError::engine(
+                        "the constraint compiler failed (panicked)",
+                    ))
                 }),
                 // no thread to be had: compile here (within the limits above)
                 Err(_) => self.compile_here(spec),
@@ -445,10 +442,10 @@ impl ConstraintEngine {
         let elapsed = t0.elapsed();
         if let Some(max) = self.limits.max_compile_time {
             if elapsed > max {
-                return Err(ConstraintError::Limit {
-                    limit: LimitKind::CompileTime,
-                    message: format!("compiling took {elapsed:?}, limit {max:?}"),
-                });
+                return Err(ConstraintError::limit_exceeded(
+                    LimitKind::CompileTime,
+                    format!("compiling took {elapsed:?}, limit {max:?}"),
+                ));
             }
         }
         Ok(Arc::new(CompiledConstraint {
@@ -485,19 +482,20 @@ impl ConstraintEngine {
                         && !check.report.post_validation.is_empty()
                         && check.report.validator_error.is_some()
                     {
-                        return Err(ConstraintError::Limit {
-                            limit: LimitKind::ValidatorObjects,
-                            message: format!(
+                        return Err(ConstraintError::limit_exceeded(
+                            LimitKind::ValidatorObjects,
+                            format!(
                                 "the schema has more than {max} objects: relaxed keywords could \
                                  not be checked after generation"
                             ),
-                        });
+                        ));
                     }
                     return Ok((m, check));
                 }
-                Err(ConstraintError::Unsupported { keyword, message }) => {
+                Err(e) if e.kind() == ConstraintErrorKind::Unsupported => {
+                    let keyword = e.keyword().unwrap_or_default();
                     if mode == SchemaMode::Relaxed {
-                        let (changed, coerce) = schema::relax_refused(&mut p, &keyword);
+                        let (changed, coerce) = schema::relax_refused(&mut p, keyword);
                         if coerce && !opts.coerce_one_of {
                             opts.coerce_one_of = true;
                             continue;
@@ -506,31 +504,23 @@ impl ConstraintEngine {
                             continue;
                         }
                     }
-                    return Err(unsupported_at(original, keyword, message, mode));
+                    return Err(unsupported_at(original, &e, mode));
                 }
-                Err(ConstraintError::Syntax {
-                    input,
-                    place,
-                    message,
-                }) => {
+                Err(e) if e.kind() == ConstraintErrorKind::Syntax => {
                     if mode == SchemaMode::Relaxed
-                        && message.contains("regex parse error")
+                        && e.message().contains("regex parse error")
                         && schema::relax_patterns(&mut p, |rx| self.regex_refused(rx))
                     {
                         continue;
                     }
-                    return Err(ConstraintError::Syntax {
-                        input,
-                        place,
-                        message,
-                    });
+                    return Err(e);
                 }
                 Err(e) => return Err(e),
             }
         }
-        Err(ConstraintError::Engine {
-            message: "relaxing the schema did not converge".into(),
-        })
+        Err(ConstraintError::engine(
+            "relaxing the schema did not converge",
+        ))
     }
 }
 
@@ -545,13 +535,11 @@ impl ConstraintEngine {
     }
 }
 
-/// An llguidance refusal with the JSON pointer of the keyword added.
-fn unsupported_at(
-    schema: &Value,
-    keyword: String,
-    message: String,
-    mode: SchemaMode,
-) -> ConstraintError {
+/// An llguidance refusal (an unsupported-keyword error) with the JSON pointer of the keyword
+/// added.
+fn unsupported_at(schema: &Value, refusal: &ConstraintError, mode: SchemaMode) -> ConstraintError {
+    let keyword = refusal.keyword().unwrap_or_default();
+    let message = refusal.message();
     let first = keyword.split(", ").next().unwrap_or("");
     let first = if first == "minProperties/maxProperties" {
         ["minProperties", "maxProperties"]
@@ -561,7 +549,8 @@ fn unsupported_at(
     } else {
         first
     };
-    let place = match schema::keyword_pointer(schema, first) {
+    let pointer = schema::keyword_pointer(schema, first);
+    let place = match &pointer {
         Some(p) if p.is_empty() => " at `/`".to_string(),
         Some(p) => format!(" at `{p}`"),
         None => String::new(),
@@ -571,9 +560,13 @@ fn unsupported_at(
     } else {
         ""
     };
-    ConstraintError::Unsupported {
-        message: format!("{message}{place}{hint}"),
-        keyword,
+    let mut e = ConstraintError::unsupported(keyword, format!("{message}{place}{hint}"));
+    if let Some(p) = pointer {
+        e = e.at_pointer(p);
+    }
+    match refusal.shared_source() {
+        Some(s) => e.with_shared_source(s),
+        None => e,
     }
 }
 
@@ -594,16 +587,16 @@ fn json_with_options(mut schema: Value, o: &JsonOptions) -> Result<Value, Constr
             opts.apply_to(&mut schema);
         }
         Value::Bool(false) => {
-            return Err(ConstraintError::Unsatisfiable {
-                message: "the schema `false` admits no value".into(),
-            })
+            return Err(ConstraintError::unsatisfiable(
+                "the schema `false` admits no value",
+            ))
         }
         _ => {
-            return Err(ConstraintError::Syntax {
-                input: "json_schema",
-                place: "top level".into(),
-                message: "a schema must be an object or a boolean".into(),
-            })
+            return Err(ConstraintError::syntax(
+                "json_schema",
+                "top level",
+                "a schema must be an object or a boolean",
+            ))
         }
     }
     Ok(schema)
@@ -771,7 +764,7 @@ impl SequenceState {
                     let m = l
                         .matcher
                         .compute_mask_or_eos()
-                        .map_err(|e| l.step_error(format!("{e:#}")))?;
+                        .map_err(|e| l.step_error(e))?;
                     l.last_mask = Some(m);
                 }
                 let m = l.last_mask.as_ref().expect("set above");
@@ -836,7 +829,7 @@ impl SequenceState {
                 let mask = l
                     .matcher
                     .compute_mask_or_eos()
-                    .map_err(|e| l.step_error(format!("{e:#}")))?;
+                    .map_err(|e| l.step_error(e))?;
                 let src = mask.as_slice();
                 let pairs = src.chunks_exact(2);
                 let rest = pairs.remainder();
@@ -883,10 +876,7 @@ impl SequenceState {
             } else {
                 "its bytes do not continue any legal output".to_string()
             };
-            return Err(ConstraintError::Rejected {
-                token,
-                message: why,
-            });
+            return Err(ConstraintError::rejected(token, why));
         }
         let vocab = self.compiled.vocab.clone();
         let is_eos = vocab.is_eos(token);
@@ -908,9 +898,7 @@ impl SequenceState {
                 };
                 l.last_mask = None;
                 if let Err(e) = l.matcher.consume_token(t) {
-                    return Err(ConstraintError::Engine {
-                        message: format!("{e:#}"),
-                    });
+                    return Err(llg::engine_error(e));
                 }
             }
             _ => unreachable!("backend and state kinds match"),
@@ -939,9 +927,7 @@ impl SequenceState {
             }
             Inner::Llg(l) => {
                 l.last_mask = None;
-                l.matcher.rollback(k).map_err(|e| ConstraintError::Engine {
-                    message: format!("{e:#}"),
-                })?;
+                l.matcher.rollback(k).map_err(llg::engine_error)?;
             }
         }
         let n = self.token_lens.len() - k;

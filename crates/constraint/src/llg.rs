@@ -6,6 +6,7 @@
 //! llguidance's 32-bit-word mask into nextok's 64-bit-word bitset, widens EOS to every EOS id of
 //! the vocabulary, and keeps the committed bytes for the state digest.
 
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use llguidance::api::{GrammarInit, ParserLimits, StopReason, TopLevelGrammar};
@@ -44,20 +45,20 @@ pub(crate) fn compile(
             InferenceCapabilities::default(),
             parser_limits(limits),
         )
-        .map_err(|e| classify(&format!("{e:#}"), input))?;
+        .map_err(|e| classify(&format!("{e:#}"), input).with_source(e))?;
     let mut m = Matcher::new(Ok(parser));
     // The first mask builds the initial lexer state; errors in the grammar that llguidance
     // finds only then surface here, at compile time.
     if let Err(e) = m.compute_mask() {
-        return Err(classify(&format!("{e:#}"), input));
+        return Err(classify(&format!("{e:#}"), input).with_source(e));
     }
     let elapsed = t0.elapsed();
     if let Some(max) = limits.max_compile_time {
         if elapsed > max {
-            return Err(ConstraintError::Limit {
-                limit: LimitKind::CompileTime,
-                message: format!("compiling took {elapsed:?}, limit {max:?}"),
-            });
+            return Err(ConstraintError::limit_exceeded(
+                LimitKind::CompileTime,
+                format!("compiling took {elapsed:?}, limit {max:?}"),
+            ));
         }
     }
     // Start sequences from a fresh prototype (the probe mask above is not state).
@@ -75,24 +76,17 @@ pub(crate) fn classify(msg: &str, input: &'static str) -> ConstraintError {
             .map(|k| k.trim().trim_matches('"').to_string())
             .filter(|k| !k.is_empty())
             .collect();
-        return ConstraintError::Unsupported {
-            keyword: keys.join(", "),
-            message: first,
-        };
+        return ConstraintError::unsupported(keys.join(", "), first);
     }
     if msg.contains("oneOf constraints are not supported") {
-        return ConstraintError::Unsupported {
-            keyword: "oneOf".into(),
-            message: "oneOf is not supported exactly (set coerce_one_of to treat it as anyOf)"
-                .into(),
-        };
+        return ConstraintError::unsupported(
+            "oneOf",
+            "oneOf is not supported exactly (set coerce_one_of to treat it as anyOf)",
+        );
     }
     if let Some(rest) = msg.split("Unknown format: ").nth(1) {
         let f = rest.split_whitespace().next().unwrap_or("");
-        return ConstraintError::Unsupported {
-            keyword: "format".into(),
-            message: format!("format `{f}` is not supported"),
-        };
+        return ConstraintError::unsupported("format", format!("format `{f}` is not supported"));
     }
     for (needle, keyword) in [
         (
@@ -104,20 +98,15 @@ pub(crate) fn classify(msg: &str, input: &'static str) -> ConstraintError {
         ("patternProperty regexes", "patternProperties"),
     ] {
         if msg.contains(needle) {
-            return ConstraintError::Unsupported {
-                keyword: keyword.into(),
-                message: first,
-            };
+            return ConstraintError::unsupported(keyword, first);
         }
     }
     if msg.contains("NoExtensionBias") {
         // llguidance's word for a grammar whose start derives no finite string
-        return ConstraintError::Unsatisfiable {
-            message: "no finite text matches: a rule (or `$ref`) refers to itself with no way out (a cycle without a base case)".into(),
-        };
+        return ConstraintError::unsatisfiable("no finite text matches: a rule (or `$ref`) refers to itself with no way out (a cycle without a base case)");
     }
     if msg.contains("Unsatisfiable schema") {
-        return ConstraintError::Unsatisfiable { message: first };
+        return ConstraintError::unsatisfiable(first);
     }
     let limit = if msg.contains("grammar size (number of symbols) too big") {
         Some(LimitKind::GrammarSize)
@@ -133,10 +122,7 @@ pub(crate) fn classify(msg: &str, input: &'static str) -> ConstraintError {
         None
     };
     if let Some(limit) = limit {
-        return ConstraintError::Limit {
-            limit,
-            message: first,
-        };
+        return ConstraintError::limit_exceeded(limit, first);
     }
     // llguidance puts the place first ("at line 3 ...", "(line 2)"), or names the schema path
     // in a "while processing" line.
@@ -165,11 +151,7 @@ pub(crate) fn classify(msg: &str, input: &'static str) -> ConstraintError {
         .filter(|l| !l.trim().is_empty())
         .collect::<Vec<_>>()
         .join("\n");
-    ConstraintError::Syntax {
-        input,
-        place,
-        message,
-    }
+    ConstraintError::syntax(input, place, message)
 }
 
 /// Per-sequence llguidance state.
@@ -185,18 +167,30 @@ impl LlgState {
         self.matcher.get_error()
     }
 
-    /// Maps a step failure (llguidance's stop reason) to a typed error.
-    pub(crate) fn step_error(&self, msg: String) -> ConstraintError {
-        match self.matcher.stop_reason() {
-            StopReason::LexerTooComplex => ConstraintError::Limit {
-                limit: LimitKind::StepFuel,
-                message: msg,
-            },
-            StopReason::ParserTooComplex => ConstraintError::Limit {
-                limit: LimitKind::StepItems,
-                message: msg,
-            },
-            _ => ConstraintError::Engine { message: msg },
-        }
+    /// Maps a step failure (llguidance's stop reason) to a typed error with the failure as its
+    /// source.
+    pub(crate) fn step_error<E>(&self, e: E) -> ConstraintError
+    where
+        E: fmt::Display + Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    {
+        let msg = format!("{e:#}");
+        let err = match self.matcher.stop_reason() {
+            StopReason::LexerTooComplex => {
+                ConstraintError::limit_exceeded(LimitKind::StepFuel, msg)
+            }
+            StopReason::ParserTooComplex => {
+                ConstraintError::limit_exceeded(LimitKind::StepItems, msg)
+            }
+            _ => ConstraintError::engine(msg),
+        };
+        err.with_source(e)
     }
+}
+
+/// An engine failure of llguidance as a typed error, with the failure as its source.
+pub(crate) fn engine_error<E>(e: E) -> ConstraintError
+where
+    E: fmt::Display + Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
+    ConstraintError::engine(format!("{e:#}")).with_source(e)
 }
