@@ -47,6 +47,7 @@ mod bench_decode;
 mod bench_engine;
 mod bench_speculative;
 mod constrain;
+mod error;
 mod explain;
 mod generate;
 mod serve;
@@ -91,7 +92,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Explain(a) => explain::run(a),
-        Cmd::Bench(a) => bench::run(a),
+        Cmd::Bench(a) => bench::run(a).map_err(error::CliError::from),
         Cmd::Vocab(a) => vocab::run_vocab(a),
         Cmd::Tokenize(a) => vocab::run_tokenize(a),
         Cmd::Constrain(a) => constrain::run(a),
@@ -103,8 +104,8 @@ fn main() -> ExitCode {
     write_stdout(format_args!(""), true);
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            eprintln!("error: {}", msg.replace('\n', " "));
+        Err(e) => {
+            eprintln!("error: {}", e.message().replace('\n', " "));
             ExitCode::from(2)
         }
     }
