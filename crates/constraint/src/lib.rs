@@ -26,6 +26,10 @@
 //! JSON output allows any JSON whitespace between tokens by default (`{"a": 1, "b": [2, 3]}`
 //! as Python's `json.dumps` writes it); [`JsonOptions::compact`] forbids it.
 //!
+//! llguidance is an implementation detail: no llguidance type appears in this crate's API
+//! ([`LLGUIDANCE_VERSION`] says which version runs; [`LlguidanceBaseline`] runs it directly,
+//! for benchmarks).
+//!
 //! Semantics at the edges: EOS ids (all of them) are allowed exactly when the output so far is
 //! complete; special tokens never match constraint text; a token that is not allowed is
 //! rejected by [`ConstraintState::commit`] with the state left unchanged.
@@ -50,7 +54,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 pub use error::{ConstraintError, ConstraintErrorKind, LimitKind};
-pub use llguidance;
+pub use llg::LlguidanceBaseline;
 pub use schema::{json_text_for_mask, Handling, KeywordUse, SchemaMode, SchemaReport, Validation};
 pub use vocab::ConstraintVocab;
 
@@ -340,14 +344,30 @@ impl ConstraintEngine {
         &self.vocab
     }
 
-    /// llguidance's parser factory over this vocabulary (for running llguidance directly, e.g.
-    /// as a benchmark baseline).
-    pub fn llguidance_factory(&self) -> &ParserFactory {
-        &self.factory
+    /// llguidance run directly on `spec`, without nextok's wrapper: the baseline that the mask
+    /// benchmark measures the wrapper against. `choice` runs as a Lark alternation of the
+    /// strings; the other kinds use the grammar that [`ConstraintEngine::compile`] hands to
+    /// llguidance (llguidance's default limits apply).
+    pub fn llguidance_baseline(
+        &self,
+        spec: &ConstraintSpec,
+    ) -> Result<LlguidanceBaseline, ConstraintError> {
+        let grammar = match (spec, self.llguidance_grammar(spec)?) {
+            (_, Some(g)) => g,
+            (ConstraintSpec::Choice { choices }, None) => {
+                let alts: Vec<String> = choices
+                    .iter()
+                    .map(|c| Value::String(c.clone()).to_string())
+                    .collect();
+                TopLevelGrammar::from_lark(format!("start: {}\n", alts.join(" | ")))
+            }
+            (_, None) => return Err(ConstraintError::engine("no llguidance grammar")),
+        };
+        LlguidanceBaseline::new(&self.factory, grammar)
     }
 
     /// The llguidance grammar for a spec handled by llguidance (`None` for `choice`).
-    pub fn llguidance_grammar(
+    fn llguidance_grammar(
         &self,
         spec: &ConstraintSpec,
     ) -> Result<Option<TopLevelGrammar>, ConstraintError> {

@@ -194,3 +194,39 @@ where
 {
     ConstraintError::engine(format!("{e:#}")).with_source(e)
 }
+
+/// llguidance run directly, without nextok's wrapper (no conversion of the mask to nextok's
+/// bitset, no widening of EOS): the baseline of the mask benchmark. Made by
+/// [`crate::ConstraintEngine::llguidance_baseline`]; clones share llguidance's lexer caches.
+#[derive(Clone)]
+pub struct LlguidanceBaseline {
+    matcher: Matcher,
+}
+
+impl std::fmt::Debug for LlguidanceBaseline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlguidanceBaseline").finish_non_exhaustive()
+    }
+}
+
+impl LlguidanceBaseline {
+    pub(crate) fn new(
+        factory: &ParserFactory,
+        grammar: TopLevelGrammar,
+    ) -> Result<LlguidanceBaseline, ConstraintError> {
+        let parser = factory.create_parser(grammar).map_err(engine_error)?;
+        Ok(LlguidanceBaseline {
+            matcher: Matcher::new(Ok(parser)),
+        })
+    }
+
+    /// Computes the mask of allowed tokens (in llguidance's own form; it is dropped).
+    pub fn compute_mask(&mut self) -> Result<(), ConstraintError> {
+        self.matcher.compute_mask().map(drop).map_err(engine_error)
+    }
+
+    /// Consumes `token`.
+    pub fn consume(&mut self, token: u32) -> Result<(), ConstraintError> {
+        self.matcher.consume_token(token).map_err(engine_error)
+    }
+}

@@ -222,7 +222,7 @@ impl ConstraintVocab {
     }
 
     /// llguidance's token environment over this vocabulary.
-    pub fn tok_env(&self) -> &TokEnv {
+    pub(crate) fn tok_env(&self) -> &TokEnv {
         &self.tok_env
     }
 }
