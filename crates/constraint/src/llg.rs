@@ -16,18 +16,50 @@ use llguidance::{Logger, Matcher, ParserFactory};
 use crate::error::{ConstraintError, LimitKind};
 use crate::Limits;
 
+/// Each llguidance limit of [`Limits`] beside llguidance's own field: the one place that pairs
+/// them; both directions ([`parser_limits`], [`set_default_parser_limits`]) go through it.
+#[allow(clippy::type_complexity)]
+fn paired<'a>(
+    n: &'a mut Limits,
+    p: &'a mut ParserLimits,
+) -> (
+    [(&'a mut usize, &'a mut usize); 4],
+    [(&'a mut u64, &'a mut u64); 2],
+) {
+    (
+        [
+            (&mut n.max_items_in_row, &mut p.max_items_in_row),
+            (&mut n.step_max_items, &mut p.step_max_items),
+            (&mut n.max_lexer_states, &mut p.max_lexer_states),
+            (&mut n.max_grammar_size, &mut p.max_grammar_size),
+        ],
+        [
+            (&mut n.initial_lexer_fuel, &mut p.initial_lexer_fuel),
+            (&mut n.step_lexer_fuel, &mut p.step_lexer_fuel),
+        ],
+    )
+}
+
 /// Converts nextok limits to llguidance's.
 pub(crate) fn parser_limits(l: &Limits) -> ParserLimits {
-    ParserLimits {
-        max_items_in_row: l.max_items_in_row,
-        initial_lexer_fuel: l.initial_lexer_fuel,
-        step_lexer_fuel: l.step_lexer_fuel,
-        step_max_items: l.step_max_items,
-        max_lexer_states: l.max_lexer_states,
-        max_grammar_size: l.max_grammar_size,
+    let mut ours = l.clone();
+    let mut p = ParserLimits {
         precompute_large_lexemes: true,
         verbose_errors: false,
-    }
+        ..ParserLimits::default()
+    };
+    let (sizes, fuels) = paired(&mut ours, &mut p);
+    sizes.into_iter().for_each(|(n, t)| *t = *n);
+    fuels.into_iter().for_each(|(n, t)| *t = *n);
+    p
+}
+
+/// Sets the llguidance limits of `l` to llguidance's defaults.
+pub(crate) fn set_default_parser_limits(l: &mut Limits) {
+    let mut theirs = ParserLimits::default();
+    let (sizes, fuels) = paired(l, &mut theirs);
+    sizes.into_iter().for_each(|(n, t)| *n = *t);
+    fuels.into_iter().for_each(|(n, t)| *n = *t);
 }
 
 /// Compiles `grammar` into a prototype matcher.
@@ -228,5 +260,44 @@ impl LlguidanceBaseline {
     /// Consumes `token`.
     pub fn consume(&mut self, token: u32) -> Result<(), ConstraintError> {
         self.matcher.consume_token(token).map_err(engine_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_map_both_ways() {
+        let d = ParserLimits::default();
+        let p = parser_limits(&Limits::default());
+        assert_eq!(p.max_items_in_row, d.max_items_in_row);
+        assert_eq!(p.initial_lexer_fuel, d.initial_lexer_fuel);
+        assert_eq!(p.step_lexer_fuel, d.step_lexer_fuel);
+        assert_eq!(p.step_max_items, d.step_max_items);
+        assert_eq!(p.max_lexer_states, d.max_lexer_states);
+        assert_eq!(p.max_grammar_size, d.max_grammar_size);
+        assert!(p.precompute_large_lexemes && !p.verbose_errors);
+        let l = Limits {
+            max_items_in_row: 1,
+            initial_lexer_fuel: 2,
+            step_lexer_fuel: 3,
+            step_max_items: 4,
+            max_lexer_states: 5,
+            max_grammar_size: 6,
+            ..Limits::default()
+        };
+        let p = parser_limits(&l);
+        assert_eq!(
+            (
+                p.max_items_in_row,
+                p.initial_lexer_fuel,
+                p.step_lexer_fuel,
+                p.step_max_items,
+                p.max_lexer_states,
+                p.max_grammar_size
+            ),
+            (1, 2, 3, 4, 5, 6)
+        );
     }
 }

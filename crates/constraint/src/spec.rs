@@ -130,21 +130,23 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        let l = llguidance::api::ParserLimits::default();
-        Limits {
+        let mut l = Limits {
             max_compile_time: Some(Duration::from_secs(10)),
             max_states: 1_000_000,
             max_dfa_states: 256,
             mask_cache_bytes: 64 << 20,
-            max_items_in_row: l.max_items_in_row,
-            initial_lexer_fuel: l.initial_lexer_fuel,
-            step_lexer_fuel: l.step_lexer_fuel,
-            step_max_items: l.step_max_items,
-            max_lexer_states: l.max_lexer_states,
-            max_grammar_size: l.max_grammar_size,
+            // llguidance's own limits: its defaults, set just below
+            max_items_in_row: 0,
+            initial_lexer_fuel: 0,
+            step_lexer_fuel: 0,
+            step_max_items: 0,
+            max_lexer_states: 0,
+            max_grammar_size: 0,
             max_rules: 5_000,
             max_schema_objects: 20_000,
             max_validator_objects: 10_000,
-        }
+        };
+        crate::llg::set_default_parser_limits(&mut l);
+        l
     }
 }
