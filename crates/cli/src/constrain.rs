@@ -33,6 +33,8 @@ use nextok_vocab::display::escape;
 use nextok_vocab::encode::Encoder;
 use nextok_vocab::{LoadOptions, Vocabulary};
 
+use crate::error::CliError;
+
 /// Arguments of `nextok constrain`.
 #[derive(clap::Args)]
 pub struct ConstrainArgs {
@@ -71,15 +73,15 @@ pub struct ConstrainArgs {
 
 /// A file's contents, or the argument itself when no such file exists and `inline` says the
 /// argument looks like the text.
-fn file_or_text(flag: &str, arg: &str, inline: bool) -> Result<String, String> {
+fn file_or_text(flag: &str, arg: &str, inline: bool) -> Result<String, CliError> {
     match std::fs::read_to_string(arg) {
         Ok(s) => Ok(s),
         Err(_) if inline => Ok(arg.to_string()),
-        Err(e) => Err(format!("{flag}: cannot read {arg}: {e}")),
+        Err(e) => Err(format!("{flag}: cannot read {arg}: {e}").into()),
     }
 }
 
-fn spec(a: &ConstrainArgs) -> Result<ConstraintSpec, String> {
+fn spec(a: &ConstrainArgs) -> Result<ConstraintSpec, CliError> {
     let options = JsonOptions {
         compact: a.compact,
         schema_mode: a.schema_mode,
@@ -88,8 +90,8 @@ fn spec(a: &ConstrainArgs) -> Result<ConstraintSpec, String> {
     let mut specs = Vec::new();
     if let Some(s) = &a.json_schema {
         let text = file_or_text("--json-schema", s, s.trim_start().starts_with('{'))?;
-        let schema =
-            serde_json::from_str(&text).map_err(|e| format!("--json-schema: not JSON: {e}"))?;
+        let schema = serde_json::from_str(&text)
+            .map_err(|e| CliError::context("--json-schema: not JSON", e))?;
         specs.push(ConstraintSpec::JsonSchema {
             schema,
             options: options.clone(),
@@ -122,14 +124,13 @@ fn spec(a: &ConstrainArgs) -> Result<ConstraintSpec, String> {
 }
 
 /// Runs `nextok constrain`; rejection exits with status 1 directly.
-pub fn run(a: ConstrainArgs) -> Result<(), String> {
+pub fn run(a: ConstrainArgs) -> Result<(), CliError> {
     let spec = spec(&a)?;
-    let v = Vocabulary::from_tokenizer_json_file(&a.tokenizer, &LoadOptions::default())
-        .map_err(|e| e.to_string())?;
-    let enc = Encoder::from_tokenizer_json_file(&a.tokenizer).map_err(|e| e.to_string())?;
-    let cv = ConstraintVocab::new(&v.bytes, &v.info).map_err(|e| e.to_string())?;
-    let engine = ConstraintEngine::new(Arc::new(cv)).map_err(|e| e.to_string())?;
-    let compiled = engine.compile(&spec).map_err(|e| e.to_string())?;
+    let v = Vocabulary::from_tokenizer_json_file(&a.tokenizer, &LoadOptions::default())?;
+    let enc = Encoder::from_tokenizer_json_file(&a.tokenizer)?;
+    let cv = ConstraintVocab::new(&v.bytes, &v.info)?;
+    let engine = ConstraintEngine::new(Arc::new(cv))?;
+    let compiled = engine.compile(&spec)?;
     // JSON: `\uXXXX` escapes of ordinary characters (as `json.dumps` writes them) are checked
     // as the characters themselves, the spelling the mask generates
     let text = match spec {
@@ -140,14 +141,14 @@ pub fn run(a: ConstrainArgs) -> Result<(), String> {
     };
     let report = compiled.schema_report().map(|r| r.summary());
     let check = compiled.validate_output(a.text.as_bytes());
-    let ids = enc.encode(&text, false).map_err(|e| e.to_string())?;
+    let ids = enc.encode(&text, false)?;
     let mut state = compiled.start();
     let n = v.len();
     let mut mask = vec![0u64; bitset_words(n)];
     let name = |t: u32| v.name(t).unwrap_or("?").to_string();
     for (i, &t) in ids.iter().enumerate() {
         mask.fill(0);
-        state.fill_mask(&mut mask).map_err(|e| e.to_string())?;
+        state.fill_mask(&mut mask)?;
         let allowed = mask[(t / 64) as usize] >> (t % 64) & 1 == 1;
         if !allowed || state.commit(t).is_err() {
             let forced = state.forced_bytes();

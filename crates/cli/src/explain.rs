@@ -4,6 +4,8 @@ use std::io::{Read, Write};
 
 use nextok_core::request::ExplainOutput;
 
+use crate::error::CliError;
+
 /// Arguments of `nextok explain`.
 #[derive(clap::Args)]
 pub struct ExplainArgs {
@@ -15,18 +17,18 @@ pub struct ExplainArgs {
 }
 
 /// Runs `nextok explain`.
-pub fn run(args: ExplainArgs) -> Result<(), String> {
+pub fn run(args: ExplainArgs) -> Result<(), CliError> {
     let text = if args.file == "-" {
         let mut s = String::new();
         std::io::stdin()
             .read_to_string(&mut s)
-            .map_err(|e| format!("cannot read standard input: {e}"))?;
+            .map_err(|e| CliError::context("cannot read standard input", e))?;
         s
     } else {
         std::fs::read_to_string(&args.file)
             .map_err(|e| format!("cannot read `{}`: {e}", args.file))?
     };
-    let out = nextok_engine::explain::explain_json(&text).map_err(|e| e.to_string())?;
+    let out = nextok_engine::explain::explain_json(&text)?;
     // streamed: the output of a huge request is never held as one string
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
@@ -41,7 +43,7 @@ pub fn run(args: ExplainArgs) -> Result<(), String> {
     match written.and_then(|()| w.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
-        Err(e) => Err(format!("cannot write to standard output: {e}")),
+        Err(e) => Err(format!("cannot write to standard output: {e}").into()),
     }
 }
 

@@ -44,6 +44,8 @@ use nextok_model::{fetch, Model, Requant};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::error::CliError;
+
 /// Which layer `--logprobs` reports.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum LayerArg {
@@ -237,7 +239,7 @@ pub struct GenerateArgs {
 }
 
 /// `--speculative`'s value with `--spec-acceptance`.
-fn speculative(v: Option<&str>, acceptance: &str) -> Result<Option<SpecOptions>, String> {
+fn speculative(v: Option<&str>, acceptance: &str) -> Result<Option<SpecOptions>, CliError> {
     let acceptance = acceptance
         .parse::<Acceptance>()
         .map_err(|e| format!("--spec-acceptance: {e}"))?;
@@ -246,7 +248,7 @@ fn speculative(v: Option<&str>, acceptance: &str) -> Result<Option<SpecOptions>,
     };
     SpecOptions::parse(v, acceptance)
         .map(Some)
-        .map_err(|e| format!("--speculative: {e}"))
+        .map_err(|e| format!("--speculative: {e}").into())
 }
 
 /// Arguments of `nextok replay`.
@@ -269,27 +271,29 @@ fn engine_with(
     model: Arc<Model>,
     draft: Option<&Path>,
     requant: Requant,
-) -> Result<Engine, String> {
+) -> Result<Engine, CliError> {
     match draft {
-        None => Engine::new(model, EngineConfig::default()).map_err(|e| e.to_string()),
+        None => Ok(Engine::new(model, EngineConfig::default())?),
         Some(p) => {
-            let d = Arc::new(load_model(p, requant).map_err(|e| format!("--draft-model: {e}"))?);
+            let d = Arc::new(
+                load_model(p, requant).map_err(|e| CliError::context("--draft-model", e))?,
+            );
             Engine::with_draft_model(model, d, EngineConfig::default())
-                .map_err(|e| format!("--draft-model: {e}"))
+                .map_err(|e| CliError::context("--draft-model", e))
         }
     }
 }
 
-pub(crate) fn model_path(arg: Option<&Path>) -> Result<PathBuf, String> {
+pub(crate) fn model_path(arg: Option<&Path>) -> Result<PathBuf, CliError> {
     match arg {
         Some(p) => Ok(p.to_path_buf()),
-        None => fetch::default_model().map_err(|e| e.to_string()),
+        None => Ok(fetch::default_model()?),
     }
 }
 
-pub(crate) fn load_model(path: &Path, requant: Requant) -> Result<Model, String> {
+pub(crate) fn load_model(path: &Path, requant: Requant) -> Result<Model, CliError> {
     let t = std::time::Instant::now();
-    let m = Model::load(path, requant).map_err(|e| e.to_string())?;
+    let m = Model::load(path, requant)?;
     eprintln!(
         "nextok: {} ({} layers, vocabulary {}, requant {}) loaded in {:.1} s",
         path.file_name()
@@ -329,7 +333,7 @@ fn layer_name(l: Layer) -> &'static str {
 }
 
 /// The request the flags describe.
-fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), String> {
+fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), CliError> {
     let prompt = if a.chat {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
@@ -390,7 +394,7 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), String> {
                     "--pipeline `{}` (a pipeline file) cannot be combined with {}: the file's processors set them",
                     a.pipeline,
                     conflicts.join(", ")
-                ));
+                ).into());
             }
             let text = std::fs::read_to_string(&a.pipeline).map_err(|e| {
                 format!(
@@ -398,7 +402,7 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), String> {
                     a.pipeline
                 )
             })?;
-            let cfg = PipelineConfig::from_json(&text).map_err(|e| e.to_string())?;
+            let cfg = PipelineConfig::from_json(&text)?;
             (PipelineChoice::Config(cfg), "file".to_string())
         }
     };
@@ -439,7 +443,7 @@ struct Pending {
 }
 
 /// Runs `nextok generate`.
-pub fn run(a: GenerateArgs) -> Result<(), String> {
+pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     if a.n == 0 {
         return Err("-n must be at least 1".into());
     }
@@ -459,7 +463,8 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
             return Err(format!(
                 "--beam-width cannot be combined with {} (beam search returns its hypotheses)",
                 conflicts.join(", ")
-            ));
+            )
+            .into());
         }
     }
     // the flags are checked before the model is loaded
@@ -469,14 +474,8 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
     let model = Arc::new(load_model(&path, requant)?);
     let engine = engine_with(model.clone(), a.draft_model.as_deref(), requant)?;
     if let Some(b) = a.beam_width {
-        let hyps = engine
-            .beam(req, b, a.length_penalty)
-            .map_err(|e| e.to_string())?;
-        let stop = engine
-            .prepare(&request(&a)?.0)
-            .map_err(|e| e.to_string())?
-            .info
-            .stop;
+        let hyps = engine.beam(req, b, a.length_penalty)?;
+        let stop = engine.prepare(&request(&a)?.0)?.info.stop;
         for (i, h) in hyps.iter().enumerate() {
             if i == 0 {
                 outln!("{}", h.text);
@@ -496,7 +495,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         }
         return Ok(());
     }
-    let mut h = engine.submit(req).map_err(|e| e.to_string())?;
+    let mut h = engine.submit(req)?;
     let t0 = std::time::Instant::now();
     let info = h.info.clone();
     if a.seed.is_none() {
@@ -520,12 +519,8 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
             let f =
                 std::fs::File::create(p).map_err(|e| format!("--trace `{}`: {e}", p.display()))?;
             let mut w = std::io::BufWriter::new(f);
-            writeln!(
-                w,
-                "{}",
-                serde_json::to_string(&header).map_err(|e| e.to_string())?
-            )
-            .map_err(|e| format!("--trace `{}`: {e}", p.display()))?;
+            writeln!(w, "{}", serde_json::to_string(&header)?)
+                .map_err(|e| format!("--trace `{}`: {e}", p.display()))?;
             Some(w)
         }
         None => None,
@@ -636,21 +631,16 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
                 usage = Some(u);
                 break;
             }
-            Event::Error(e) => return Err(e.to_string()),
+            Event::Error(e) => return Err(e.into()),
         }
     }
     if let Some(w) = trace.as_mut() {
         for p in &pending {
             for r in &p.records {
-                writeln!(
-                    w,
-                    "{}",
-                    serde_json::to_string(r).map_err(|e| e.to_string())?
-                )
-                .map_err(|e| e.to_string())?;
+                writeln!(w, "{}", serde_json::to_string(r)?)?;
             }
         }
-        w.flush().map_err(|e| e.to_string())?;
+        w.flush()?;
     }
     let usage = usage.ok_or("the engine stopped before the request finished")?;
     let end = std::time::Instant::now();
@@ -682,13 +672,13 @@ fn ledger_text(
     model: &Model,
     info: &nextok_engine::RequestInfo,
     ex: &nextok_core::Explanation,
-) -> Result<String, String> {
+) -> Result<String, CliError> {
     let o = nextok_engine::explain::model_step_output(model, info, ex, 12, 6);
     Ok(crate::explain::ledger(&o, model.vocab.info.vocab_size))
 }
 
 /// The constraint the flags ask for.
-fn constraint_spec(a: &GenerateArgs) -> Result<Option<ConstraintSpec>, String> {
+fn constraint_spec(a: &GenerateArgs) -> Result<Option<ConstraintSpec>, CliError> {
     let read = |p: &Path, flag: &str| {
         std::fs::read_to_string(p).map_err(|e| format!("--{flag} `{}`: {e}", p.display()))
     };
@@ -738,13 +728,13 @@ fn constraint_spec(a: &GenerateArgs) -> Result<Option<ConstraintSpec>, String> {
 }
 
 /// Runs `nextok replay`.
-pub fn run_replay(a: ReplayArgs) -> Result<(), String> {
+pub fn run_replay(a: ReplayArgs) -> Result<(), CliError> {
     let text =
         std::fs::read_to_string(&a.file).map_err(|e| format!("`{}`: {e}", a.file.display()))?;
-    let (header, recorded) = trace::parse(&text).map_err(|e| e.to_string())?;
+    let (header, recorded) = trace::parse(&text)?;
     // the header is checked before any model is loaded
-    let req = trace::replay_request(&header).map_err(|e| e.to_string())?;
-    let requant = header.requant().map_err(|e| e.to_string())?;
+    let req = trace::replay_request(&header)?;
+    let requant = header.requant()?;
     // the recorded model file (a name, looked for beside the trace), else the default model
     let recorded_file = Path::new(&header.model_file)
         .file_name()
@@ -763,7 +753,8 @@ pub fn run_replay(a: ReplayArgs) -> Result<(), String> {
             model.sha256,
             header.model_file,
             header.model_sha256
-        ));
+        )
+        .into());
     }
     let engine = engine_with(model, a.draft_model.as_deref(), requant)?;
     if let (Some(d), Some(want)) = (engine.draft_model(), &header.draft_model_sha256) {
@@ -771,17 +762,19 @@ pub fn run_replay(a: ReplayArgs) -> Result<(), String> {
             return Err(format!(
                 "the draft model has SHA-256 {}; the trace was recorded with SHA-256 {want}",
                 d.sha256
-            ));
+            )
+            .into());
         }
     }
-    let p = engine.prepare(&req).map_err(|e| e.to_string())?;
+    let p = engine.prepare(&req)?;
     if p.info.pipeline_hash != header.pipeline_hash {
         return Err(format!(
             "the pipeline hashes to {}, the trace says {}",
             p.info.pipeline_hash, header.pipeline_hash
-        ));
+        )
+        .into());
     }
-    let run = engine.generate(req).map_err(|e| e.to_string())?;
+    let run = engine.generate(req)?;
     let k = trace::compare(&header, &recorded, &run)?;
     eprintln!(
         "nextok: replay ok: {k} steps in {} sequence(s) match bit for bit",

@@ -43,6 +43,7 @@ macro_rules! outln {
 }
 
 mod constrain;
+mod error;
 mod explain;
 mod generate;
 mod serve;
@@ -91,10 +92,11 @@ fn main() -> ExitCode {
             a,
             nextok_bench::Frontend {
                 write_stdout,
-                model_path: generate::model_path,
-                load_model: generate::load_model,
+                model_path: |p| generate::model_path(p).map_err(|e| e.to_string()),
+                load_model: |p, r| generate::load_model(p, r).map_err(|e| e.to_string()),
             },
-        ),
+        )
+        .map_err(error::CliError::from),
         Cmd::Vocab(a) => vocab::run_vocab(a),
         Cmd::Tokenize(a) => vocab::run_tokenize(a),
         Cmd::Constrain(a) => constrain::run(a),
@@ -106,8 +108,8 @@ fn main() -> ExitCode {
     write_stdout(format_args!(""), true);
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            eprintln!("error: {}", msg.replace('\n', " "));
+        Err(e) => {
+            eprintln!("error: {}", e.message().replace('\n', " "));
             ExitCode::from(2)
         }
     }

@@ -15,6 +15,8 @@ use nextok_server::ServerConfig;
 
 use crate::generate::{load_model, model_path, RequantArg};
 
+use crate::error::CliError;
+
 /// Arguments of `nextok serve`.
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
@@ -63,7 +65,7 @@ pub struct ServeArgs {
 }
 
 /// Runs `nextok serve`.
-pub fn run(a: ServeArgs) -> Result<(), String> {
+pub fn run(a: ServeArgs) -> Result<(), CliError> {
     let acceptance = a
         .spec_acceptance
         .parse::<Acceptance>()
@@ -84,12 +86,16 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         ..defaults
     };
     let engine = match &a.draft_model {
-        None => Engine::new(model, config).map_err(|e| format!("engine configuration: {e}"))?,
+        None => {
+            Engine::new(model, config).map_err(|e| CliError::context("engine configuration", e))?
+        }
         Some(p) => {
             let d = Arc::new(
-                load_model(p, a.requant.into()).map_err(|e| format!("--draft-model: {e}"))?,
+                load_model(p, a.requant.into())
+                    .map_err(|e| CliError::context("--draft-model", e))?,
             );
-            Engine::with_draft_model(model, d, config).map_err(|e| format!("--draft-model: {e}"))?
+            Engine::with_draft_model(model, d, config)
+                .map_err(|e| CliError::context("--draft-model", e))?
         }
     };
     let engine = Arc::new(engine);
@@ -107,14 +113,14 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+        .map_err(|e| CliError::context("cannot start the runtime", e))?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
             .await
             .map_err(|e| format!("cannot bind {}:{}: {e}", a.host, a.port))?;
         let addr = listener
             .local_addr()
-            .map_err(|e| format!("cannot read the bound address: {e}"))?;
+            .map_err(|e| CliError::context("cannot read the bound address", e))?;
         eprintln!("nextok: serving `{model_id}`");
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "nextok: listening on http://{addr}");
@@ -128,7 +134,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             Duration::from_secs(a.shutdown_grace),
         )
         .await
-        .map_err(|e| format!("server: {e}"))
+        .map_err(|e| CliError::context("server", e))
     })?;
     // dropping the runtime drops the last streams (cancelling their requests), then the engine
     drop(rt);

@@ -16,6 +16,8 @@ use nextok_vocab::gguf::Gguf;
 use nextok_vocab::{ByteEncoding, LoadOptions, SequenceStrip, Vocabulary};
 use serde_json::{json, Value};
 
+use crate::error::CliError;
+
 /// Where the vocabulary comes from, and the caller's overrides.
 #[derive(clap::Args)]
 pub struct SourceArgs {
@@ -69,7 +71,7 @@ enum Source<'a> {
 }
 
 impl SourceArgs {
-    fn source(&self) -> Result<Source<'_>, String> {
+    fn source(&self) -> Result<Source<'_>, CliError> {
         match (&self.tokenizer, &self.model) {
             (Some(t), None) => Ok(Source::Json(t)),
             (None, Some(m)) => Ok(Source::Gguf(m)),
@@ -80,7 +82,7 @@ impl SourceArgs {
         }
     }
 
-    fn options(&self) -> Result<LoadOptions, String> {
+    fn options(&self) -> Result<LoadOptions, CliError> {
         let eos = if self.eos_id.is_empty() {
             None
         } else {
@@ -104,30 +106,29 @@ impl SourceArgs {
         })
     }
 
-    fn load(&self) -> Result<(Vocabulary, String, Option<Gguf>), String> {
+    fn load(&self) -> Result<(Vocabulary, String, Option<Gguf>), CliError> {
         let opts = self.options()?;
         match self.source()? {
             Source::Json(p) => {
-                let v =
-                    Vocabulary::from_tokenizer_json_file(p, &opts).map_err(|e| e.to_string())?;
+                let v = Vocabulary::from_tokenizer_json_file(p, &opts)?;
                 Ok((v, p.to_string(), None))
             }
             Source::Gguf(p) => {
-                let g = Gguf::read_file(p).map_err(|e| e.to_string())?;
-                let v = Vocabulary::from_gguf(&g, p, &opts).map_err(|e| e.to_string())?;
+                let g = Gguf::read_file(p)?;
+                let v = Vocabulary::from_gguf(&g, p, &opts)?;
                 Ok((v, p.to_string(), Some(g)))
             }
         }
     }
 }
 
-fn parse_id(flag: &str, s: &str) -> Result<u32, String> {
+fn parse_id(flag: &str, s: &str) -> Result<u32, CliError> {
     s.trim()
         .parse::<u32>()
-        .map_err(|_| format!("{flag} {s:?}: expected a token id (a non-negative integer)"))
+        .map_err(|_| format!("{flag} {s:?}: expected a token id (a non-negative integer)").into())
 }
 
-fn check_id(v: &Vocabulary, flag: &str, id: u32) -> Result<(), String> {
+fn check_id(v: &Vocabulary, flag: &str, id: u32) -> Result<(), CliError> {
     if (id as usize) < v.len() {
         Ok(())
     } else {
@@ -135,7 +136,8 @@ fn check_id(v: &Vocabulary, flag: &str, id: u32) -> Result<(), String> {
             "{flag} {id}: token id out of range (the vocabulary has {} tokens, ids 0 to {})",
             v.len(),
             v.len() - 1
-        ))
+        )
+        .into())
     }
 }
 
@@ -203,7 +205,7 @@ fn named(v: &Vocabulary, ids: &[u32]) -> String {
 const SPECIAL_SHOWN: usize = 24;
 
 /// Runs `nextok vocab`.
-pub fn run_vocab(args: VocabArgs) -> Result<(), String> {
+pub fn run_vocab(args: VocabArgs) -> Result<(), CliError> {
     let (v, path, _) = args.source.load()?;
     let mut ids = Vec::new();
     for s in &args.ids {
@@ -229,10 +231,7 @@ pub fn run_vocab(args: VocabArgs) -> Result<(), String> {
             "bytes_sha256": v.bytes_digest(),
             "tokens": ids.iter().map(|&i| token_json(&v, i)).collect::<Vec<_>>(),
         });
-        outln!(
-            "{}",
-            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
-        );
+        outln!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     let sp = &v.info.special_token_ids;
@@ -266,33 +265,27 @@ pub fn run_vocab(args: VocabArgs) -> Result<(), String> {
 }
 
 /// Runs `nextok tokenize`.
-pub fn run_tokenize(args: TokenizeArgs) -> Result<(), String> {
+pub fn run_tokenize(args: TokenizeArgs) -> Result<(), CliError> {
     let (v, path, g) = args.source.load()?;
     let enc = match &g {
         Some(g) => Encoder::from_gguf(g, &path),
         None => Encoder::from_tokenizer_json_file(&path),
-    }
-    .map_err(|e| e.to_string())?;
-    let ids = enc
-        .encode(&args.text, args.add_special_tokens)
-        .map_err(|e| e.to_string())?;
+    }?;
+    let ids = enc.encode(&args.text, args.add_special_tokens)?;
     for (i, &id) in ids.iter().enumerate() {
         check_id(&v, &format!("token {i} of the encoding:"), id)?;
     }
-    let text_bytes = v.decode_text(&ids).map_err(|e| e.to_string())?;
+    let text_bytes = v.decode_text(&ids)?;
     let exact = text_bytes == args.text.as_bytes();
     if args.json {
         let out = json!({
             "source": path,
             "ids": ids,
             "tokens": ids.iter().map(|&i| token_json(&v, i)).collect::<Vec<_>>(),
-            "bytes_hex": hex_compact(&v.decode(&ids).map_err(|e| e.to_string())?),
+            "bytes_hex": hex_compact(&v.decode(&ids)?),
             "round_trip": exact,
         });
-        outln!(
-            "{}",
-            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
-        );
+        outln!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     outln!(

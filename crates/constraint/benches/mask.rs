@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
-use nextok_constraint::llguidance::Matcher;
 use nextok_constraint::{
-    ConstraintEngine, ConstraintSpec, ConstraintVocab, JsonOptions, Limits, SequenceState,
+    ConstraintEngine, ConstraintSpec, ConstraintVocab, JsonOptions, Limits, LlguidanceBaseline,
+    SequenceState,
 };
 use nextok_core::constraint::{bitset_words, ConstraintState};
 use nextok_vocab::encode::Encoder;
@@ -34,19 +34,8 @@ fn load() -> Option<(Arc<ConstraintEngine>, Encoder)> {
 }
 
 /// A direct llguidance matcher for `spec` (the baseline).
-fn direct(engine: &ConstraintEngine, spec: &ConstraintSpec) -> Option<Matcher> {
-    let g = match spec {
-        ConstraintSpec::Choice { choices } => {
-            let alts: Vec<String> = choices
-                .iter()
-                .map(|c| serde_json::to_string(c).unwrap())
-                .collect();
-            llguidance::api::TopLevelGrammar::from_lark(format!("start: {}\n", alts.join(" | ")))
-        }
-        _ => engine.llguidance_grammar(spec).ok()??,
-    };
-    let p = engine.llguidance_factory().create_parser(g).ok()?;
-    Some(Matcher::new(Ok(p)))
+fn direct(engine: &ConstraintEngine, spec: &ConstraintSpec) -> Option<LlguidanceBaseline> {
+    engine.llguidance_baseline(spec).ok()
 }
 
 /// Per-token mask times for the wrapper and for llguidance, interleaved token by token.
@@ -86,7 +75,7 @@ fn time_sequence(
 /// that neither always runs with the other's data in the CPU caches.
 fn step_all(
     s: &mut SequenceState,
-    m: &mut Matcher,
+    m: &mut LlguidanceBaseline,
     ids: &[u32],
     mask: &mut [u64],
     wrap: &mut Vec<Duration>,
@@ -110,7 +99,7 @@ fn step_all(
             ok = s.fill_mask(mask).is_ok();
             wrap.push(a.elapsed());
         }
-        if !ok || !ok2 || s.commit(t).is_err() || m.consume_token(t).is_err() {
+        if !ok || !ok2 || s.commit(t).is_err() || m.consume(t).is_err() {
             return false;
         }
     }

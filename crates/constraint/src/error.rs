@@ -1,16 +1,21 @@
 //! Typed errors of the constraint engine.
 //!
+//! [`ConstraintError`] is opaque: inspect it with [`ConstraintError::kind`] and the accessors
+//! ([`ConstraintError::limit`], [`ConstraintError::keyword`], [`ConstraintError::pointer`], ...);
+//! the engine failure underneath, when there is one, is its [`std::error::Error::source`].
 //! Every error that a request can cause names its place: the keyword a JSON schema uses that the
-//! engine does not support, the line and column of a malformed GBNF rule, the limit that a
-//! grammar exceeded. [`ConstraintError::to_core`] maps an error onto `nextok_core::Error` for
-//! the [`nextok_core::constraint::ConstraintState`] methods.
+//! engine does not support (and its JSON pointer), the line and column of a malformed GBNF rule,
+//! the limit that a grammar exceeded. [`ConstraintError::to_core`] maps an error onto
+//! `nextok_core::Error` for the [`nextok_core::constraint::ConstraintState`] methods.
 
 use std::fmt;
+use std::sync::Arc;
 
 use nextok_core::ErrorKind;
 
 /// A limit of the engine (see [`crate::Limits`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LimitKind {
     /// Wall-clock time to compile a constraint ([`crate::Limits::max_compile_time`]).
     CompileTime,
@@ -61,87 +66,190 @@ impl LimitKind {
     }
 }
 
-/// What went wrong while compiling or running a constraint.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ConstraintError {
-    /// The request itself is invalid (an empty `choice` list, a vocabulary without EOS, ...).
-    Invalid {
-        /// The field or input at fault.
-        what: String,
-        /// Why.
-        message: String,
-    },
-    /// A grammar, regex or schema is malformed; `place` says where (`line 3, column 7`, a
-    /// schema path, a rule name).
-    Syntax {
-        /// Which input: `regex`, `json_schema`, `grammar`, `gbnf`.
-        input: &'static str,
-        /// Where in it.
-        place: String,
-        /// What is wrong.
-        message: String,
-    },
+/// What kind of problem a [`ConstraintError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConstraintErrorKind {
+    /// The request itself is invalid (an empty `choice` list, a vocabulary without EOS, ...);
+    /// [`ConstraintError::field`] names the field or input at fault.
+    Invalid,
+    /// A grammar, regex or schema is malformed; [`ConstraintError::input`] says which and
+    /// [`ConstraintError::place`] where (`line 3, column 7`, a schema path, a rule name).
+    Syntax,
     /// The input uses a feature (a JSON-schema keyword, a GBNF construct) that the engine does
-    /// not support.
-    Unsupported {
-        /// The keyword or construct, e.g. `oneOf`, `format`, `<[token]>`.
-        keyword: String,
-        /// The engine's message.
-        message: String,
-    },
+    /// not support; [`ConstraintError::keyword`] names it.
+    Unsupported,
     /// The schema admits no value at all.
-    Unsatisfiable {
-        /// The engine's message.
-        message: String,
-    },
-    /// A limit was exceeded.
-    Limit {
-        /// Which limit.
-        limit: LimitKind,
-        /// Details (the value reached, the configured limit).
-        message: String,
-    },
-    /// A committed token is not allowed in the current state. The state is unchanged.
-    Rejected {
-        /// The token id.
-        token: u32,
-        /// Why.
-        message: String,
-    },
+    Unsatisfiable,
+    /// A limit was exceeded; [`ConstraintError::limit`] says which.
+    Limit,
+    /// A committed token is not allowed in the current state (the state is unchanged);
+    /// [`ConstraintError::token`] is its id.
+    Rejected,
     /// Any other engine failure.
+    Engine,
+}
+
+impl ConstraintErrorKind {
+    /// A short machine-readable code: `invalid`, `syntax`, `unsupported`, `unsatisfiable`,
+    /// `limit`, `rejected`, `engine`.
+    pub fn code(self) -> &'static str {
+        match self {
+            ConstraintErrorKind::Invalid => "invalid",
+            ConstraintErrorKind::Syntax => "syntax",
+            ConstraintErrorKind::Unsupported => "unsupported",
+            ConstraintErrorKind::Unsatisfiable => "unsatisfiable",
+            ConstraintErrorKind::Limit => "limit",
+            ConstraintErrorKind::Rejected => "rejected",
+            ConstraintErrorKind::Engine => "engine",
+        }
+    }
+}
+
+/// The details of each kind (private: read them through the accessors).
+#[derive(Debug, Clone, PartialEq)]
+enum Repr {
+    Invalid {
+        what: String,
+        message: String,
+    },
+    Syntax {
+        input: &'static str,
+        place: String,
+        message: String,
+    },
+    Unsupported {
+        keyword: String,
+        pointer: Option<String>,
+        message: String,
+    },
+    Unsatisfiable {
+        message: String,
+    },
+    Limit {
+        limit: LimitKind,
+        message: String,
+    },
+    Rejected {
+        token: u32,
+        message: String,
+    },
     Engine {
-        /// The engine's message.
         message: String,
     },
 }
 
+/// The engine failure underneath an error.
+pub(crate) type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong while compiling or running a constraint: an opaque value with a
+/// [`kind`](ConstraintError::kind), the details of that kind through accessors, and the engine
+/// failure underneath (if any) as its [`source`](std::error::Error::source).
+#[derive(Clone)]
+pub struct ConstraintError {
+    repr: Repr,
+    source: Option<Source>,
+}
+
 impl ConstraintError {
-    /// A short machine-readable code: `invalid`, `syntax`, `unsupported`, `unsatisfiable`,
-    /// `limit`, `rejected`, `engine`.
-    pub fn code(&self) -> &'static str {
-        match self {
-            ConstraintError::Invalid { .. } => "invalid",
-            ConstraintError::Syntax { .. } => "syntax",
-            ConstraintError::Unsupported { .. } => "unsupported",
-            ConstraintError::Unsatisfiable { .. } => "unsatisfiable",
-            ConstraintError::Limit { .. } => "limit",
-            ConstraintError::Rejected { .. } => "rejected",
-            ConstraintError::Engine { .. } => "engine",
+    /// The kind of error.
+    pub fn kind(&self) -> ConstraintErrorKind {
+        match self.repr {
+            Repr::Invalid { .. } => ConstraintErrorKind::Invalid,
+            Repr::Syntax { .. } => ConstraintErrorKind::Syntax,
+            Repr::Unsupported { .. } => ConstraintErrorKind::Unsupported,
+            Repr::Unsatisfiable { .. } => ConstraintErrorKind::Unsatisfiable,
+            Repr::Limit { .. } => ConstraintErrorKind::Limit,
+            Repr::Rejected { .. } => ConstraintErrorKind::Rejected,
+            Repr::Engine { .. } => ConstraintErrorKind::Engine,
         }
     }
 
-    /// The unsupported keyword, when this is an [`ConstraintError::Unsupported`] error.
+    /// A short machine-readable code: `invalid`, `syntax`, `unsupported`, `unsatisfiable`,
+    /// `limit`, `rejected`, `engine` (see [`ConstraintErrorKind::code`]).
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
+    }
+
+    /// The message without the prefix that [`Display`](fmt::Display) puts before it (the
+    /// field, input and place, keyword, limit or token).
+    pub fn message(&self) -> &str {
+        match &self.repr {
+            Repr::Invalid { message, .. }
+            | Repr::Syntax { message, .. }
+            | Repr::Unsupported { message, .. }
+            | Repr::Unsatisfiable { message }
+            | Repr::Limit { message, .. }
+            | Repr::Rejected { message, .. }
+            | Repr::Engine { message } => message,
+        }
+    }
+
+    /// The field or input at fault, for an [`ConstraintErrorKind::Invalid`] error (`choice`,
+    /// `vocabulary`, `rollback`, ...).
+    pub fn field(&self) -> Option<&str> {
+        match &self.repr {
+            Repr::Invalid { what, .. } => Some(what),
+            _ => None,
+        }
+    }
+
+    /// Which input is malformed, for a [`ConstraintErrorKind::Syntax`] error: `regex`,
+    /// `json_schema`, `json`, `grammar`, `gbnf`.
+    pub fn input(&self) -> Option<&'static str> {
+        match &self.repr {
+            Repr::Syntax { input, .. } => Some(input),
+            _ => None,
+        }
+    }
+
+    /// Where in the input, for a [`ConstraintErrorKind::Syntax`] error (`line 3, column 7`, a
+    /// schema path, `top level`).
+    pub fn place(&self) -> Option<&str> {
+        match &self.repr {
+            Repr::Syntax { place, .. } => Some(place),
+            _ => None,
+        }
+    }
+
+    /// The unsupported keyword or construct, for an [`ConstraintErrorKind::Unsupported`] error
+    /// (e.g. `oneOf`, `format`, `token reference`; several are joined with `, `).
     pub fn keyword(&self) -> Option<&str> {
-        match self {
-            ConstraintError::Unsupported { keyword, .. } => Some(keyword),
+        match &self.repr {
+            Repr::Unsupported { keyword, .. } => Some(keyword),
+            _ => None,
+        }
+    }
+
+    /// The JSON pointer of the unsupported keyword in the schema (`""` for the root), when it
+    /// was found.
+    pub fn pointer(&self) -> Option<&str> {
+        match &self.repr {
+            Repr::Unsupported { pointer, .. } => pointer.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The limit exceeded, for a [`ConstraintErrorKind::Limit`] error.
+    pub fn limit(&self) -> Option<LimitKind> {
+        match &self.repr {
+            Repr::Limit { limit, .. } => Some(*limit),
+            _ => None,
+        }
+    }
+
+    /// The rejected token id, for a [`ConstraintErrorKind::Rejected`] error.
+    pub fn token(&self) -> Option<u32> {
+        match &self.repr {
+            Repr::Rejected { token, .. } => Some(*token),
             _ => None,
         }
     }
 
     /// This error as a `nextok_core::Error` (field `constraint`, or `token` for a rejection).
     pub fn to_core(&self) -> nextok_core::Error {
-        let field = match self {
-            ConstraintError::Rejected { .. } => "token",
+        let field = match self.repr {
+            Repr::Rejected { .. } => "token",
             _ => "constraint",
         };
         ErrorKind::InvalidParameter {
@@ -151,39 +259,136 @@ impl ConstraintError {
         .into()
     }
 
+    fn new(repr: Repr) -> Self {
+        ConstraintError { repr, source: None }
+    }
+
+    /// The same error, with the failure underneath it.
+    pub(crate) fn with_source(
+        mut self,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        self.source = Some(Arc::from(source.into()));
+        self
+    }
+
+    /// The same error, with a source shared with another error.
+    pub(crate) fn with_shared_source(mut self, source: Source) -> Self {
+        self.source = Some(source);
+        self
+    }
+
+    /// The failure underneath, shared (to carry it over to a derived error).
+    pub(crate) fn shared_source(&self) -> Option<Source> {
+        self.source.clone()
+    }
+
     pub(crate) fn invalid(what: impl Into<String>, message: impl Into<String>) -> Self {
-        ConstraintError::Invalid {
+        Self::new(Repr::Invalid {
             what: what.into(),
             message: message.into(),
+        })
+    }
+
+    pub(crate) fn syntax(
+        input: &'static str,
+        place: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self::new(Repr::Syntax {
+            input,
+            place: place.into(),
+            message: message.into(),
+        })
+    }
+
+    pub(crate) fn unsupported(keyword: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::new(Repr::Unsupported {
+            keyword: keyword.into(),
+            pointer: None,
+            message: message.into(),
+        })
+    }
+
+    /// The same error, naming the JSON pointer of the unsupported keyword.
+    pub(crate) fn at_pointer(mut self, at: impl Into<String>) -> Self {
+        if let Repr::Unsupported { pointer, .. } = &mut self.repr {
+            *pointer = Some(at.into());
         }
+        self
+    }
+
+    pub(crate) fn unsatisfiable(message: impl Into<String>) -> Self {
+        Self::new(Repr::Unsatisfiable {
+            message: message.into(),
+        })
+    }
+
+    pub(crate) fn limit_exceeded(limit: LimitKind, message: impl Into<String>) -> Self {
+        Self::new(Repr::Limit {
+            limit,
+            message: message.into(),
+        })
+    }
+
+    pub(crate) fn rejected(token: u32, message: impl Into<String>) -> Self {
+        Self::new(Repr::Rejected {
+            token,
+            message: message.into(),
+        })
+    }
+
+    pub(crate) fn engine(message: impl Into<String>) -> Self {
+        Self::new(Repr::Engine {
+            message: message.into(),
+        })
+    }
+}
+
+impl fmt::Debug for ConstraintError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("ConstraintError");
+        d.field("kind", &self.kind()).field("repr", &self.repr);
+        if let Some(s) = &self.source {
+            d.field("source", s);
+        }
+        d.finish()
     }
 }
 
 impl fmt::Display for ConstraintError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConstraintError::Invalid { what, message } => write!(f, "{what}: {message}"),
-            ConstraintError::Syntax {
+        match &self.repr {
+            Repr::Invalid { what, message } => write!(f, "{what}: {message}"),
+            Repr::Syntax {
                 input,
                 place,
                 message,
             } => write!(f, "{input}: {place}: {message}"),
-            ConstraintError::Unsupported { keyword, message } => {
+            Repr::Unsupported {
+                keyword, message, ..
+            } => {
                 write!(f, "unsupported keyword `{keyword}`: {message}")
             }
-            ConstraintError::Unsatisfiable { message } => write!(f, "unsatisfiable: {message}"),
-            ConstraintError::Limit { limit, message } => {
+            Repr::Unsatisfiable { message } => write!(f, "unsatisfiable: {message}"),
+            Repr::Limit { limit, message } => {
                 write!(f, "limit {} exceeded: {message}", limit.name())
             }
-            ConstraintError::Rejected { token, message } => {
+            Repr::Rejected { token, message } => {
                 write!(f, "token {token} rejected: {message}")
             }
-            ConstraintError::Engine { message } => write!(f, "engine error: {message}"),
+            Repr::Engine { message } => write!(f, "engine error: {message}"),
         }
     }
 }
 
-impl std::error::Error for ConstraintError {}
+impl std::error::Error for ConstraintError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
 
 impl From<ConstraintError> for nextok_core::Error {
     fn from(e: ConstraintError) -> Self {

@@ -12,7 +12,7 @@
 //! ambiguity is resolved by its Earley parser, as in llama.cpp. Rule names are mapped to Lark
 //! rule names (lower case, `-` → `_`); `root` becomes `start`.
 //!
-//! Not supported (an [`ConstraintError::Unsupported`] naming it): token references `<[id]>`,
+//! Not supported (an unsupported-keyword [`ConstraintError`] naming it): token references `<[id]>`,
 //! `<name>` and their negations `!<...>` (newer llama.cpp).
 
 use std::collections::{HashMap, HashSet};
@@ -56,11 +56,11 @@ pub fn to_lark(src: &str) -> Result<String, ConstraintError> {
         }
     }
     if !defined.contains("root") {
-        return Err(ConstraintError::Syntax {
-            input: "gbnf",
-            place: "top level".into(),
-            message: "no `root` rule".into(),
-        });
+        return Err(ConstraintError::syntax(
+            "gbnf",
+            "top level",
+            "no `root` rule",
+        ));
     }
     // Map names and check references.
     let mut map: HashMap<String, String> = HashMap::new();
@@ -129,11 +129,13 @@ impl P<'_> {
         let before = &self.src[..at.min(self.src.len())];
         let line = before.matches('\n').count() + 1;
         let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-        ConstraintError::Syntax {
-            input: "gbnf",
-            place: format!("line {line}, column {col}"),
-            message: msg.to_string(),
-        }
+        ConstraintError::syntax("gbnf", format!("line {line}, column {col}"), msg)
+    }
+
+    /// `line L, column C: msg` for a position (the text of a syntax error without its input).
+    fn place_and_message(&self, at: usize, msg: &str) -> String {
+        let e = self.err(at, msg);
+        format!("{}: {}", e.place().unwrap_or_default(), e.message())
     }
 
     fn peek_char(&self) -> char {
@@ -281,18 +283,13 @@ impl P<'_> {
                 }
                 b'(' => {
                     if self.depth >= MAX_GROUP_NESTING {
-                        return Err(ConstraintError::Limit {
-                            limit: LimitKind::GroupNesting,
-                            message: match self.err(
+                        return Err(ConstraintError::limit_exceeded(
+                            LimitKind::GroupNesting,
+                            self.place_and_message(
                                 at,
                                 &format!("groups nested deeper than {MAX_GROUP_NESTING}"),
-                            ) {
-                                ConstraintError::Syntax { place, message, .. } => {
-                                    format!("{place}: {message}")
-                                }
-                                e => e.to_string(),
-                            },
-                        });
+                            ),
+                        ));
                     }
                     self.i += 1;
                     self.ws(true);
@@ -307,17 +304,13 @@ impl P<'_> {
                     format!("({inner})")
                 }
                 b'<' | b'!' => {
-                    return Err(ConstraintError::Unsupported {
-                        keyword: "token reference".into(),
-                        message: match self
-                            .err(at, "token references (`<...>`, `!<...>`) are not supported")
-                        {
-                            ConstraintError::Syntax { place, message, .. } => {
-                                format!("{place}: {message}")
-                            }
-                            e => e.to_string(),
-                        },
-                    })
+                    return Err(ConstraintError::unsupported(
+                        "token reference",
+                        self.place_and_message(
+                            at,
+                            "token references (`<...>`, `!<...>`) are not supported",
+                        ),
+                    ))
                 }
                 _ => match self.name() {
                     Some(n) => format!("\u{1}{n}@{at}\u{1}"),

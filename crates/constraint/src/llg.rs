@@ -6,6 +6,7 @@
 //! llguidance's 32-bit-word mask into nextok's 64-bit-word bitset, widens EOS to every EOS id of
 //! the vocabulary, and keeps the committed bytes for the state digest.
 
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use llguidance::api::{GrammarInit, ParserLimits, StopReason, TopLevelGrammar};
@@ -15,18 +16,50 @@ use llguidance::{Logger, Matcher, ParserFactory};
 use crate::error::{ConstraintError, LimitKind};
 use crate::Limits;
 
+/// Each llguidance limit of [`Limits`] beside llguidance's own field: the one place that pairs
+/// them; both directions ([`parser_limits`], [`set_default_parser_limits`]) go through it.
+#[allow(clippy::type_complexity)]
+fn paired<'a>(
+    n: &'a mut Limits,
+    p: &'a mut ParserLimits,
+) -> (
+    [(&'a mut usize, &'a mut usize); 4],
+    [(&'a mut u64, &'a mut u64); 2],
+) {
+    (
+        [
+            (&mut n.max_items_in_row, &mut p.max_items_in_row),
+            (&mut n.step_max_items, &mut p.step_max_items),
+            (&mut n.max_lexer_states, &mut p.max_lexer_states),
+            (&mut n.max_grammar_size, &mut p.max_grammar_size),
+        ],
+        [
+            (&mut n.initial_lexer_fuel, &mut p.initial_lexer_fuel),
+            (&mut n.step_lexer_fuel, &mut p.step_lexer_fuel),
+        ],
+    )
+}
+
 /// Converts nextok limits to llguidance's.
 pub(crate) fn parser_limits(l: &Limits) -> ParserLimits {
-    ParserLimits {
-        max_items_in_row: l.max_items_in_row,
-        initial_lexer_fuel: l.initial_lexer_fuel,
-        step_lexer_fuel: l.step_lexer_fuel,
-        step_max_items: l.step_max_items,
-        max_lexer_states: l.max_lexer_states,
-        max_grammar_size: l.max_grammar_size,
+    let mut ours = l.clone();
+    let mut p = ParserLimits {
         precompute_large_lexemes: true,
         verbose_errors: false,
-    }
+        ..ParserLimits::default()
+    };
+    let (sizes, fuels) = paired(&mut ours, &mut p);
+    sizes.into_iter().for_each(|(n, t)| *t = *n);
+    fuels.into_iter().for_each(|(n, t)| *t = *n);
+    p
+}
+
+/// Sets the llguidance limits of `l` to llguidance's defaults.
+pub(crate) fn set_default_parser_limits(l: &mut Limits) {
+    let mut theirs = ParserLimits::default();
+    let (sizes, fuels) = paired(l, &mut theirs);
+    sizes.into_iter().for_each(|(n, t)| *n = *t);
+    fuels.into_iter().for_each(|(n, t)| *n = *t);
 }
 
 /// Compiles `grammar` into a prototype matcher.
@@ -44,20 +77,20 @@ pub(crate) fn compile(
             InferenceCapabilities::default(),
             parser_limits(limits),
         )
-        .map_err(|e| classify(&format!("{e:#}"), input))?;
+        .map_err(|e| classify(&format!("{e:#}"), input).with_source(e))?;
     let mut m = Matcher::new(Ok(parser));
     // The first mask builds the initial lexer state; errors in the grammar that llguidance
     // finds only then surface here, at compile time.
     if let Err(e) = m.compute_mask() {
-        return Err(classify(&format!("{e:#}"), input));
+        return Err(classify(&format!("{e:#}"), input).with_source(e));
     }
     let elapsed = t0.elapsed();
     if let Some(max) = limits.max_compile_time {
         if elapsed > max {
-            return Err(ConstraintError::Limit {
-                limit: LimitKind::CompileTime,
-                message: format!("compiling took {elapsed:?}, limit {max:?}"),
-            });
+            return Err(ConstraintError::limit_exceeded(
+                LimitKind::CompileTime,
+                format!("compiling took {elapsed:?}, limit {max:?}"),
+            ));
         }
     }
     // Start sequences from a fresh prototype (the probe mask above is not state).
@@ -75,24 +108,17 @@ pub(crate) fn classify(msg: &str, input: &'static str) -> ConstraintError {
             .map(|k| k.trim().trim_matches('"').to_string())
             .filter(|k| !k.is_empty())
             .collect();
-        return ConstraintError::Unsupported {
-            keyword: keys.join(", "),
-            message: first,
-        };
+        return ConstraintError::unsupported(keys.join(", "), first);
     }
     if msg.contains("oneOf constraints are not supported") {
-        return ConstraintError::Unsupported {
-            keyword: "oneOf".into(),
-            message: "oneOf is not supported exactly (set coerce_one_of to treat it as anyOf)"
-                .into(),
-        };
+        return ConstraintError::unsupported(
+            "oneOf",
+            "oneOf is not supported exactly (set coerce_one_of to treat it as anyOf)",
+        );
     }
     if let Some(rest) = msg.split("Unknown format: ").nth(1) {
         let f = rest.split_whitespace().next().unwrap_or("");
-        return ConstraintError::Unsupported {
-            keyword: "format".into(),
-            message: format!("format `{f}` is not supported"),
-        };
+        return ConstraintError::unsupported("format", format!("format `{f}` is not supported"));
     }
     for (needle, keyword) in [
         (
@@ -104,20 +130,15 @@ pub(crate) fn classify(msg: &str, input: &'static str) -> ConstraintError {
         ("patternProperty regexes", "patternProperties"),
     ] {
         if msg.contains(needle) {
-            return ConstraintError::Unsupported {
-                keyword: keyword.into(),
-                message: first,
-            };
+            return ConstraintError::unsupported(keyword, first);
         }
     }
     if msg.contains("NoExtensionBias") {
         // llguidance's word for a grammar whose start derives no finite string
-        return ConstraintError::Unsatisfiable {
-            message: "no finite text matches: a rule (or `$ref`) refers to itself with no way out (a cycle without a base case)".into(),
-        };
+        return ConstraintError::unsatisfiable("no finite text matches: a rule (or `$ref`) refers to itself with no way out (a cycle without a base case)");
     }
     if msg.contains("Unsatisfiable schema") {
-        return ConstraintError::Unsatisfiable { message: first };
+        return ConstraintError::unsatisfiable(first);
     }
     let limit = if msg.contains("grammar size (number of symbols) too big") {
         Some(LimitKind::GrammarSize)
@@ -133,10 +154,7 @@ pub(crate) fn classify(msg: &str, input: &'static str) -> ConstraintError {
         None
     };
     if let Some(limit) = limit {
-        return ConstraintError::Limit {
-            limit,
-            message: first,
-        };
+        return ConstraintError::limit_exceeded(limit, first);
     }
     // llguidance puts the place first ("at line 3 ...", "(line 2)"), or names the schema path
     // in a "while processing" line.
@@ -165,11 +183,7 @@ pub(crate) fn classify(msg: &str, input: &'static str) -> ConstraintError {
         .filter(|l| !l.trim().is_empty())
         .collect::<Vec<_>>()
         .join("\n");
-    ConstraintError::Syntax {
-        input,
-        place,
-        message,
-    }
+    ConstraintError::syntax(input, place, message)
 }
 
 /// Per-sequence llguidance state.
@@ -185,18 +199,105 @@ impl LlgState {
         self.matcher.get_error()
     }
 
-    /// Maps a step failure (llguidance's stop reason) to a typed error.
-    pub(crate) fn step_error(&self, msg: String) -> ConstraintError {
-        match self.matcher.stop_reason() {
-            StopReason::LexerTooComplex => ConstraintError::Limit {
-                limit: LimitKind::StepFuel,
-                message: msg,
-            },
-            StopReason::ParserTooComplex => ConstraintError::Limit {
-                limit: LimitKind::StepItems,
-                message: msg,
-            },
-            _ => ConstraintError::Engine { message: msg },
-        }
+    /// Maps a step failure (llguidance's stop reason) to a typed error with the failure as its
+    /// source.
+    pub(crate) fn step_error<E>(&self, e: E) -> ConstraintError
+    where
+        E: fmt::Display + Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    {
+        let msg = format!("{e:#}");
+        let err = match self.matcher.stop_reason() {
+            StopReason::LexerTooComplex => {
+                ConstraintError::limit_exceeded(LimitKind::StepFuel, msg)
+            }
+            StopReason::ParserTooComplex => {
+                ConstraintError::limit_exceeded(LimitKind::StepItems, msg)
+            }
+            _ => ConstraintError::engine(msg),
+        };
+        err.with_source(e)
+    }
+}
+
+/// An engine failure of llguidance as a typed error, with the failure as its source.
+pub(crate) fn engine_error<E>(e: E) -> ConstraintError
+where
+    E: fmt::Display + Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
+    ConstraintError::engine(format!("{e:#}")).with_source(e)
+}
+
+/// llguidance run directly, without nextok's wrapper (no conversion of the mask to nextok's
+/// bitset, no widening of EOS): the baseline of the mask benchmark. Made by
+/// [`crate::ConstraintEngine::llguidance_baseline`]; clones share llguidance's lexer caches.
+#[derive(Clone)]
+pub struct LlguidanceBaseline {
+    matcher: Matcher,
+}
+
+impl std::fmt::Debug for LlguidanceBaseline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlguidanceBaseline").finish_non_exhaustive()
+    }
+}
+
+impl LlguidanceBaseline {
+    pub(crate) fn new(
+        factory: &ParserFactory,
+        grammar: TopLevelGrammar,
+    ) -> Result<LlguidanceBaseline, ConstraintError> {
+        let parser = factory.create_parser(grammar).map_err(engine_error)?;
+        Ok(LlguidanceBaseline {
+            matcher: Matcher::new(Ok(parser)),
+        })
+    }
+
+    /// Computes the mask of allowed tokens (in llguidance's own form; it is dropped).
+    pub fn compute_mask(&mut self) -> Result<(), ConstraintError> {
+        self.matcher.compute_mask().map(drop).map_err(engine_error)
+    }
+
+    /// Consumes `token`.
+    pub fn consume(&mut self, token: u32) -> Result<(), ConstraintError> {
+        self.matcher.consume_token(token).map_err(engine_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_map_both_ways() {
+        let d = ParserLimits::default();
+        let p = parser_limits(&Limits::default());
+        assert_eq!(p.max_items_in_row, d.max_items_in_row);
+        assert_eq!(p.initial_lexer_fuel, d.initial_lexer_fuel);
+        assert_eq!(p.step_lexer_fuel, d.step_lexer_fuel);
+        assert_eq!(p.step_max_items, d.step_max_items);
+        assert_eq!(p.max_lexer_states, d.max_lexer_states);
+        assert_eq!(p.max_grammar_size, d.max_grammar_size);
+        assert!(p.precompute_large_lexemes && !p.verbose_errors);
+        let l = Limits {
+            max_items_in_row: 1,
+            initial_lexer_fuel: 2,
+            step_lexer_fuel: 3,
+            step_max_items: 4,
+            max_lexer_states: 5,
+            max_grammar_size: 6,
+            ..Limits::default()
+        };
+        let p = parser_limits(&l);
+        assert_eq!(
+            (
+                p.max_items_in_row,
+                p.initial_lexer_fuel,
+                p.step_lexer_fuel,
+                p.step_max_items,
+                p.max_lexer_states,
+                p.max_grammar_size
+            ),
+            (1, 2, 3, 4, 5, 6)
+        );
     }
 }

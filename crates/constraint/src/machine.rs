@@ -51,12 +51,10 @@ impl ChoiceTrie {
                     Err(i) => {
                         let id = t.edges.len();
                         if id >= max_states {
-                            return Err(ConstraintError::Limit {
-                                limit: LimitKind::States,
-                                message: format!(
-                                    "the choice trie needs more than {max_states} states"
-                                ),
-                            });
+                            return Err(ConstraintError::limit_exceeded(
+                                LimitKind::States,
+                                format!("the choice trie needs more than {max_states} states"),
+                            ));
                         }
                         t.edges[n].insert(i, (b, id as u32));
                         t.edges.push(Vec::new());

@@ -635,14 +635,17 @@ pub(crate) fn prepare(schema: &Value, mode: SchemaMode) -> Result<Prepared, Cons
         match mode {
             SchemaMode::Strict => {
                 if refusal.is_none() {
-                    refusal = Some(ConstraintError::Unsupported {
-                        keyword: "format".into(),
-                        message: format!(
-                            "format `{f}` at `{}` is not enforced by the mask \
-                             (schema_mode relaxed treats it as its base type)",
-                            if ptr.is_empty() { "/" } else { ptr }
-                        ),
-                    });
+                    refusal = Some(
+                        ConstraintError::unsupported(
+                            "format",
+                            format!(
+                                "format `{f}` at `{}` is not enforced by the mask \
+                                 (schema_mode relaxed treats it as its base type)",
+                                if ptr.is_empty() { "/" } else { ptr }
+                            ),
+                        )
+                        .at_pointer(ptr),
+                    );
                 }
             }
             SchemaMode::Relaxed => {
@@ -708,7 +711,7 @@ pub(crate) fn relax_patterns(p: &mut Prepared, bad: impl Fn(&str) -> bool) -> bo
 }
 
 /// Relaxes the keyword llguidance refused (`refused`, as in
-/// the `keyword` of a `ConstraintError::Unsupported`) in `p`; returns whether anything changed and
+/// the keyword of an unsupported-keyword `ConstraintError`) in `p`; returns whether anything changed and
 /// whether `oneOf` must now be read as `anyOf`.
 pub(crate) fn relax_refused(p: &mut Prepared, refused: &str) -> (bool, bool) {
     if refused == "oneOf" {

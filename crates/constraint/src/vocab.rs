@@ -151,7 +151,7 @@ impl ConstraintVocab {
     pub fn new(bytes: &TokenBytes, info: &VocabInfo) -> Result<ConstraintVocab, ConstraintError> {
         let info = info
             .validated()
-            .map_err(|e| ConstraintError::invalid("vocabulary", e.to_string()))?;
+            .map_err(|e| ConstraintError::invalid("vocabulary", e.to_string()).with_source(e))?;
         if bytes.len() != info.vocab_size {
             return Err(ConstraintError::invalid(
                 "vocabulary",
@@ -222,7 +222,7 @@ impl ConstraintVocab {
     }
 
     /// llguidance's token environment over this vocabulary.
-    pub fn tok_env(&self) -> &TokEnv {
+    pub(crate) fn tok_env(&self) -> &TokEnv {
         &self.tok_env
     }
 }

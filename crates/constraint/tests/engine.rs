@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 
 use nextok_constraint::{
-    ConstraintEngine, ConstraintError, ConstraintSpec, ConstraintVocab, JsonOptions, LimitKind,
+    ConstraintEngine, ConstraintErrorKind, ConstraintSpec, ConstraintVocab, JsonOptions, LimitKind,
     Limits,
 };
 use nextok_core::constraint::{bitset_words, ConstraintState, ConstraintStatus};
@@ -97,10 +97,11 @@ fn choice_prefix_is_accepted_and_continues() {
     s.commit(22).unwrap();
     assert_eq!(s.status(), ConstraintStatus::Accepted);
     assert_eq!(allowed(&mut s, 25), vec![0, 23]);
-    assert!(matches!(
-        e.compile(&ConstraintSpec::Choice { choices: vec![] }),
-        Err(ConstraintError::Invalid { .. })
-    ));
+    let err = e
+        .compile(&ConstraintSpec::Choice { choices: vec![] })
+        .unwrap_err();
+    assert_eq!(err.kind(), ConstraintErrorKind::Invalid, "{err}");
+    assert_eq!(err.field(), Some("choice"), "{err}");
 }
 
 #[test]
@@ -194,6 +195,10 @@ fn errors_are_typed_and_name_the_place() {
         })
         .unwrap_err();
     assert_eq!(err.keyword(), Some("oneOf"), "{err}");
+    assert_eq!(err.kind(), ConstraintErrorKind::Unsupported, "{err}");
+    assert_eq!(err.pointer(), Some("/properties/a"), "{err}");
+    // llguidance's refusal is kept underneath
+    assert!(std::error::Error::source(&err).is_some(), "{err:?}");
     let err = e
         .compile(&ConstraintSpec::JsonSchema {
             schema: json!({"type": "string", "format": "no-such-format"}),
@@ -226,16 +231,8 @@ fn errors_are_typed_and_name_the_place() {
             options: JsonOptions::default(),
         })
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ConstraintError::Limit {
-                limit: LimitKind::GrammarSize,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_eq!(err.kind(), ConstraintErrorKind::Limit, "{err}");
+    assert_eq!(err.limit(), Some(LimitKind::GrammarSize), "{err}");
     let e3 = ConstraintEngine::new(e.vocab().clone())
         .unwrap()
         .with_limits(Limits {
@@ -243,16 +240,8 @@ fn errors_are_typed_and_name_the_place() {
             ..Limits::default()
         });
     let err = e3.compile(&choice_ok()).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ConstraintError::Limit {
-                limit: LimitKind::States,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_eq!(err.kind(), ConstraintErrorKind::Limit, "{err}");
+    assert_eq!(err.limit(), Some(LimitKind::States), "{err}");
 }
 
 #[test]

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use nextok_constraint::{
-    ConstraintEngine, ConstraintError, ConstraintSpec, ConstraintVocab, LimitKind,
+    ConstraintEngine, ConstraintError, ConstraintErrorKind, ConstraintSpec, ConstraintVocab,
+    LimitKind,
 };
 use nextok_core::{TokenBytes, VocabInfo};
 use serde_json::json;
@@ -59,9 +60,12 @@ fn schema_chain(n: usize) -> ConstraintSpec {
 
 fn limit_of(
     r: Result<Arc<nextok_constraint::CompiledConstraint>, ConstraintError>,
-) -> (LimitKind, String) {
+) -> (LimitKind, String, ConstraintError) {
     match r {
-        Err(ConstraintError::Limit { limit, message }) => (limit, message),
+        Err(e) if e.kind() == ConstraintErrorKind::Limit => {
+            let limit = e.limit().expect("a limit error names its limit");
+            (limit, e.message().to_string(), e)
+        }
         other => panic!("expected a limit error, got {other:?}"),
     }
 }
@@ -86,22 +90,19 @@ fn long_rule_chains_compile_on_the_compilers_stack() {
 fn chains_beyond_the_limits_are_limit_errors_naming_the_limit() {
     let e = engine();
     let max = e.limits().max_rules;
-    let (k, m) = limit_of(e.compile(&gbnf_chain(max + 10)));
+    let (k, m, _) = limit_of(e.compile(&gbnf_chain(max + 10)));
     assert_eq!(k, LimitKind::Rules);
     assert!(m.contains(&max.to_string()), "{m}");
-    let (k, _) = limit_of(e.compile(&lark_chain(max + 10)));
+    let (k, _, _) = limit_of(e.compile(&lark_chain(max + 10)));
     assert_eq!(k, LimitKind::Rules);
-    let (k, m) = limit_of(e.compile(&schema_chain(e.limits().max_schema_objects / 3 + 10)));
+    let (k, m, err) = limit_of(e.compile(&schema_chain(e.limits().max_schema_objects / 3 + 10)));
     assert_eq!(k, LimitKind::SchemaObjects);
-    let shown = ConstraintError::Limit {
-        limit: k,
-        message: m,
-    }
-    .to_string();
+    let shown = err.to_string();
+    assert_eq!(shown, format!("limit max_schema_objects exceeded: {m}"));
     assert!(shown.contains("max_schema_objects"), "{shown}");
     // a huge grammar is refused by counting, quickly, before any conversion or compilation
     let t = std::time::Instant::now();
-    let (k, _) = limit_of(e.compile(&gbnf_chain(200_000)));
+    let (k, _, _) = limit_of(e.compile(&gbnf_chain(200_000)));
     assert_eq!(k, LimitKind::Rules);
     assert!(t.elapsed().as_secs() < 5, "{:?}", t.elapsed());
 }
@@ -111,7 +112,7 @@ fn deeply_nested_groups_are_refused() {
     let e = engine();
     let n = 20_000;
     let gbnf = format!("root ::= {}\"a\"{}", "(".repeat(n), ")".repeat(n));
-    let (k, m) = limit_of(e.compile(&ConstraintSpec::Gbnf { gbnf }));
+    let (k, m, _) = limit_of(e.compile(&ConstraintSpec::Gbnf { gbnf }));
     assert_eq!(k, LimitKind::GroupNesting);
     assert!(m.contains("line 1"), "{m}");
     // Lark's own parser refuses deep nesting as a syntax error

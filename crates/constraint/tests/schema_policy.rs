@@ -214,6 +214,12 @@ fn strict_refuses_with_keyword_and_pointer() {
             .expect_err(keyword);
         assert_eq!(e.keyword(), Some(keyword), "{e}");
         assert!(e.to_string().contains(pointer), "{e}");
+        // the pointer is also readable on its own
+        assert_eq!(
+            e.pointer().map(|p| format!("`{p}`")).as_deref(),
+            Some(pointer),
+            "{e}"
+        );
     }
 }
 

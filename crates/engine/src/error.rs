@@ -1,7 +1,10 @@
 //! The engine's error: an opaque value with a kind to inspect and, for invalid requests, the
-//! name of the field at fault (the server turns it into a 400 naming that field).
+//! name of the field at fault (the server turns it into a 400 naming that field). The library
+//! error it wraps (the core's, the model's, the constraint engine's) is its
+//! [`source`](std::error::Error::source).
 
 use std::fmt;
+use std::sync::Arc;
 
 /// What went wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,13 +27,43 @@ pub enum ErrorKind {
     Shutdown,
 }
 
-/// An engine error.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The library error underneath an engine error.
+type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// An engine error. Two errors are equal when kind, field, message and code are (the source is
+/// not compared).
+#[derive(Clone)]
 pub struct EngineError {
     kind: ErrorKind,
     field: Option<String>,
     message: String,
     code: Option<&'static str>,
+    source: Option<Source>,
+}
+
+impl PartialEq for EngineError {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind
+            && self.field == other.field
+            && self.message == other.message
+            && self.code == other.code
+    }
+}
+
+impl Eq for EngineError {}
+
+impl fmt::Debug for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("EngineError");
+        d.field("kind", &self.kind)
+            .field("field", &self.field)
+            .field("message", &self.message)
+            .field("code", &self.code);
+        if let Some(s) = &self.source {
+            d.field("source", s);
+        }
+        d.finish()
+    }
 }
 
 impl EngineError {
@@ -41,6 +74,7 @@ impl EngineError {
             field: None,
             message: message.into(),
             code: None,
+            source: None,
         }
     }
 
@@ -76,8 +110,22 @@ impl EngineError {
         self.code
     }
 
+    /// The same error, with the library error underneath it.
+    pub(crate) fn with_source(
+        mut self,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> EngineError {
+        self.source = Some(Arc::from(source.into()));
+        self
+    }
+
     pub(crate) fn model(e: nextok_model::ModelError) -> EngineError {
-        EngineError::new(ErrorKind::Model, e.message().to_string())
+        EngineError::new(ErrorKind::Model, e.message().to_string()).with_source(e)
+    }
+
+    /// A constraint that failed to build or compile (the message is the constraint error's).
+    pub(crate) fn constraint(e: nextok_constraint::ConstraintError) -> EngineError {
+        EngineError::new(ErrorKind::Constraint, e.to_string()).with_source(e)
     }
 
     pub(crate) fn core(e: nextok_core::Error) -> EngineError {
@@ -94,7 +142,9 @@ impl EngineError {
             field,
             message: e.to_string(),
             code: Some(e.code()),
+            source: None,
         }
+        .with_source(e)
     }
 }
 
@@ -109,7 +159,13 @@ impl fmt::Display for EngineError {
     }
 }
 
-impl std::error::Error for EngineError {}
+impl std::error::Error for EngineError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// Results of this crate.
 pub type Result<T> = std::result::Result<T, EngineError>;

@@ -38,14 +38,12 @@ pub fn explain_step(req: &StepRequest) -> Result<ExplainOutput> {
     let out = req.explain_output_with(|sampler, state| {
         let bytes = TokenBytes::new(names.iter().map(|n| n.as_bytes()))?;
         let attach = || -> Result<_> {
-            let vocab = ConstraintVocab::new(&bytes, sampler.vocab())
-                .map_err(|e| EngineError::new(ErrorKind::Constraint, e.to_string()))?;
-            let engine = ConstraintEngine::new(Arc::new(vocab))
-                .map_err(|e| EngineError::new(ErrorKind::Constraint, e.to_string()))?;
-            let compiled = engine.compile(&spec).map_err(|e| {
-                EngineError::new(ErrorKind::Constraint, e.to_string())
-                    .with_field("params.constraint")
-            })?;
+            let vocab =
+                ConstraintVocab::new(&bytes, sampler.vocab()).map_err(EngineError::constraint)?;
+            let engine = ConstraintEngine::new(Arc::new(vocab)).map_err(EngineError::constraint)?;
+            let compiled = engine
+                .compile(&spec)
+                .map_err(|e| EngineError::constraint(e).with_field("params.constraint"))?;
             let mut seq = compiled.start();
             for (i, &t) in req.selected_ids.iter().enumerate() {
                 seq.consume(t).map_err(|e| {

@@ -28,7 +28,8 @@ pub(crate) struct ModelShared {
     pub(crate) token_bytes: Arc<TokenBytes>,
     /// The draft model for `speculative` requests with the `model` drafter.
     pub(crate) draft: Option<Arc<Model>>,
-    constraint_engine: OnceLock<std::result::Result<ConstraintEngine, String>>,
+    constraint_engine:
+        OnceLock<std::result::Result<ConstraintEngine, nextok_constraint::ConstraintError>>,
     constraints: Mutex<HashMap<String, (u64, Arc<CompiledConstraint>)>>,
     clock: std::sync::atomic::AtomicU64,
 }
@@ -68,13 +69,11 @@ impl ModelShared {
     fn constraint_engine(&self) -> Result<&ConstraintEngine> {
         let e = self.constraint_engine.get_or_init(|| {
             let m = &self.model;
-            let vocab =
-                ConstraintVocab::new(&m.vocab.bytes, &m.vocab.info).map_err(|e| e.to_string())?;
-            ConstraintEngine::new(Arc::new(vocab)).map_err(|e| e.to_string())
+            let vocab = ConstraintVocab::new(&m.vocab.bytes, &m.vocab.info)?;
+            ConstraintEngine::new(Arc::new(vocab))
         });
-        e.as_ref().map_err(|m| {
-            EngineError::new(ErrorKind::Constraint, m.clone()).with_field("constraint")
-        })
+        e.as_ref()
+            .map_err(|e| EngineError::constraint(e.clone()).with_field("constraint"))
     }
 
     /// Compiles `spec` once per distinct spec.
@@ -93,11 +92,9 @@ impl ModelShared {
             return Ok(c.clone());
         }
         let engine = self.constraint_engine()?;
-        let compiled = engine.compile(spec).map_err(|e| {
-            let mut err = EngineError::new(ErrorKind::Constraint, e.to_string());
-            err = err.with_field("constraint");
-            err
-        })?;
+        let compiled = engine
+            .compile(spec)
+            .map_err(|e| EngineError::constraint(e).with_field("constraint"))?;
         let mut cache = self.lock_cache();
         if cache.len() >= CONSTRAINT_CACHE {
             let mut ages: Vec<u64> = cache.values().map(|v| v.0).collect();

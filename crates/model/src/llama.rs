@@ -34,7 +34,7 @@ use candle_core::Device;
 use half::f16;
 use rayon::prelude::*;
 
-use crate::error::{ModelError, Result};
+use crate::error::{ModelError, ModelErrorKind, Result};
 use crate::kernels::attn::{self, dot};
 use crate::kernels::{self, Activations, QMatrix};
 use crate::kv::{KvGeometry, KvPool, SeqKv, BLOCK_POSITIONS};
@@ -127,14 +127,17 @@ impl std::fmt::Debug for LlamaWeights {
 }
 
 fn md_usize(c: &gguf_file::Content, key: &str) -> Result<usize> {
-    let v = c
-        .metadata
-        .get(key)
-        .ok_or_else(|| ModelError::new(format!("GGUF metadata has no `{key}`")))?;
+    let v = c.metadata.get(key).ok_or_else(|| {
+        ModelError::new(format!("GGUF metadata has no `{key}`")).with_kind(ModelErrorKind::Format)
+    })?;
     v.to_u32()
         .map(|x| x as usize)
         .or_else(|_| v.to_u64().map(|x| x as usize))
-        .map_err(|e| ModelError::new(format!("GGUF metadata `{key}`: {e}")))
+        .map_err(|e| {
+            ModelError::new(format!("GGUF metadata `{key}`: {e}"))
+                .with_kind(ModelErrorKind::Format)
+                .with_source(e)
+        })
 }
 
 fn md_f32(c: &gguf_file::Content, key: &str) -> Option<f32> {
@@ -216,11 +219,17 @@ impl LlamaWeights {
         let device = Device::Cpu;
         // every size in the file is checked against its length before anything is allocated
         crate::check_gguf(path)?;
-        let file = File::open(path)
-            .map_err(|e| ModelError::new(format!("{}: cannot open: {e}", path.display())))?;
+        let file = File::open(path).map_err(|e| {
+            ModelError::new(format!("{}: cannot open: {e}", path.display()))
+                .with_kind(ModelErrorKind::Io)
+                .with_source(e)
+        })?;
         let mut r = BufReader::new(file);
-        let c = gguf_file::Content::read(&mut r)
-            .map_err(|e| ModelError::new(format!("{}: not a GGUF file: {e}", path.display())))?;
+        let c = gguf_file::Content::read(&mut r).map_err(|e| {
+            ModelError::new(format!("{}: not a GGUF file: {e}", path.display()))
+                .with_kind(ModelErrorKind::Format)
+                .with_source(e)
+        })?;
         let arch = c
             .metadata
             .get("general.architecture")
@@ -267,8 +276,11 @@ impl LlamaWeights {
         }
 
         let mut get = |name: &str| -> Result<QTensor> {
-            c.tensor(&mut r, name, &device)
-                .map_err(|e| ModelError::new(format!("tensor `{name}`: {e}")))
+            c.tensor(&mut r, name, &device).map_err(|e| {
+                ModelError::new(format!("tensor `{name}`: {e}"))
+                    .with_kind(ModelErrorKind::Format)
+                    .with_source(e)
+            })
         };
         let matrix = |name: &str, t: QTensor| -> Result<QMatrix> {
             let slow = matches!(
@@ -285,7 +297,11 @@ impl LlamaWeights {
             } else {
                 QMatrix::from_qtensor(&t)
             };
-            m.map_err(|e| ModelError::new(format!("tensor `{name}`: {e}")))
+            m.map_err(|e| {
+                ModelError::new(format!("tensor `{name}`: {e}"))
+                    .with_kind(ModelErrorKind::Format)
+                    .with_source(e)
+            })
         };
         let vector = |name: &str, t: QTensor, len: usize| -> Result<Vec<f32>> {
             let v = t
@@ -811,7 +827,9 @@ impl LlamaSource {
 
     fn run(&mut self, ids: &[u32], rows: LogitRows) -> Result<Vec<f32>> {
         if ids.is_empty() {
-            return Err(ModelError::new("prefill needs at least one id"));
+            return Err(
+                ModelError::new("prefill needs at least one id").with_kind(ModelErrorKind::Invalid)
+            );
         }
         let mut batch = [BatchSeq {
             kv: &mut self.kv,

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::error::{ModelError, Result};
+use crate::error::{ModelError, ModelErrorKind, Result};
 use crate::LogitsSource;
 
 /// Logits by context (prompt + generated ids); a context without an entry gets `fallback`.
@@ -52,7 +52,9 @@ impl LogitsSource for ScriptedSource {
     }
     fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         if ids.is_empty() {
-            return Err(ModelError::new("prefill needs at least one id"));
+            return Err(
+                ModelError::new("prefill needs at least one id").with_kind(ModelErrorKind::Invalid)
+            );
         }
         self.ctx.extend_from_slice(ids);
         Ok(self.row())
@@ -65,7 +67,7 @@ impl LogitsSource for ScriptedSource {
     }
     fn truncate(&mut self, len: usize) -> Result<()> {
         if len > self.ctx.len() {
-            return Err(ModelError::new("truncate past the end"));
+            return Err(ModelError::new("truncate past the end").with_kind(ModelErrorKind::Invalid));
         }
         self.ctx.truncate(len);
         Ok(())

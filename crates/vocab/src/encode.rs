@@ -33,9 +33,7 @@ impl Encoder {
     pub fn from_tokenizer_json_file(path: impl AsRef<std::path::Path>) -> Result<Encoder> {
         let path = path.as_ref();
         let label = path.display().to_string();
-        let data = std::fs::read(path).map_err(|e| {
-            VocabError::new(VocabErrorKind::Io, &label, format!("cannot read: {e}"))
-        })?;
+        let data = std::fs::read(path).map_err(|e| VocabError::io(&label, e))?;
         Encoder::from_tokenizer_json(&data, &label)
     }
 

@@ -25,8 +25,7 @@ const MAX_DEPTH: usize = 8;
 /// Whether the file at `path` starts with the GGUF magic (an error only if it cannot be read).
 pub fn has_gguf_magic(path: &Path) -> Result<bool> {
     let label = path.display().to_string();
-    let mut f = File::open(path)
-        .map_err(|e| VocabError::new(VocabErrorKind::Io, &label, format!("cannot read: {e}")))?;
+    let mut f = File::open(path).map_err(|e| VocabError::io(&label, e))?;
     let mut m = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -34,13 +33,7 @@ pub fn has_gguf_magic(path: &Path) -> Result<bool> {
             Ok(0) => return Ok(false),
             Ok(k) => got += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                return Err(VocabError::new(
-                    VocabErrorKind::Io,
-                    &label,
-                    format!("cannot read: {e}"),
-                ))
-            }
+            Err(e) => return Err(VocabError::io(&label, e)),
         }
     }
     Ok(m == MAGIC)
@@ -328,9 +321,7 @@ impl Gguf {
     pub fn read_file(path: impl AsRef<Path>) -> Result<Gguf> {
         let path = path.as_ref();
         let label = path.display().to_string();
-        let io = |e: std::io::Error| {
-            VocabError::new(VocabErrorKind::Io, &label, format!("cannot read: {e}"))
-        };
+        let io = |e: std::io::Error| VocabError::io(&label, e);
         let f = File::open(path).map_err(io)?;
         let len = f.metadata().map_err(io)?.len();
         Gguf::read_from(BufReader::with_capacity(1 << 20, f), len, &label)
@@ -362,9 +353,7 @@ impl Gguf {
     pub fn read_file_with_tensors(path: impl AsRef<Path>) -> Result<(Gguf, GgufTensors)> {
         let path = path.as_ref();
         let label = path.display().to_string();
-        let io = |e: std::io::Error| {
-            VocabError::new(VocabErrorKind::Io, &label, format!("cannot read: {e}"))
-        };
+        let io = |e: std::io::Error| VocabError::io(&label, e);
         let f = File::open(path).map_err(io)?;
         let len = f.metadata().map_err(io)?.len();
         let mut rd = Reader {

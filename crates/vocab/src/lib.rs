@@ -284,9 +284,7 @@ impl Vocabulary {
     ) -> Result<Vocabulary> {
         let path = path.as_ref();
         let label = path.display().to_string();
-        let data = std::fs::read(path).map_err(|e| {
-            VocabError::new(VocabErrorKind::Io, &label, format!("cannot read: {e}"))
-        })?;
+        let data = std::fs::read(path).map_err(|e| VocabError::io(&label, e))?;
         hf::from_slice(&data, &label, opts)
     }
 

@@ -59,13 +59,11 @@ pub const Q4_1_BLOCK_BYTES: usize = 20;
 pub const Q8_0_BLOCK_BYTES: usize = 34;
 
 /// What is wrong with a kernel's input.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KernelError {
     /// A dimension is not usable (not a multiple of 32, overflow, not a matrix).
-    #[error("bad shape: {0}")]
     Shape(String),
     /// A buffer has the wrong number of elements or bytes.
-    #[error("bad length: {what} has {got}, expected {expected}")]
     Length {
         /// Which buffer.
         what: &'static str,
@@ -75,12 +73,27 @@ pub enum KernelError {
         expected: usize,
     },
     /// The weight format cannot be handled.
-    #[error("bad format: {0}")]
     Format(String),
     /// Two operands do not fit together.
-    #[error("shape mismatch: {0}")]
     Mismatch(String),
 }
+
+impl std::fmt::Display for KernelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelError::Shape(s) => write!(f, "bad shape: {s}"),
+            KernelError::Length {
+                what,
+                got,
+                expected,
+            } => write!(f, "bad length: {what} has {got}, expected {expected}"),
+            KernelError::Format(s) => write!(f, "bad format: {s}"),
+            KernelError::Mismatch(s) => write!(f, "shape mismatch: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for KernelError {}
 
 /// Storage format of a [`QMatrix`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,93 @@
+//! The compiled constraint: immutable and `Send + Sync`, shared through `Arc` by every
+//! sequence that runs it. It holds the automaton (nextok's own, or llguidance's prototype
+//! matcher), the vocabulary, the spec's hash (for digests) and, for `json_schema`, the keyword
+//! report and the validator for the check after generation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::machine::Machine;
+use crate::schema::{self, SchemaReport, Validation};
+use crate::state::SequenceState;
+use crate::ConstraintVocab;
+
+/// Who runs the automaton.
+pub(crate) enum Backend {
+    /// nextok's own automaton (`choice`, small regexes).
+    Own(Machine),
+    /// llguidance's prototype matcher (every sequence clones it).
+    Llg(Box<llguidance::Matcher>),
+}
+
+/// A compiled constraint: immutable, `Send + Sync`; share it with `Arc` and start a
+/// [`SequenceState`] per sequence with [`CompiledConstraint::start`].
+pub struct CompiledConstraint {
+    pub(crate) kind: &'static str,
+    /// SHA-256 of the spec's canonical form.
+    pub(crate) hash: [u8; 32],
+    pub(crate) vocab: Arc<ConstraintVocab>,
+    pub(crate) backend: Backend,
+    pub(crate) compile_time: Duration,
+    /// `json_schema` only: the keyword report and the post-generation validator.
+    pub(crate) schema: Option<schema::SchemaCheck>,
+}
+
+impl std::fmt::Debug for CompiledConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledConstraint")
+            .field("kind", &self.kind)
+            .field("engine", &self.engine())
+            .field("compile_time", &self.compile_time)
+            .finish()
+    }
+}
+
+impl CompiledConstraint {
+    /// The spec's kind (`choice`, `regex`, ...).
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// Which engine runs it: `nextok` (own automaton) or `llguidance`.
+    pub fn engine(&self) -> &'static str {
+        match self.backend {
+            Backend::Own(_) => "nextok",
+            Backend::Llg(_) => "llguidance",
+        }
+    }
+
+    /// Number of automaton states (nextok's own engine only).
+    pub fn num_states(&self) -> Option<usize> {
+        match &self.backend {
+            Backend::Own(m) => Some(m.num_states()),
+            Backend::Llg(_) => None,
+        }
+    }
+
+    /// How long compiling took.
+    pub fn compile_time(&self) -> Duration {
+        self.compile_time
+    }
+
+    /// The vocabulary it was compiled for.
+    pub fn vocab(&self) -> &Arc<ConstraintVocab> {
+        &self.vocab
+    }
+
+    /// `json_schema` only: which keywords the mask enforces and which are checked after
+    /// generation.
+    pub fn schema_report(&self) -> Option<&SchemaReport> {
+        self.schema.as_ref().map(|c| &c.report)
+    }
+
+    /// `json_schema` only: validates a finished output against the full schema (every
+    /// keyword, formats asserted). `None` for other kinds.
+    pub fn validate_output(&self, text: &[u8]) -> Option<Validation> {
+        self.schema.as_ref().map(|c| c.validate(text))
+    }
+
+    /// A fresh state for one sequence.
+    pub fn start(self: &Arc<Self>) -> SequenceState {
+        SequenceState::start(self)
+    }
+}
