@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use super::top_p::one;
 use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
+use crate::kernels::collect_min_p;
+use crate::math::exp_f32;
 use crate::state::DecoderState;
 use crate::support::Workspace;
 use crate::vocab::VocabInfo;
@@ -71,5 +73,40 @@ impl Apply for Compiled {
     fn apply(&self, _st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         ws.min_p(self.alpha, self.min_keep);
         Ok(())
+    }
+}
+
+// The truncation itself, on the step's workspace.
+
+impl Workspace {
+    /// Min-p: keeps tokens with `w_i >= alpha` where `w_i = exp(z_i - m)` (i.e. `p_i >= alpha *
+    /// p_max`), at least `min_keep`.
+    pub(crate) fn min_p(&mut self, alpha: f64, min_keep: usize) {
+        if self.dense {
+            let m = self.dense_max();
+            let lz = crate::math::ln_f64(alpha) as f32 - 1e-3;
+            self.cands.clear();
+            collect_min_p(self.level(), &self.buf, m, lz, alpha, &mut self.cands);
+            if self.cands.len() < min_keep.min(self.dense_count) {
+                // rare: fall back to the exact top-min_keep
+                self.dense_top_k(min_keep.min(self.dense_count));
+            }
+            self.dense = false;
+            self.sorted = false;
+            self.invalidate();
+        } else {
+            self.sort_canonical();
+            let m = self.cands.first().map(|c| c.z).unwrap_or(0.0);
+            let mut n = 0;
+            while n < self.cands.len()
+                && (exp_f32(self.cands[n].z - m) as f64 >= alpha || n < min_keep)
+            {
+                n += 1;
+            }
+            if n < self.cands.len() {
+                self.cands.truncate(n.max(1));
+                self.invalidate();
+            }
+        }
     }
 }

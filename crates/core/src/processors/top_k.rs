@@ -8,7 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
+use crate::kernels;
 use crate::state::DecoderState;
+use crate::support::sort::worse;
+use crate::support::{canonical, Cand};
 use crate::support::{TopKTies, Workspace};
 use crate::vocab::VocabInfo;
 
@@ -83,5 +86,77 @@ impl Apply for Compiled {
     fn apply(&self, _st: &DecoderState, ws: &mut Workspace, _vocab: &VocabInfo) -> Result<()> {
         ws.top_k(self.k, self.ties);
         Ok(())
+    }
+}
+
+// The truncation itself, on the step's workspace.
+
+impl Workspace {
+    /// Top-k with the given tie rule. `k >= 1`.
+    pub(crate) fn top_k(&mut self, k: usize, ties: TopKTies) {
+        if self.support_len() <= k {
+            return;
+        }
+        if self.dense {
+            self.dense_top_k(k);
+            if ties == TopKTies::KeepAll {
+                let kth = self.cands[k - 1].z;
+                self.cands.clear();
+                for (i, &z) in self.buf.iter().enumerate() {
+                    if z >= kth {
+                        self.cands.push(Cand { id: i as u32, z });
+                    }
+                }
+                self.sorted = false;
+            }
+            self.dense = false;
+        } else {
+            self.sort_canonical();
+            let mut keep = k;
+            if ties == TopKTies::KeepAll {
+                let kth = self.cands[k - 1].z;
+                while keep < self.cands.len() && self.cands[keep].z == kth {
+                    keep += 1;
+                }
+            }
+            self.cands.truncate(keep);
+        }
+        self.invalidate();
+    }
+
+    /// Dense top-k by a size-k heap whose root is the worst kept candidate; result in
+    /// canonical order in `cands`.
+    pub(crate) fn dense_top_k(&mut self, k: usize) {
+        let level = self.level();
+        let heap = &mut self.cands;
+        heap.clear();
+        let buf = &self.buf;
+        let mut i = 0usize;
+        // fill with the first k finite entries
+        while heap.len() < k && i < buf.len() {
+            let z = buf[i];
+            if z > f32::NEG_INFINITY {
+                heap.push(Cand { id: i as u32, z });
+                // sift up
+                let mut j = heap.len() - 1;
+                while j > 0 {
+                    let p = (j - 1) / 2;
+                    if worse(&heap[j], &heap[p]) {
+                        heap.swap(j, p);
+                        j = p;
+                    } else {
+                        break;
+                    }
+                }
+            }
+            i += 1;
+        }
+        // scan the rest; a later id with an equal z is worse, so only strictly greater enters
+        if heap.len() == k && i < buf.len() {
+            let bmax: &[f32] = if self.bmax_valid { &self.bmax } else { &[] };
+            kernels::top_k_scan(level, buf, bmax, i, heap);
+        }
+        heap.sort_unstable_by(canonical);
+        self.sorted = true;
     }
 }

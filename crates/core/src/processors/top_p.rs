@@ -9,7 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
+use crate::kernels::{prefix_len, Level};
+use crate::math::exp_f32;
 use crate::state::DecoderState;
+use crate::support::Cand;
 use crate::support::Workspace;
 use crate::vocab::VocabInfo;
 
@@ -100,4 +103,58 @@ impl Apply for Compiled {
         }
         Ok(())
     }
+}
+
+// The truncation itself, on the step's workspace.
+
+impl Workspace {
+    /// Top-p (reference rule): the smallest prefix in canonical order whose cumulative
+    /// probability is `>= p`, at least `min_keep` long. `0 < p < 1`.
+    pub(crate) fn top_p(&mut self, p: f64, min_keep: usize) {
+        if self.dense {
+            self.dense_top_p(p, min_keep);
+        } else {
+            let (m, s) = self.normalize();
+            let n = sparse_prefix(self.level(), &self.cands, m, s, p, min_keep);
+            if n < self.cands.len() {
+                self.cands.truncate(n);
+                self.invalidate();
+            }
+        }
+    }
+
+    /// HF/vLLM top-p rule: sort ascending, remove the tokens whose ascending cumulative
+    /// probability is `<= 1 - p`, always keeping the `min_keep` most probable.
+    pub(crate) fn top_p_ascending(&mut self, p: f64, min_keep: usize) {
+        self.make_sparse();
+        let (m, s) = self.normalize(); // sorts canonical (descending)
+        let n = self.cands.len();
+        let mut removed = 0usize;
+        // compared in weight space, `Σ_tail w_i <= (1 − p)·S`, not as a sum of quotients
+        // `w_i / S`: the weights are exact `f32` values, so at an exact boundary (18 equal
+        // weights, p = 0.5: a tail of 9 holds exactly half) every partial sum and the bound
+        // are exact and the comparison is exact arithmetic's, where summing quotients rounds
+        // 9 × (1/18) above 0.5 and keeps one token too many
+        let bound = (1.0 - p) * s;
+        let mut cum = 0.0f64;
+        for c in self.cands.iter().rev() {
+            cum += exp_f32(c.z - m) as f64;
+            if cum <= bound {
+                removed += 1;
+            } else {
+                break;
+            }
+        }
+        let keep = (n - removed).max(min_keep.min(n)).max(1);
+        if keep < n {
+            self.cands.truncate(keep);
+            self.invalidate();
+        }
+    }
+}
+
+/// Returns the smallest `n >= max(1, min_keep)` such that the canonical-order cumulative
+/// probability of the first `n` is `>= p` (or all of them).
+fn sparse_prefix(level: Level, c: &[Cand], m: f32, s: f64, p: f64, min_keep: usize) -> usize {
+    prefix_len(level, c, m, s, p, min_keep).unwrap_or(c.len())
 }

@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 use super::top_p::one;
 use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
+use crate::math::{self, exp_f32};
 use crate::state::DecoderState;
+use crate::support::Cand;
 use crate::support::Workspace;
 use crate::vocab::VocabInfo;
 
@@ -80,5 +82,60 @@ impl Apply for Compiled {
             ws.typical(self.tau, self.min_keep, self.keep_ties);
         }
         Ok(())
+    }
+}
+
+// The truncation itself, on the step's workspace.
+
+impl Workspace {
+    /// Typical-p: order by `|−log p_i − H|` ascending (ties → lower id), keep the smallest prefix
+    /// whose cumulative probability is `>= tau` (at least `min_keep`); with `keep_ties`, also every
+    /// token tied with the last kept deviation (HF).
+    pub(crate) fn typical(&mut self, tau: f64, min_keep: usize, keep_ties: bool) {
+        self.make_sparse();
+        let (m, s) = self.normalize();
+        let ln_s = math::ln_f64(s);
+        // entropy H = -sum p log p
+        let mut h = 0.0f64;
+        for c in &self.cands {
+            let lp = (c.z - m) as f64 - ln_s;
+            let p = exp_f32(c.z - m) as f64 / s;
+            if p > 0.0 {
+                h -= p * lp;
+            }
+        }
+        self.tscratch.clear();
+        for c in &self.cands {
+            let lp = (c.z - m) as f64 - ln_s;
+            self.tscratch.push(((-lp - h).abs(), c.id, c.z));
+        }
+        let idx = &mut self.tscratch;
+        idx.sort_unstable_by(|a, b| {
+            a.0.partial_cmp(&b.0)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.1.cmp(&b.1))
+        });
+        let mut cum = 0.0f64;
+        let mut n = 0usize;
+        for &(_, _, z) in idx.iter() {
+            cum += exp_f32(z - m) as f64 / s;
+            n += 1;
+            if cum >= tau && n >= min_keep {
+                break;
+            }
+        }
+        if keep_ties {
+            while n < idx.len() && idx[n].0 == idx[n - 1].0 {
+                n += 1;
+            }
+        }
+        if n < idx.len() {
+            self.cands.clear();
+            for &(_, id, z) in &idx[..n] {
+                self.cands.push(Cand { id, z });
+            }
+            self.sorted = false;
+            self.invalidate();
+        }
     }
 }

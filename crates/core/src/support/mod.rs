@@ -17,9 +17,10 @@
 //! been created for a vocabulary size: all buffers are sized once.
 //!
 //! The code is split by concept: this file holds the [`Workspace`] and its simple edits and
-//! normalisers; `load` validates and loads a row; `truncate` the top-k, top-p, min-p and typical
-//! truncations; `nucleus` the dense top-p's search for the nucleus boundary (bands, weight
-//! buckets, the large-nucleus path); `sort` the canonical order, radix sorts and the top-k heap.
+//! normalisers; `load` validates and loads a row; `nucleus` the dense top-p's search for the
+//! nucleus boundary (bands, weight buckets, the large-nucleus path); `sort` the canonical order,
+//! radix sorts and the top-k heap. Each truncation itself (top-k, top-p, min-p, typical) is in
+//! its processor's file under `processors/`, as methods on the [`Workspace`].
 //! The vector loops they run are in the crate's `kernels` module.
 
 use crate::error::{ErrorKind, Result};
@@ -30,8 +31,7 @@ pub(crate) use sort::{canonical, sift_down, sort_by_id};
 
 mod load;
 mod nucleus;
-mod sort;
-mod truncate;
+pub(crate) mod sort;
 
 #[cfg(test)]
 mod tests;
@@ -191,7 +191,7 @@ impl Workspace {
     }
 
     #[inline]
-    fn invalidate(&mut self) {
+    pub(crate) fn invalidate(&mut self) {
         self.norm_valid = false;
         self.dense_w_valid = false;
         self.cand_w_valid = false;

@@ -66,7 +66,7 @@ impl Workspace {
     /// the boundary among them with the same weight buckets and the same rounding bound; it
     /// leaves the nucleus's weights and normaliser for selection. Whatever it cannot decide
     /// with certainty goes back to the band search, so the nucleus is the same either way.
-    pub(super) fn dense_top_p(&mut self, p: f64, min_keep: usize) {
+    pub(crate) fn dense_top_p(&mut self, p: f64, min_keep: usize) {
         // `m` is the maximum of `buf`
         let m = self.dense_max();
         let s = kernels::exp_sum_at_max(self.level(), &self.buf, m);
