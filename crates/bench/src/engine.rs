@@ -52,12 +52,10 @@ Yet the towers remain, white and red against the sky, and people still travel to
 climb their narrow stairs, and look out over the water as the keepers once did. Some have \
 become museums, some hotels, and some simply stand empty, waiting for the next storm. ";
 
-/// A small deterministic generator (SplitMix64) for the workload's sizes.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
+/// A small deterministic hash for the workload's sizes: the first output of SplitMix64 seeded
+/// with `x`.
+fn mix(x: u64) -> u64 {
+    crate::fixtures::SplitMix64::new(x).next_u64()
 }
 
 /// Request `i` of the workload over the text's ids.

@@ -190,7 +190,7 @@ pub fn beam_tree(req: &BeamTreeRequest) -> Result<BeamTreeOutput> {
     for (path, row) in rows {
         let mut logits = vec![f32::NEG_INFINITY; v];
         for (id, p) in row {
-            logits[id as usize] = p.ln() as f32;
+            logits[id as usize] = nextok_core::math::ln_f64(p) as f32;
         }
         let mut ctx = vec![prompt];
         ctx.extend(path);
@@ -221,7 +221,7 @@ pub fn beam_tree(req: &BeamTreeRequest) -> Result<BeamTreeOutput> {
             .map(|p| BeamRow {
                 depth: p.depth,
                 path: named(&p.tokens),
-                joint_prob: p.logprob.exp(),
+                joint_prob: nextok_core::math::exp_f64(p.logprob),
                 logprob: p.logprob,
                 kept: p.kept,
             })
@@ -230,7 +230,7 @@ pub fn beam_tree(req: &BeamTreeRequest) -> Result<BeamTreeOutput> {
             .iter()
             .map(|h| BeamPath {
                 path: named(&h.tokens),
-                joint_prob: h.logprob.exp(),
+                joint_prob: nextok_core::math::exp_f64(h.logprob),
                 logprob: h.logprob,
             })
             .collect(),
@@ -430,7 +430,7 @@ pub fn schedule_streams(req: &StreamScheduleRequest) -> Result<StreamScheduleOut
                 .iter()
                 .map(|&p| {
                     if p > 0.0 {
-                        p.ln() as f32
+                        nextok_core::math::ln_f64(p) as f32
                     } else {
                         f32::NEG_INFINITY
                     }

@@ -41,7 +41,7 @@ use std::cell::RefCell;
 use nextok_core::math;
 use nextok_core::{DecoderState, Draw, FinishReason, Sampler, Workspace};
 
-use crate::error::{ModelError, Result};
+use crate::error::{ModelError, ModelErrorKind, Result};
 use crate::LogitsSource;
 
 /// Beam search parameters.
@@ -121,7 +121,8 @@ impl BeamScorer for RawScorer {
             return Err(ModelError::new(format!(
                 "invalid logits[{i}]: {} (NaN and +inf are not scored)",
                 logits[i]
-            )));
+            ))
+            .with_kind(ModelErrorKind::Invalid));
         }
         let lp = log_softmax(logits);
         let mut ids: Vec<u32> = (0..lp.len() as u32)
@@ -170,7 +171,9 @@ impl BeamScorer for PipelineScorer<'_> {
         let (_, rec) = self
             .sampler
             .select_recorded(logits, state, &mut ws, Draw::FixedU(0.0), n)
-            .map_err(|e| ModelError::new(format!("beam step {}: {e}", state.step())))?;
+            .map_err(|e| {
+                ModelError::new(format!("beam step {}: {e}", state.step())).with_source(e)
+            })?;
         Ok(rec
             .candidates
             .iter()
@@ -178,10 +181,9 @@ impl BeamScorer for PipelineScorer<'_> {
             .collect())
     }
     fn commit(&self, state: &mut DecoderState, token: u32) -> Result<Option<BeamFinish>> {
-        let r = self
-            .sampler
-            .commit(state, token)
-            .map_err(|e| ModelError::new(format!("beam step {}: {e}", state.step())))?;
+        let r = self.sampler.commit(state, token).map_err(|e| {
+            ModelError::new(format!("beam step {}: {e}", state.step())).with_source(e)
+        })?;
         Ok(r.map(|r| match r {
             FinishReason::Eos { .. } => BeamFinish::Eos,
             FinishReason::MaxTokens => BeamFinish::Length,
@@ -276,23 +278,27 @@ fn search<S: LogitsSource, B: BeamScorer>(
     mut trace: Option<&mut Vec<BeamProposal>>,
 ) -> Result<Vec<Hypothesis>> {
     if cfg.width == 0 {
-        return Err(ModelError::new("invalid `beam_width`: must be at least 1"));
+        return Err(ModelError::new("invalid `beam_width`: must be at least 1")
+            .with_kind(ModelErrorKind::Invalid));
     }
     if cfg.max_tokens == 0 {
-        return Err(ModelError::new("invalid `max_tokens`: must be at least 1"));
+        return Err(ModelError::new("invalid `max_tokens`: must be at least 1")
+            .with_kind(ModelErrorKind::Invalid));
     }
     if !cfg.length_penalty.is_finite() {
         return Err(ModelError::new(format!(
             "invalid `length_penalty`: {} (must be finite)",
             cfg.length_penalty
-        )));
+        ))
+        .with_kind(ModelErrorKind::Invalid));
     }
     let b = cfg.width;
     let max_tokens = scorer
         .max_tokens()
         .map_or(cfg.max_tokens, |m| m.min(cfg.max_tokens));
     if max_tokens == 0 {
-        return Err(ModelError::new("invalid `max_tokens`: must be at least 1"));
+        return Err(ModelError::new("invalid `max_tokens`: must be at least 1")
+            .with_kind(ModelErrorKind::Invalid));
     }
     let logits = source.prefill(prompt)?;
     let mut live = vec![Live {

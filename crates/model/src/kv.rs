@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use half::f16;
 
-use crate::error::{ModelError, Result};
+use crate::error::{ModelError, ModelErrorKind, Result};
 
 /// Positions per block.
 pub const BLOCK_POSITIONS: usize = 16;
@@ -200,7 +200,8 @@ impl SeqKv {
             return Err(ModelError::new(format!(
                 "cannot truncate to {len}: only {} positions",
                 self.len
-            )));
+            ))
+            .with_kind(ModelErrorKind::Invalid));
         }
         self.blocks.truncate(KvGeometry::blocks_for(len));
         self.len = len;
@@ -237,6 +238,7 @@ impl SeqKv {
             .and_then(Arc::get_mut)
             .ok_or_else(|| {
                 ModelError::new(format!("KV position {pos} was not prepared for writing"))
+                    .with_kind(ModelErrorKind::Invalid)
             })?;
         let p = pos % BLOCK_POSITIONS;
         let hd = g.head_dim;
