@@ -93,16 +93,8 @@ MODEL="$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")"
 
 # ---------------------------------------------------------------------------------------------
 # Build tools
-need_apt=()
-command -v cmake >/dev/null || need_apt+=(cmake)
-{ command -v c++ >/dev/null && command -v make >/dev/null; } || need_apt+=(build-essential)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  say "installing ${need_apt[*]} with apt-get"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
+. "$REPO/bench/peers/build_tools.sh"
+ensure_build_tools
 
 # ---------------------------------------------------------------------------------------------
 # Source: the llama-cpp-python sdist

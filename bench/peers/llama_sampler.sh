@@ -41,16 +41,8 @@ LIB="${LLAMA_LIB:-}"
 if [ -z "$LIB" ]; then
   LIB="$(find_lib)"
   if [ -z "$LIB" ]; then
-    need_apt=()
-    command -v cmake >/dev/null || need_apt+=(cmake)
-    { command -v c++ >/dev/null && command -v make >/dev/null; } || need_apt+=(build-essential)
-    if [ ${#need_apt[@]} -gt 0 ]; then
-      SUDO=""
-      [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-      say "installing ${need_apt[*]} with apt-get"
-      $SUDO apt-get update -qq
-      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
-    fi
+    . "$REPO/bench/peers/build_tools.sh"
+    ensure_build_tools
     mkdir -p "$PEERS"
     [ -x "$VENV/bin/pip" ] || python3 -m venv "$VENV"
     say "pip install llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION (builds llama.cpp; this takes a while)"

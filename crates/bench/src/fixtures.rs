@@ -333,15 +333,7 @@ impl Naive {
         self.pairs.truncate(40);
         // softmax, top-p 0.95
         let n = self.softmax_sorted(1.0);
-        let mut cum = 0.0;
-        let mut keep = n;
-        for (i, p) in self.probs.iter().enumerate() {
-            cum += p;
-            if cum >= 0.95 {
-                keep = i + 1;
-                break;
-            }
-        }
+        let keep = self.top_p_len(n, 0.95);
         self.pairs.truncate(keep);
         // min-p 0.05
         let pmax = self.probs[0];
@@ -382,18 +374,23 @@ impl Naive {
     fn top_p_only(&mut self, u: f64) -> (u32, usize) {
         // softmax over V, full sort by probability descending, cumulative sum to 0.95
         let n = self.softmax_sorted_full();
-        let mut cum = 0.0;
-        let mut keep = n;
-        for (i, p) in self.probs.iter().enumerate() {
-            cum += p;
-            if cum >= 0.95 {
-                keep = i + 1;
-                break;
-            }
-        }
+        let keep = self.top_p_len(n, 0.95);
         self.pairs.truncate(keep);
         let n = self.softmax_sorted(1.0);
         (self.draw(u), n)
+    }
+
+    /// The top-p prefix of the sorted probabilities: the first `i + 1` whose cumulative sum
+    /// reaches `p`, else all `n`.
+    fn top_p_len(&self, n: usize, p: f64) -> usize {
+        let mut cum = 0.0;
+        for (i, q) in self.probs.iter().enumerate() {
+            cum += q;
+            if cum >= p {
+                return i + 1;
+            }
+        }
+        n
     }
 
     /// Probabilities of the (already sorted) pairs at temperature `t`.

@@ -611,6 +611,15 @@ fn targets(steps: &[StepRow], batch: &[BatchRow]) -> Vec<Target> {
     out
 }
 
+/// A step row's label: the case, and the logits row when it is not the fixture's.
+fn row_name(s: &StepRow) -> String {
+    if s.logits == "synthetic" {
+        s.name.to_string()
+    } else {
+        format!("{} [{}]", s.name, s.logits)
+    }
+}
+
 fn print_tables(r: &Report) {
     outln!(
         "nextok bench sampler: {} interleaved iterations, {} caches, {} kernels, medians per step; {} threads available",
@@ -632,11 +641,7 @@ fn print_tables(r: &Report) {
         "bands/nextok"
     );
     for s in &r.steps {
-        let name = if s.logits == "synthetic" {
-            s.name.to_string()
-        } else {
-            format!("{} [{}]", s.name, s.logits)
-        };
+        let name = row_name(s);
         outln!(
             "{:>7}  {:<36} {:>7} {:>9.2} {:>10.1} {:>10.2} {:>12.2} {:>12.1} {:>10.2} {:>10.2} {:>12.2}",
             s.vocab,
@@ -673,11 +678,7 @@ fn print_tables(r: &Report) {
         );
         for s in &r.steps {
             if let (Some(l), Some(ratio)) = (s.llama_ns, s.llama_over_nextok) {
-                let name = if s.logits == "synthetic" {
-                    s.name.to_string()
-                } else {
-                    format!("{} [{}]", s.name, s.logits)
-                };
+                let name = row_name(s);
                 outln!(
                     "{:>7}  {:<50} {:>10.2} {:>11.2} {:>13.2}",
                     s.vocab,
