@@ -110,3 +110,28 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
         Some(OneOrMany::Many(v)) => v,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::SamplingParams;
+
+    /// Semantics §5: sequence `i` of a request draws from `seed + i` (wrapping); a request
+    /// without a seed counts as seed 0.
+    #[test]
+    fn sequence_seeds_follow_the_request_seed() {
+        let p = SamplingParams {
+            seed: Some(7),
+            ..Default::default()
+        };
+        assert_eq!(p.sequence_seed(0), 7);
+        assert_eq!(p.sequence_seed(2), 9);
+        let none = SamplingParams::default();
+        assert_eq!(none.sequence_seed(0), 0);
+        assert_eq!(none.sequence_seed(3), 3);
+        let top = SamplingParams {
+            seed: Some(u64::MAX),
+            ..Default::default()
+        };
+        assert_eq!(top.sequence_seed(1), 0);
+    }
+}
