@@ -40,7 +40,7 @@ pub const EXP_F32_FLUSH: f32 = -87.0;
 pub(crate) const EXP_LOG2E: f32 = std::f32::consts::LOG2_E;
 pub(crate) const EXP_C1: f32 = 0.693_359_4; // ln 2, high part (0.693359375)
 pub(crate) const EXP_C2: f32 = -2.121_944_4e-4; // ln 2, low part
-const EXP_MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to nearest integer
+pub(crate) const EXP_MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to nearest integer
 pub(crate) const EXP_CLAMP: f32 = 88.0;
 pub(crate) const EXP_P: [f32; 6] = [
     1.987_569_2e-4,
@@ -51,7 +51,7 @@ pub(crate) const EXP_P: [f32; 6] = [
     5.000_000_1e-1,
 ];
 // 2^n from the bits of t: the low mantissa bits of t hold n + 0x400000.
-const EXP_BIAS: u32 = 127u32.wrapping_sub(0x4B40_0000);
+pub(crate) const EXP_BIAS: u32 = 127u32.wrapping_sub(0x4B40_0000);
 
 /// `e^x` in `f32`, deterministic on every platform. `x < -87` (and `-inf`) gives `0.0`;
 /// `x > 88` is clamped to `88` (callers only pass `x <= 0`).

@@ -1,11 +1,247 @@
-//! The AVX2 kernels, written with intrinsics (the compiler does not find the packing
-//! permutations on its own). Every function here requires AVX2, BMI1 and POPCNT: the dispatch in
-//! [`super`] calls them only at [`simd::AVX2`](super::simd::AVX2) or above.
+//! The AVX2 kernels, written with intrinsics: the band collection (the compiler does not find
+//! the packing permutations on its own) and the `exp` passes (the compiler's vectorisation of
+//! the portable code keeps the lane sums in memory and reloads every constant). Every function
+//! here requires AVX2, BMI1, POPCNT and FMA: the dispatch in [`super`] calls them only at
+//! [`simd::AVX2`](super::simd::AVX2) or above. The `exp` is the portable [`exp_f32`] operation
+//! for operation (fused multiply-adds exactly where it has `mul_add`), so it gives the same bits.
 
 use std::arch::x86_64::*;
 
 use super::{Band, BLOCK};
+use crate::math::{
+    exp_f32, EXP_BIAS, EXP_C1, EXP_C2, EXP_CLAMP, EXP_F32_FLUSH, EXP_LOG2E, EXP_MAGIC, EXP_P,
+};
 use crate::support::Cand;
+
+/// [`exp_f32`] on four vectors of 8 lanes: the same operations in the same order, so the same
+/// bits for every input (the unit test `exp8x4_matches_scalar` checks every 61st bit pattern and
+/// the edges; `exp8x4_matches_scalar_everywhere` every input). The only change is the
+/// selection: the clamp is `min(88, x)` (which keeps a NaN, as the scalar code's comparison
+/// does), and a flushed lane (`x < -87`) computes garbage from its unclamped input that the
+/// final mask replaces by `+0.0`, as the scalar code returns. Without `CLAMP` only for inputs
+/// `<= 0` (then `min(88, x)` is `x`).
+///
+/// Each step is done for all four vectors before the next (the four dependency chains
+/// interleave; measured faster than one vector at a time, which the compiler schedules worse).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn exp8x4<const CLAMP: bool>(x: [__m256; 4]) -> [__m256; 4] {
+    let mut flush = [_mm256_setzero_ps(); 4];
+    let mut xc = x;
+    let mut t = [_mm256_setzero_ps(); 4];
+    let mut n = [_mm256_setzero_ps(); 4];
+    let mut r = [_mm256_setzero_ps(); 4];
+    let mut z = [_mm256_setzero_ps(); 4];
+    let mut y = [_mm256_set1_ps(EXP_P[0]); 4];
+    for k in 0..4 {
+        // `x < -87` (false for a NaN lane, which computes NaN as the scalar code does)
+        flush[k] = _mm256_cmp_ps::<_CMP_LT_OQ>(x[k], _mm256_set1_ps(EXP_F32_FLUSH));
+        if CLAMP {
+            xc[k] = _mm256_min_ps(_mm256_set1_ps(EXP_CLAMP), x[k]);
+        }
+    }
+    for k in 0..4 {
+        t[k] = _mm256_add_ps(
+            _mm256_mul_ps(xc[k], _mm256_set1_ps(EXP_LOG2E)),
+            _mm256_set1_ps(EXP_MAGIC),
+        );
+    }
+    for k in 0..4 {
+        n[k] = _mm256_sub_ps(t[k], _mm256_set1_ps(EXP_MAGIC));
+    }
+    for k in 0..4 {
+        // (-n)·C2 + ((-n)·C1 + x), each a single rounding
+        r[k] = _mm256_fnmadd_ps(
+            n[k],
+            _mm256_set1_ps(EXP_C2),
+            _mm256_fnmadd_ps(n[k], _mm256_set1_ps(EXP_C1), xc[k]),
+        );
+    }
+    for k in 0..4 {
+        z[k] = _mm256_mul_ps(r[k], r[k]);
+    }
+    for &c in &EXP_P[1..] {
+        for k in 0..4 {
+            y[k] = _mm256_fmadd_ps(y[k], r[k], _mm256_set1_ps(c));
+        }
+    }
+    for k in 0..4 {
+        y[k] = _mm256_add_ps(_mm256_fmadd_ps(y[k], z[k], r[k]), _mm256_set1_ps(1.0));
+    }
+    for k in 0..4 {
+        let bits = _mm256_add_epi32(
+            _mm256_castps_si256(t[k]),
+            _mm256_set1_epi32(EXP_BIAS as i32),
+        );
+        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(bits));
+        y[k] = _mm256_andnot_ps(flush[k], _mm256_mul_ps(y[k], pow2));
+    }
+    y
+}
+
+/// Adds the 8 lanes of `e` to the 8 `f64` lanes `(lo, hi)`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn add_lanes8(acc: (__m256d, __m256d), e: __m256) -> (__m256d, __m256d) {
+    let lo = _mm256_cvtps_pd(_mm256_castps256_ps128(e));
+    let hi = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(e));
+    (_mm256_add_pd(acc.0, lo), _mm256_add_pd(acc.1, hi))
+}
+
+/// `w[i] = exp_f32(z[i] - m)` over the whole blocks of 32 values (nothing is stored when `w`
+/// is `None`); the lane sums of [`super::sum_f64_lanes`] continue in `acc`. Returns the
+/// number of values covered.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn exp_blocks<const CLAMP: bool>(
+    z: &[f32],
+    m: f32,
+    mut w: Option<&mut [f32]>,
+    acc: &mut [f64; 8],
+) -> usize {
+    let n = match &w {
+        Some(w) => z.len().min(w.len()),
+        None => z.len(),
+    } / 32
+        * 32;
+    let vm = _mm256_set1_ps(m);
+    // SAFETY: `acc` holds 8 `f64`s, two vectors of 4.
+    let mut a = unsafe {
+        (
+            _mm256_loadu_pd(acc.as_ptr()),
+            _mm256_loadu_pd(acc.as_ptr().add(4)),
+        )
+    };
+    // software pipelined: the weights of a block are summed one block later, so that the
+    // sequential lane sums never wait for the long `exp` chain of the block being computed
+    let mut block = |i: usize| {
+        let p = z.as_ptr();
+        debug_assert!(i + 32 <= n);
+        // SAFETY: `i + 32 <= n <= z.len()` (`i` is a multiple of 32 below `n`), so the four
+        // loads read `z[i..i + 32]`.
+        let x = unsafe {
+            [
+                _mm256_loadu_ps(p.add(i)),
+                _mm256_loadu_ps(p.add(i + 8)),
+                _mm256_loadu_ps(p.add(i + 16)),
+                _mm256_loadu_ps(p.add(i + 24)),
+            ]
+        };
+        let e = exp8x4::<CLAMP>([
+            _mm256_sub_ps(x[0], vm),
+            _mm256_sub_ps(x[1], vm),
+            _mm256_sub_ps(x[2], vm),
+            _mm256_sub_ps(x[3], vm),
+        ]);
+        if let Some(w) = w.as_deref_mut() {
+            let q = w.as_mut_ptr();
+            // SAFETY: `i + 32 <= n <= w.len()`, so the four stores write `w[i..i + 32]`.
+            unsafe {
+                _mm256_storeu_ps(q.add(i), e[0]);
+                _mm256_storeu_ps(q.add(i + 8), e[1]);
+                _mm256_storeu_ps(q.add(i + 16), e[2]);
+                _mm256_storeu_ps(q.add(i + 24), e[3]);
+            }
+        }
+        e
+    };
+    let mut consume = |e: [__m256; 4]| {
+        for ek in e {
+            a = add_lanes8(a, ek);
+        }
+    };
+    if n > 0 {
+        let mut prev = block(0);
+        let mut i = 32;
+        while i < n {
+            let e = block(i);
+            consume(prev);
+            prev = e;
+            i += 32;
+        }
+        consume(prev);
+    }
+    // SAFETY: `acc` holds 8 `f64`s, two vectors of 4.
+    unsafe {
+        _mm256_storeu_pd(acc.as_mut_ptr(), a.0);
+        _mm256_storeu_pd(acc.as_mut_ptr().add(4), a.1);
+    }
+    n
+}
+
+/// [`super::exp_weights`] on 8 lanes, 32 values at a time.
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn exp_weights(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let n = exp_blocks::<true>(z, m, Some(&mut *w), &mut acc);
+    for (i, (zv, wv)) in z.iter().zip(w.iter_mut()).enumerate().skip(n) {
+        let e = exp_f32(*zv - m);
+        *wv = e;
+        acc[i % 8] += e as f64;
+    }
+    acc.iter().sum()
+}
+
+/// [`super::exp_sum`] on 8 lanes, 32 values at a time; without `CLAMP` only when `z[i] - m <=
+/// 0` for every `i`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn exp_sum<const CLAMP: bool>(z: &[f32], m: f32) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let n = exp_blocks::<CLAMP>(z, m, None, &mut acc);
+    for (i, &x) in z.iter().enumerate().skip(n) {
+        acc[i % 8] += exp_f32(x - m) as f64;
+    }
+    acc.iter().sum()
+}
+
+/// [`super::cand_weights`] on 8 lanes, 32 candidates at a time (`w` at least as long as `c`,
+/// checked).
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) {
+    assert!(w.len() >= c.len());
+    let vm = _mm256_set1_ps(m);
+    let n = c.len() / 32 * 32;
+    let mut i = 0;
+    while i < n {
+        let f = c.as_ptr().cast::<f32>();
+        // SAFETY: `i + 32 <= n <= c.len()`: `c[i..i + 32]` is 64 `f32`s (`Cand` is `repr(C)`
+        // `(u32, f32)`, 8 bytes without padding) from `f.add(2 * i)`; the eight loads read them.
+        let v = unsafe {
+            let f = f.add(2 * i);
+            [
+                _mm256_loadu_ps(f),
+                _mm256_loadu_ps(f.add(8)),
+                _mm256_loadu_ps(f.add(16)),
+                _mm256_loadu_ps(f.add(24)),
+                _mm256_loadu_ps(f.add(32)),
+                _mm256_loadu_ps(f.add(40)),
+                _mm256_loadu_ps(f.add(48)),
+                _mm256_loadu_ps(f.add(56)),
+            ]
+        };
+        // the odd slots of two vectors (`z0 z1 z4 z5 | z2 z3 z6 z7`), then back in order
+        let z8 = |a: __m256, b: __m256| {
+            let odd = _mm256_shuffle_ps::<0b11_01_11_01>(a, b);
+            let ordered = _mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(odd));
+            _mm256_sub_ps(_mm256_castpd_ps(ordered), vm)
+        };
+        let e = exp8x4::<true>([
+            z8(v[0], v[1]),
+            z8(v[2], v[3]),
+            z8(v[4], v[5]),
+            z8(v[6], v[7]),
+        ]);
+        let q = w.as_mut_ptr();
+        for (k, e) in e.iter().enumerate() {
+            // SAFETY: `i + 32 <= c.len() <= w.len()`: the store writes `w[i + 8 k..][..8]`.
+            unsafe { _mm256_storeu_ps(q.add(i + 8 * k), *e) };
+        }
+        i += 32;
+    }
+    for (x, o) in c[n..].iter().zip(w[n..].iter_mut()) {
+        *o = exp_f32(x.z - m);
+    }
+}
 
 /// For every 8-bit mask, the positions of its set bits in order (then zeros): the permutation
 /// that packs the kept lanes of an 8-lane vector to its front.
@@ -103,10 +339,11 @@ pub(super) fn collect_band<const TIE: bool>(
             let perm = unsafe { _mm256_loadu_si256(COMPRESS8[mk as usize].as_ptr().cast()) };
             let ci = _mm256_permutevar8x32_epi32(ids, perm);
             let cz = _mm256_permutevar8x32_epi32(xi, perm);
-            let l = _mm256_unpacklo_epi32(ci, cz); // i0 z0 i1 z1 | i4 z4 i5 z5
-            let h = _mm256_unpackhi_epi32(ci, cz); // i2 z2 i3 z3 | i6 z6 i7 z7
-                                                   // SAFETY: `len <= old + 8 k`, and `old + 64 + 8 <= out.capacity()` (checked above):
-                                                   // the two stores write the 8 `Cand`s (16 `i32`s) from `len` within the allocation.
+            // l: i0 z0 i1 z1 | i4 z4 i5 z5; h: i2 z2 i3 z3 | i6 z6 i7 z7
+            let l = _mm256_unpacklo_epi32(ci, cz);
+            let h = _mm256_unpackhi_epi32(ci, cz);
+            // SAFETY: `len <= old + 8 k`, and `old + 64 + 8 <= out.capacity()` (checked above):
+            // the two stores write the 8 `Cand`s (16 `i32`s) from `len` within the allocation.
             unsafe {
                 let at = q.add(2 * len);
                 _mm256_storeu_si256(at.cast(), _mm256_permute2x128_si256::<0x20>(l, h));

@@ -202,6 +202,11 @@ pub(crate) fn exp_weights(level: Level, z: &[f32], m: f32, w: &mut [f32]) -> f64
         // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
         return unsafe { avx512::exp_weights(z, m, w) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if level.get() >= simd::AVX2 {
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA.
+        return unsafe { avx2::exp_weights(z, m, w) };
+    }
     scalar::exp_weights(level, z, m, w)
 }
 
@@ -211,6 +216,11 @@ pub(crate) fn exp_sum(level: Level, z: &[f32], m: f32) -> f64 {
     if level.get() >= simd::AVX512 {
         // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
         return unsafe { avx512::exp_sum::<true>(z, m) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level.get() >= simd::AVX2 {
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA.
+        return unsafe { avx2::exp_sum::<true>(z, m) };
     }
     scalar::exp_sum(level, z, m)
 }
@@ -224,6 +234,13 @@ pub(crate) fn exp_sum_at_max(level: Level, z: &[f32], m: f32) -> f64 {
         // 0` for every `i`, the caller's contract, so skipping `min(88, x)` changes nothing.)
         return unsafe { avx512::exp_sum::<false>(z, m) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if level.get() >= simd::AVX2 && !m.is_nan() {
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA. (`z[i] -
+        // m <= 0` for every `i`, the caller's contract, so skipping `min(88, x)` changes
+        // nothing.)
+        return unsafe { avx2::exp_sum::<false>(z, m) };
+    }
     scalar::exp_sum(level, z, m)
 }
 
@@ -234,6 +251,11 @@ pub(crate) fn cand_weights(level: Level, c: &[Cand], m: f32, w: &mut [f32]) {
     if level.get() >= simd::AVX512 {
         // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
         return unsafe { avx512::cand_weights(c, m, w) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level.get() >= simd::AVX2 {
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA.
+        return unsafe { avx2::cand_weights(c, m, w) };
     }
     scalar::cand_weights(level, c, m, w)
 }

@@ -186,6 +186,22 @@ fn exp_kernels_match_scalar_at_every_level() {
             assert_eq!(bits(&w), bits(&w_ref), "level {level:?}");
             assert_eq!(exp_sum(level, &row, m).to_bits(), s.to_bits());
             assert_eq!(exp_sum_at_max(level, &row, m).to_bits(), s.to_bits());
+            // the same weights from (id, value) pairs, at every offset modulo the vector widths
+            let c: Vec<Cand> = row
+                .iter()
+                .enumerate()
+                .map(|(i, &z)| Cand { id: i as u32, z })
+                .collect();
+            for skip in [0, 1, 7, 33] {
+                let skip = skip.min(c.len());
+                let mut wc = vec![0.0f32; c.len() - skip];
+                cand_weights(level, &c[skip..], m, &mut wc);
+                assert_eq!(
+                    bits(&wc),
+                    bits(&w_ref[skip..]),
+                    "level {level:?}, skip {skip}"
+                );
+            }
             let mut acc = [0.0f64; 8];
             for (i, &x) in row.iter().enumerate() {
                 acc[i % 8] += x as f64;
@@ -201,6 +217,110 @@ fn exp_kernels_match_scalar_at_every_level() {
         math::exp_sum(row, m).to_bits(),
         exp_sum_ref(row, m).0.to_bits()
     );
+}
+
+/// The inputs of the `exp` checks: every 61st `f32` bit pattern, and the values around 0, the
+/// flush threshold and the clamp (no NaN).
+fn exp_inputs() -> Vec<f32> {
+    let mut xs: Vec<f32> = (0..u32::MAX / 61).map(|i| f32::from_bits(i * 61)).collect();
+    for c in [0.0f32, -87.0, 88.0, -87.5, 87.5] {
+        let b = c.to_bits();
+        for d in 0..20_000u32 {
+            xs.push(f32::from_bits(b.wrapping_add(d)));
+            xs.push(f32::from_bits(b.wrapping_sub(d)));
+        }
+    }
+    xs.extend([f32::NEG_INFINITY, f32::INFINITY, -0.0, f32::MAX, -f32::MAX]);
+    xs.retain(|x| !x.is_nan());
+    xs
+}
+
+/// Checks [`avx2::exp8x4`] (with and, for inputs `<= 0`, without the clamp) against
+/// [`exp_f32`] on 32 inputs (AVX2 and FMA must be available).
+#[cfg(target_arch = "x86_64")]
+fn check_exp8x4(v: &[f32; 32]) {
+    use std::arch::x86_64::*;
+    #[target_feature(enable = "avx2,fma")]
+    fn run<const CLAMP: bool>(v: &[f32; 32]) -> [f32; 32] {
+        let mut out = [0.0f32; 32];
+        let p = v.as_ptr();
+        // SAFETY: `v` holds 32 `f32`s: the four loads read 8 each.
+        let x = unsafe {
+            [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ]
+        };
+        for (k, e) in avx2::exp8x4::<CLAMP>(x).iter().enumerate() {
+            // SAFETY: `out` holds 32 `f32`s: the store writes `out[8 k..8 k + 8]`.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * k), *e) };
+        }
+        out
+    }
+    assert!(simd::detected() >= simd::AVX2);
+    // SAFETY: the CPU supports AVX2 and FMA (checked above).
+    let out = unsafe { run::<true>(v) };
+    for (x, y) in v.iter().zip(out) {
+        assert_eq!(exp_f32(*x).to_bits(), y.to_bits(), "exp of {x:e}");
+    }
+    let nonpos = v.map(|x| x.min(0.0));
+    // SAFETY: as above.
+    let out = unsafe { run::<false>(&nonpos) };
+    for (x, y) in nonpos.iter().zip(out) {
+        assert_eq!(
+            exp_f32(*x).to_bits(),
+            y.to_bits(),
+            "exp of {x:e} (no clamp)"
+        );
+    }
+}
+
+/// The AVX2 `exp` against the scalar one on [`exp_inputs`]. Reports when it cannot run (no
+/// AVX2 here).
+#[test]
+fn exp8x4_matches_scalar() {
+    let tested = levels("exp8x4_matches_scalar");
+    if tested.last().is_none_or(|l| l.get() < simd::AVX2) {
+        eprintln!("exp8x4_matches_scalar: skipped (no AVX2 here)");
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let xs = exp_inputs();
+        for c in xs.chunks(32) {
+            let mut v = [0.0f32; 32];
+            v[..c.len()].copy_from_slice(c);
+            check_exp8x4(&v);
+        }
+        eprintln!(
+            "exp8x4_matches_scalar: avx2 against scalar on {} inputs",
+            xs.len()
+        );
+    }
+}
+
+/// Every non-NaN `f32` input through the AVX2 `exp` (about 4·10⁹; a minute in release):
+/// `cargo test --release -p nextok-core --lib exp8x4_matches_scalar_everywhere -- --ignored`.
+#[test]
+#[ignore]
+fn exp8x4_matches_scalar_everywhere() {
+    if simd::detected() < simd::AVX2 {
+        eprintln!("exp8x4_matches_scalar_everywhere: skipped (no AVX2 here)");
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut v = [0.0f32; 32];
+        for base in (0..=u32::MAX).step_by(32) {
+            for (j, x) in v.iter_mut().enumerate() {
+                let x0 = f32::from_bits(base + j as u32);
+                *x = if x0.is_nan() { 0.0 } else { x0 };
+            }
+            check_exp8x4(&v);
+        }
+    }
 }
 
 /// Checks [`avx512::exp16x4`] against [`exp_f32`] on 64 inputs (AVX-512 must be available).
@@ -246,16 +366,7 @@ fn exp16x4_matches_scalar() {
     }
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
     {
-        let mut xs: Vec<f32> = (0..u32::MAX / 61).map(|i| f32::from_bits(i * 61)).collect();
-        for c in [0.0f32, -87.0, 88.0, -87.5, 87.5] {
-            let b = c.to_bits();
-            for d in 0..20_000u32 {
-                xs.push(f32::from_bits(b.wrapping_add(d)));
-                xs.push(f32::from_bits(b.wrapping_sub(d)));
-            }
-        }
-        xs.extend([f32::NEG_INFINITY, f32::INFINITY, -0.0, f32::MAX, -f32::MAX]);
-        xs.retain(|x| !x.is_nan());
+        let xs = exp_inputs();
         for c in xs.chunks(64) {
             let mut v = [0.0f32; 64];
             v[..c.len()].copy_from_slice(c);
