@@ -1500,3 +1500,85 @@ proptest! {
         prop_assert!(stat < 40.0 + 2.0 * df as f64, "chi2 {stat} df {df}: {counts:?} vs {probs:?}");
     }
 }
+
+proptest! {
+    #![proptest_config(cfg(96))]
+
+    /// Top-k on rows long enough for the block-bound threshold (at least four blocks of 64 per
+    /// kept token), with exact ties, masked tokens, and the top tokens of the blocks with the
+    /// highest maxima lowered by logit biases or masked by an allow-list (which leaves the
+    /// bounds above the blocks' maxima, so that the threshold's collection can fall short): the
+    /// k best, ties by id, as the naive computation.
+    #[test]
+    fn top_k_on_long_rows(
+        raw in (256usize..12_000).prop_flat_map(|v| prop_oneof![
+            vec(logit(), v),
+            // distinct values: a lowered maximum is its block's only token at the bound
+            vec(-20.0f32..20.0, v),
+        ]),
+        k in 1i64..64,
+        lowered in 0usize..80,
+        down in 1.0f32..60.0,
+        raised in btree_map(any::<u32>(), -100.0f32..=100.0, 0..4),
+        by_allow_list in any::<bool>(),
+    ) {
+        let v = raw.len();
+        // the biases: the maxima of the `lowered` blocks with the highest maxima lowered by
+        // `down` (their bounds stay above them), a few tokens anywhere moved
+        let mut tops: Vec<usize> = (0..v.div_ceil(64))
+            .map(|b| {
+                (b * 64..(b * 64 + 64).min(v))
+                    .max_by(|&i, &j| raw[i].total_cmp(&raw[j]).then(j.cmp(&i)))
+                    .unwrap_or(b * 64)
+            })
+            .collect();
+        tops.sort_by(|&i, &j| raw[j].total_cmp(&raw[i]).then(i.cmp(&j)));
+        let mut bias: BTreeMap<u32, f32> = BTreeMap::new();
+        for &top in tops.iter().take(lowered) {
+            bias.insert(top as u32, -down);
+        }
+        for (&id, &b) in &raised {
+            bias.insert(id % v as u32, b);
+        }
+        // or the same tokens masked by an allow-list of all the others (masked in place, the
+        // support still dense: the bounds stay above the blocks' new maxima)
+        let allowed: Option<Vec<u32>> = by_allow_list.then(|| {
+            (0..v as u32).filter(|id| !bias.get(id).is_some_and(|&b| b < 0.0)).collect()
+        });
+        let mut procs = Vec::new();
+        match &allowed {
+            Some(token_ids) => procs.push(P::AllowedTokenIds(AllowedTokenIds {
+                version: 1,
+                token_ids: token_ids.clone(),
+            })),
+            None => procs.push(P::LogitBias(LogitBias { version: 1, logit_bias: bias.clone() })),
+        }
+        procs.push(P::TopK(TopK { version: 1, top_k: k, ties: top_k::Ties::ById }));
+        let s = Sampler::new(
+            PipelineConfig::new(procs, Selector::Greedy),
+            VocabInfo::plain(v),
+            StopConfig::default(),
+        )
+        .unwrap();
+        let mut z = raw.clone();
+        for (&id, &b) in &bias {
+            let x = &mut z[id as usize];
+            if allowed.is_some() {
+                if b < 0.0 {
+                    *x = NEG_INF;
+                }
+            } else if *x > NEG_INF {
+                *x += b;
+                if *x == f32::INFINITY {
+                    *x = f32::MAX;
+                }
+            }
+        }
+        let Some(rec) = support_of(&s, &raw) else { return Ok(()) };
+        let finite = z.iter().filter(|x| **x > NEG_INF).count();
+        let want: BTreeSet<u32> = naive_top_k(&z, (k as usize).min(finite), top_k::Ties::ById)
+            .into_iter()
+            .collect();
+        prop_assert_eq!(ids(&rec), want);
+    }
+}

@@ -24,6 +24,9 @@ pub enum ModelErrorKind {
     Template,
     /// An argument of the caller is invalid (an empty prompt, a position past the end, ...).
     Invalid,
+    /// A fixed capacity is used up (the KV cache's block limit): the request may succeed later,
+    /// when other sequences free their blocks.
+    Capacity,
     /// Anything else.
     Other,
 }

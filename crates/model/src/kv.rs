@@ -136,7 +136,8 @@ impl Block {
                 return Err(ModelError::new(format!(
                     "KV cache full: {limit} blocks of {} positions in use",
                     BLOCK_POSITIONS
-                )));
+                ))
+                .with_kind(ModelErrorKind::Capacity));
             }
         }
         Ok(Block {
@@ -331,6 +332,7 @@ mod tests {
         let mut b = pool.sequence();
         let e = b.prepare_write(1).unwrap_err();
         assert!(e.to_string().contains("KV cache full"), "{e}");
+        assert_eq!(e.kind(), ModelErrorKind::Capacity);
         assert_eq!(pool.blocks_in_use(), 2);
     }
 }

@@ -124,10 +124,42 @@ impl Workspace {
         self.invalidate();
     }
 
-    /// Dense top-k by a size-k heap whose root is the worst kept candidate; result in
-    /// canonical order in `cands`.
+    /// Dense top-k; result in canonical order in `cands`.
+    ///
+    /// With block bounds and at least four blocks per kept token, the bounds give a threshold
+    /// first: the k-th largest bound `t` (a size-k heap over the bounds). The tokens with `z >=
+    /// t` are collected, reading only the blocks whose bound reaches `t` (about k of them). When
+    /// there are at least k of them, no token below `t` is among the top k, and the best k of
+    /// the collection are kept. After loading every block holds a token at its bound, so there
+    /// always are; edits that lower a block's maximum leave its bound above it, and then the
+    /// collection may fall short. Then (and without bounds, or when `t` is `-inf`: a row with
+    /// fewer than k live blocks) a size-k heap whose root is the worst kept candidate scans the
+    /// row.
     pub(crate) fn dense_top_k(&mut self, k: usize) {
         let level = self.level();
+        if self.bmax_valid && k >= 1 && 4 * k <= self.bmax.len() {
+            let heap = &mut self.cands;
+            heap.clear();
+            for (b, &x) in self.bmax[..k].iter().enumerate() {
+                push_heap(heap, Cand { id: b as u32, z: x });
+            }
+            kernels::top_k_scan(level, &self.bmax, &[], k, heap);
+            let t = heap[0].z;
+            if t > f32::NEG_INFINITY {
+                self.cands.clear();
+                let band = kernels::Band::new(t, f32::INFINITY);
+                kernels::collect_band(level, &self.buf, &self.bmax, band, &mut self.cands);
+                if self.cands.len() >= k {
+                    if self.cands.len() > k {
+                        self.cands.select_nth_unstable_by(k - 1, canonical);
+                        self.cands.truncate(k);
+                    }
+                    self.cands.sort_unstable_by(canonical);
+                    self.sorted = true;
+                    return;
+                }
+            }
+        }
         let heap = &mut self.cands;
         heap.clear();
         let buf = &self.buf;
@@ -136,18 +168,7 @@ impl Workspace {
         while heap.len() < k && i < buf.len() {
             let z = buf[i];
             if z > f32::NEG_INFINITY {
-                heap.push(Cand { id: i as u32, z });
-                // sift up
-                let mut j = heap.len() - 1;
-                while j > 0 {
-                    let p = (j - 1) / 2;
-                    if worse(&heap[j], &heap[p]) {
-                        heap.swap(j, p);
-                        j = p;
-                    } else {
-                        break;
-                    }
-                }
+                push_heap(heap, Cand { id: i as u32, z });
             }
             i += 1;
         }
@@ -158,5 +179,20 @@ impl Workspace {
         }
         heap.sort_unstable_by(canonical);
         self.sorted = true;
+    }
+}
+
+/// Adds `c` to a heap whose root is its worst candidate (sift up).
+fn push_heap(heap: &mut Vec<Cand>, c: Cand) {
+    heap.push(c);
+    let mut j = heap.len() - 1;
+    while j > 0 {
+        let p = (j - 1) / 2;
+        if worse(&heap[j], &heap[p]) {
+            heap.swap(j, p);
+            j = p;
+        } else {
+            break;
+        }
     }
 }

@@ -87,8 +87,10 @@ pub struct Workspace {
     /// The maximum of `buf` (as [`math::max_f32`] computes it) when `max_valid`.
     pub(crate) max_cache: f32,
     pub(crate) max_valid: bool,
-    /// An upper bound of every block of [`BLOCK`] values of `buf` when `bmax_valid` (exact after
-    /// loading; raised by edits, never lowered): scans skip whole blocks with it.
+    /// An upper bound of every block of [`BLOCK`] values of `buf` when `bmax_valid`: exact
+    /// after loading, and kept exact by [`Workspace::edit_buf`] and [`Workspace::mask`] (raised
+    /// with a raised value, recomputed when a block's top value is lowered); other edits may
+    /// leave it above the block's maximum. Scans skip whole blocks with it.
     pub(crate) bmax: Vec<f32>,
     pub(crate) bmax_valid: bool,
     /// Whether the dense top-p may take its large-nucleus path ([`Workspace::dense_top_p`]).
@@ -213,6 +215,20 @@ impl Workspace {
         Ok(())
     }
 
+    /// After `buf[i]` went down from `old`: when `old` was its block's top value, the block's
+    /// bound is recomputed, so that bounds stay exact (the top-k threshold relies on them; 64
+    /// values, and only for a block's top token).
+    #[inline]
+    fn lowered(&mut self, i: usize, old: f32) {
+        let blk = i / BLOCK;
+        if old >= self.bmax[blk] {
+            let end = (blk * BLOCK + BLOCK).min(self.buf.len());
+            self.bmax[blk] = self.buf[blk * BLOCK..end]
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+        }
+    }
+
     /// Hard-masks one token (`-inf`).
     pub(crate) fn mask(&mut self, id: u32) {
         let i = id as usize;
@@ -226,6 +242,7 @@ impl Workspace {
                     self.max_valid = false;
                 }
                 self.buf[i] = f32::NEG_INFINITY;
+                self.lowered(i, old);
                 self.dense_count -= 1;
                 self.invalidate();
             }
@@ -319,11 +336,13 @@ impl Workspace {
             if old == self.max_cache || new > self.max_cache {
                 self.max_valid = false;
             }
+            self.buf[i] = new;
             let b = &mut self.bmax[i / BLOCK];
             if new > *b {
                 *b = new;
+            } else if new < old {
+                self.lowered(i, old);
             }
-            self.buf[i] = new;
             if self.dense && new == f32::NEG_INFINITY {
                 self.dense_count -= 1;
             }

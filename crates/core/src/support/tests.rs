@@ -30,6 +30,17 @@ fn block_bounds_follow_edits_and_temperature() {
                 ws.mask(j as u32);
                 z[j] = f32::NEG_INFINITY;
             }
+            // lower the top value of a few blocks: their bounds follow
+            for _ in 0..3 {
+                let b = r.below(n.div_ceil(BLOCK));
+                let blk = b * BLOCK..(b * BLOCK + BLOCK).min(n);
+                if let Some(i) = blk.max_by(|&i, &j| z[i].total_cmp(&z[j])) {
+                    if z[i] > f32::NEG_INFINITY {
+                        ws.edit_buf(i as u32, |x| x - 100.0);
+                        z[i] -= 100.0;
+                    }
+                }
+            }
             ws.divide(0.7);
             for x in z.iter_mut() {
                 if *x > f32::NEG_INFINITY {
@@ -37,6 +48,11 @@ fn block_bounds_follow_edits_and_temperature() {
                 }
             }
             assert_eq!(bits(&ws.buf), bits(&z));
+            // the bounds are exact: each the maximum of its block
+            for (b, blk) in z.chunks(BLOCK).enumerate() {
+                let m = blk.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                assert_eq!(ws.bmax[b], m, "block {b}, level {level:?}");
+            }
             assert_eq!(ws.dense_max().to_bits(), max_ref(&z).to_bits());
             let mut canon: Vec<Cand> = z
                 .iter()
