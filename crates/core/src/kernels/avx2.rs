@@ -361,3 +361,46 @@ pub(super) fn collect_band<const TIE: bool>(
         }
     }
 }
+
+/// [`super::gather_weight_key`] on 8 lanes. The key of every weight is computed and compared
+/// a vector at a time; matches are rare (one bucket among hundreds), so only the vectors with a
+/// match copy anything, lane by lane in order.
+#[target_feature(enable = "avx2")]
+pub(super) fn gather_weight_key(
+    c: &[Cand],
+    w: &[f32],
+    key: super::WeightKey,
+    out: &mut Vec<Cand>,
+    out_w: &mut Vec<f32>,
+) {
+    let n = c.len().min(w.len());
+    let one = _mm256_set1_epi32(0x3F80_0000);
+    let zero = _mm256_setzero_si256();
+    let shift = _mm_cvtsi32_si128(key.shift as i32);
+    let max = _mm256_set1_epi32(key.max as i32);
+    let want = _mm256_set1_epi32(key.value as i32);
+    let whole = n / 8 * 8;
+    let mut i = 0;
+    while i < whole {
+        // SAFETY: `i + 8 <= whole <= n <= w.len()`: the load reads `w[i..i + 8]`.
+        let x = unsafe { _mm256_loadu_si256(w.as_ptr().add(i).cast()) };
+        // the distance below 1.0 in bits, 0 above it (weights are not negative), shifted and
+        // capped: `super::WeightKey::of` on every lane
+        let d = _mm256_max_epi32(_mm256_sub_epi32(one, x), zero);
+        let k = _mm256_min_epu32(_mm256_srl_epi32(d, shift), max);
+        let mut hits = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, want))) as u32;
+        while hits != 0 {
+            let j = i + hits.trailing_zeros() as usize;
+            hits &= hits - 1;
+            out.push(c[j]);
+            out_w.push(w[j]);
+        }
+        i += 8;
+    }
+    for j in whole..n {
+        if key.of(w[j]) == key.value {
+            out.push(c[j]);
+            out_w.push(w[j]);
+        }
+    }
+}

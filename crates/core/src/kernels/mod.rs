@@ -288,6 +288,49 @@ pub(crate) fn load(
     (bad, count, max)
 }
 
+/// A bucket of weights for [`gather_weight_key`]: the weights `w` (not negative) whose key
+/// `min((bits(1.0) - bits(w)) >> shift, max)` (the distance below 1 in `f32` bits, 0 for `w >=
+/// 1`) is `value`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WeightKey {
+    pub(crate) shift: u32,
+    pub(crate) max: u32,
+    pub(crate) value: u32,
+}
+
+impl WeightKey {
+    /// The key of one weight.
+    #[inline(always)]
+    pub(crate) fn of(&self, w: f32) -> u32 {
+        (0x3F80_0000u32.saturating_sub(w.to_bits()) >> self.shift).min(self.max)
+    }
+}
+
+/// Copies the candidates (and weights) whose weight is in the bucket `key` to `out` (and
+/// `out_w`), in order ([`gather`] with that test).
+pub(crate) fn gather_weight_key(
+    level: Level,
+    c: &[Cand],
+    w: &[f32],
+    key: WeightKey,
+    out: &mut Vec<Cand>,
+    out_w: &mut Vec<f32>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level.get() >= simd::AVX2 {
+        let n = c.len().min(w.len());
+        out.clear();
+        out_w.clear();
+        // the workspace's buffers hold any collection: no allocation there
+        out.reserve(n);
+        out_w.reserve(n);
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2.
+        return unsafe { avx2::gather_weight_key(c, w, key, out, out_w) };
+    }
+    let _ = level;
+    gather(c, w, |x| key.of(x) == key.value, out, out_w)
+}
+
 /// A full top-k heap (its root the worst kept candidate, see `support::sort`) during the scan of
 /// the rest of the row, with the root's value as the threshold to enter.
 pub(crate) struct TopKScan<'a> {

@@ -411,3 +411,49 @@ fn levels_never_exceed_the_cpu() {
     }
     assert!(Level::current().get() <= simd::detected());
 }
+
+#[test]
+fn gather_weight_key_matches_scalar_at_every_level() {
+    for level in levels("gather_weight_key_matches_scalar_at_every_level") {
+        for row in rows() {
+            let m = max_ref(&row);
+            if m == f32::NEG_INFINITY {
+                continue;
+            }
+            let (_, w) = exp_sum_ref(&row, m);
+            // weights above 1 (saturating keys) and zeros (masked tokens) too
+            let w: Vec<f32> = w
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| if i % 97 == 5 { x * 3.0 } else { x })
+                .collect();
+            let c: Vec<Cand> = row
+                .iter()
+                .enumerate()
+                .map(|(i, &z)| Cand { id: i as u32, z })
+                .collect();
+            for (shift, max) in [(19u32, 511u32), (11, 255), (23, 7)] {
+                let probe = WeightKey {
+                    shift,
+                    max,
+                    value: 0,
+                };
+                let mut values: Vec<u32> = w.iter().map(|&x| probe.of(x)).collect();
+                values.sort_unstable();
+                values.dedup();
+                values.push(max + 1);
+                for value in values.into_iter().step_by(3) {
+                    let key = WeightKey { value, ..probe };
+                    let (mut out, mut out_w) = (vec![Cand { id: 9, z: 9.0 }], vec![9.0f32]);
+                    gather_weight_key(level, &c, &w, key, &mut out, &mut out_w);
+                    let want: Vec<usize> =
+                        (0..c.len()).filter(|&i| key.of(w[i]) == value).collect();
+                    let got: Vec<usize> = out.iter().map(|x| x.id as usize).collect();
+                    assert_eq!(got, want, "level {level:?}, key {key:?}");
+                    let want_w: Vec<f32> = want.iter().map(|&i| w[i]).collect();
+                    assert_eq!(bits(&out_w), bits(&want_w), "level {level:?}");
+                }
+            }
+        }
+    }
+}

@@ -8,8 +8,8 @@
 use super::sort::{descending_key, sort_by_id, sort_canonical_from_id_order};
 use super::{Cand, Workspace, BLOCK};
 use crate::kernels::{
-    self, cand_weights, collect_band, exact_sum_any_order, filter_cands, filter_cands_w, gather,
-    prefix_len, sum_f32, Band, Level,
+    self, cand_weights, collect_band, exact_sum_any_order, filter_cands, filter_cands_w,
+    gather_weight_key, prefix_len, sum_f32, Band, Level, WeightKey,
 };
 use crate::math::{self, exp_f32};
 
@@ -161,6 +161,7 @@ impl Workspace {
                     mass: 0.0,
                 };
                 let walk = nucleus_walk(
+                    level,
                     &self.cands,
                     &self.wts,
                     st,
@@ -253,6 +254,7 @@ impl Workspace {
             cand_weights(level, &self.cands[start..], m, &mut self.wts[start..]);
             let all = lo <= -f32::MAX || self.cands.len() >= self.dense_count;
             let (walk, after) = nucleus_walk_on(
+                level,
                 &self.cands[start..],
                 &self.wts[start..],
                 st,
@@ -403,8 +405,15 @@ fn wkey(w: f32) -> u32 {
 /// The first-level bucket of a weight.
 #[inline(always)]
 fn bucket1(w: f32) -> usize {
-    ((wkey(w) >> 19) as usize).min(NB1 - 1)
+    KEY1.of(w) as usize
 }
+
+/// The key of [`bucket1`]: [`wkey`] by 19 bits, capped (the `value` is set per gather).
+const KEY1: WeightKey = WeightKey {
+    shift: 19,
+    max: (NB1 - 1) as u32,
+    value: 0,
+};
 
 /// A bound on the distance between the search's estimate of a cumulative probability after `n`
 /// tokens and the definition's sequential sum (both within `(n + few) · 2^-53` of the exact sum
@@ -438,7 +447,9 @@ enum Walk {
 /// Finds the top-p boundary among the candidates `c` (weights `w`), a prefix of the canonical
 /// order in any order: buckets by weight are counted, and the bucket that holds the boundary is
 /// split ([`SPLIT_ABOVE`]) or sorted and walked with the definition's terms.
+#[allow(clippy::too_many_arguments)]
 fn nucleus_walk(
+    level: Level,
     c: &[Cand],
     w: &[f32],
     st: WalkState,
@@ -447,12 +458,14 @@ fn nucleus_walk(
     sub: &mut Vec<Cand>,
     tmp: &mut Vec<Cand>,
 ) -> Walk {
-    nucleus_walk_on(c, w, st, gath, gath_w, sub, tmp).0
+    nucleus_walk_on(level, c, w, st, gath, gath_w, sub, tmp).0
 }
 
 /// [`nucleus_walk`], also giving the state after the searched tokens when they are
 /// [`Walk::Short`] (their count and weight sum added): the next band's search starts there.
+#[allow(clippy::too_many_arguments)]
 fn nucleus_walk_on(
+    level: Level,
     c: &[Cand],
     w: &[f32],
     mut st: WalkState,
@@ -473,7 +486,11 @@ fn nucleus_walk_on(
             st.mass = m2;
             continue;
         }
-        gather(c, w, |x| bucket1(x) == b, gath, gath_w);
+        let key = WeightKey {
+            value: b as u32,
+            ..KEY1
+        };
+        gather_weight_key(level, c, w, key, gath, gath_w);
         let r = if gath.len() > SPLIT_ABOVE && b < NB1 - 1 {
             split_walk(gath, gath_w, st, sub, tmp)
         } else {
