@@ -91,9 +91,8 @@ fn add_lanes8(acc: (__m256d, __m256d), e: __m256) -> (__m256d, __m256d) {
 /// `w[i] = exp_f32(z[i] - m)` over the whole blocks of 32 values (nothing is stored when `w`
 /// is `None`); the lane sums of [`super::sum_f64_lanes`] continue in `acc`. Returns the
 /// number of values covered.
-#[inline]
 #[target_feature(enable = "avx2,fma")]
-fn exp_blocks<const CLAMP: bool>(
+pub(super) fn exp_blocks<const CLAMP: bool>(
     z: &[f32],
     m: f32,
     mut w: Option<&mut [f32]>,
@@ -167,31 +166,6 @@ fn exp_blocks<const CLAMP: bool>(
         _mm256_storeu_pd(acc.as_mut_ptr().add(4), a.1);
     }
     n
-}
-
-/// [`super::exp_weights`] on 8 lanes, 32 values at a time.
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn exp_weights(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
-    let mut acc = [0.0f64; 8];
-    let n = exp_blocks::<true>(z, m, Some(&mut *w), &mut acc);
-    for (i, (zv, wv)) in z.iter().zip(w.iter_mut()).enumerate().skip(n) {
-        let e = exp_f32(*zv - m);
-        *wv = e;
-        acc[i % 8] += e as f64;
-    }
-    acc.iter().sum()
-}
-
-/// [`super::exp_sum`] on 8 lanes, 32 values at a time; without `CLAMP` only when `z[i] - m <=
-/// 0` for every `i`.
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn exp_sum<const CLAMP: bool>(z: &[f32], m: f32) -> f64 {
-    let mut acc = [0.0f64; 8];
-    let n = exp_blocks::<CLAMP>(z, m, None, &mut acc);
-    for (i, &x) in z.iter().enumerate().skip(n) {
-        acc[i % 8] += exp_f32(x - m) as f64;
-    }
-    acc.iter().sum()
 }
 
 /// [`super::cand_weights`] on 8 lanes, 32 candidates at a time (`w` at least as long as `c`,

@@ -113,9 +113,8 @@ fn load64(z: &[f32], i: usize) -> [__m512; 4] {
 /// `w[i] = exp_f32(z[i] - m)` over the whole blocks of 64 values (nothing is stored when `w`
 /// is `None`); the lane sums of [`super::sum_f64_lanes`] continue in `acc`. Returns the
 /// number of values covered.
-#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
-fn exp_blocks<const CLAMP: bool>(
+pub(super) fn exp_blocks<const CLAMP: bool>(
     z: &[f32],
     m: f32,
     mut w: Option<&mut [f32]>,
@@ -182,31 +181,6 @@ fn exp_blocks<const CLAMP: bool>(
     // SAFETY: `acc` holds 8 `f64`s, one vector.
     unsafe { _mm512_storeu_pd(acc.as_mut_ptr(), a) };
     n
-}
-
-/// [`super::exp_weights`] on 16 lanes, 64 values at a time.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
-pub(super) fn exp_weights(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
-    let mut acc = [0.0f64; 8];
-    let n = exp_blocks::<true>(z, m, Some(&mut *w), &mut acc);
-    for (i, (zv, wv)) in z.iter().zip(w.iter_mut()).enumerate().skip(n) {
-        let e = exp_f32(*zv - m);
-        *wv = e;
-        acc[i % 8] += e as f64;
-    }
-    acc.iter().sum()
-}
-
-/// [`super::exp_sum`] on 16 lanes, 64 values at a time; without `CLAMP` only when `z[i] - m <=
-/// 0` for every `i`.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
-pub(super) fn exp_sum<const CLAMP: bool>(z: &[f32], m: f32) -> f64 {
-    let mut acc = [0.0f64; 8];
-    let n = exp_blocks::<CLAMP>(z, m, None, &mut acc);
-    for (i, &x) in z.iter().enumerate().skip(n) {
-        acc[i % 8] += exp_f32(x - m) as f64;
-    }
-    acc.iter().sum()
 }
 
 /// [`super::cand_weights`] on 16 lanes, 64 candidates at a time (`w` at least as long as `c`,

@@ -199,13 +199,15 @@ pub(crate) use scalar::{
 pub(crate) fn exp_weights(level: Level, z: &[f32], m: f32, w: &mut [f32]) -> f64 {
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
     if level.get() >= simd::AVX512 {
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
-        return unsafe { avx512::exp_weights(z, m, w) };
+        let mut acc = [0.0f64; 8]; // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+        let n = unsafe { avx512::exp_blocks::<true>(z, m, Some(&mut *w), &mut acc) };
+        return exp_rest(z, m, Some(w), n, acc);
     }
     #[cfg(target_arch = "x86_64")]
     if level.get() >= simd::AVX2 {
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA.
-        return unsafe { avx2::exp_weights(z, m, w) };
+        let mut acc = [0.0f64; 8]; // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA.
+        let n = unsafe { avx2::exp_blocks::<true>(z, m, Some(&mut *w), &mut acc) };
+        return exp_rest(z, m, Some(w), n, acc);
     }
     scalar::exp_weights(level, z, m, w)
 }
@@ -214,13 +216,15 @@ pub(crate) fn exp_weights(level: Level, z: &[f32], m: f32, w: &mut [f32]) -> f64
 pub(crate) fn exp_sum(level: Level, z: &[f32], m: f32) -> f64 {
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
     if level.get() >= simd::AVX512 {
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
-        return unsafe { avx512::exp_sum::<true>(z, m) };
+        let mut acc = [0.0f64; 8]; // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+        let n = unsafe { avx512::exp_blocks::<true>(z, m, None, &mut acc) };
+        return exp_rest(z, m, None, n, acc);
     }
     #[cfg(target_arch = "x86_64")]
     if level.get() >= simd::AVX2 {
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA.
-        return unsafe { avx2::exp_sum::<true>(z, m) };
+        let mut acc = [0.0f64; 8]; // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA.
+        let n = unsafe { avx2::exp_blocks::<true>(z, m, None, &mut acc) };
+        return exp_rest(z, m, None, n, acc);
     }
     scalar::exp_sum(level, z, m)
 }
@@ -230,18 +234,37 @@ pub(crate) fn exp_sum(level: Level, z: &[f32], m: f32) -> f64 {
 pub(crate) fn exp_sum_at_max(level: Level, z: &[f32], m: f32) -> f64 {
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
     if level.get() >= simd::AVX512 && !m.is_nan() {
+        let mut acc = [0.0f64; 8];
         // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512. (`z[i] - m <=
         // 0` for every `i`, the caller's contract, so skipping `min(88, x)` changes nothing.)
-        return unsafe { avx512::exp_sum::<false>(z, m) };
+        let n = unsafe { avx512::exp_blocks::<false>(z, m, None, &mut acc) };
+        return exp_rest(z, m, None, n, acc);
     }
     #[cfg(target_arch = "x86_64")]
     if level.get() >= simd::AVX2 && !m.is_nan() {
+        let mut acc = [0.0f64; 8];
         // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA. (`z[i] -
         // m <= 0` for every `i`, the caller's contract, so skipping `min(88, x)` changes
         // nothing.)
-        return unsafe { avx2::exp_sum::<false>(z, m) };
+        let n = unsafe { avx2::exp_blocks::<false>(z, m, None, &mut acc) };
+        return exp_rest(z, m, None, n, acc);
     }
     scalar::exp_sum(level, z, m)
+}
+
+/// The end of the vector `exp` passes: from `n` on, `exp_f32(z[i] - m)` one at a time into lane
+/// `i % 8` of `acc` (and into `w[i]` when given); returns the sum of the lanes, as
+/// [`sum_f64_lanes`] orders it.
+#[cfg(target_arch = "x86_64")]
+fn exp_rest(z: &[f32], m: f32, mut w: Option<&mut [f32]>, n: usize, mut acc: [f64; 8]) -> f64 {
+    for (i, &x) in z.iter().enumerate().skip(n) {
+        let e = crate::math::exp_f32(x - m);
+        if let Some(w) = w.as_deref_mut() {
+            w[i] = e;
+        }
+        acc[i % 8] += e as f64;
+    }
+    acc.iter().sum()
 }
 
 /// `w[i] = exp_f32(c[i].z - m)` for every candidate (`w` at least as long as `c`).
