@@ -10,7 +10,7 @@ use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::state::DecoderState;
-use crate::support::sort::worse;
+use crate::support::sort::push_heap;
 use crate::support::{canonical, Cand};
 use crate::support::{TopKTies, Workspace};
 use crate::vocab::VocabInfo;
@@ -130,11 +130,11 @@ impl Workspace {
     /// first: the k-th largest bound `t` (a size-k heap over the bounds). The tokens with `z >=
     /// t` are collected, reading only the blocks whose bound reaches `t` (about k of them). When
     /// there are at least k of them, no token below `t` is among the top k, and the best k of
-    /// the collection are kept. After loading every block holds a token at its bound, so there
-    /// always are; edits that lower a block's maximum leave its bound above it, and then the
-    /// collection may fall short. Then (and without bounds, or when `t` is `-inf`: a row with
-    /// fewer than k live blocks) a size-k heap whose root is the worst kept candidate scans the
-    /// row.
+    /// the collection are kept. Every block holds a token at its bound after loading, and
+    /// single edits and masks keep it so; an allow-list that masks in place leaves bounds above
+    /// their blocks, and then the collection may fall short. Then (and without bounds, or when
+    /// `t` is `-inf`: a row with fewer than k live blocks) a size-k heap whose root is the worst
+    /// kept candidate scans the row.
     pub(crate) fn dense_top_k(&mut self, k: usize) {
         let level = self.level();
         if self.bmax_valid && k >= 1 && 4 * k <= self.bmax.len() {
@@ -179,20 +179,5 @@ impl Workspace {
         }
         heap.sort_unstable_by(canonical);
         self.sorted = true;
-    }
-}
-
-/// Adds `c` to a heap whose root is its worst candidate (sift up).
-fn push_heap(heap: &mut Vec<Cand>, c: Cand) {
-    heap.push(c);
-    let mut j = heap.len() - 1;
-    while j > 0 {
-        let p = (j - 1) / 2;
-        if worse(&heap[j], &heap[p]) {
-            heap.swap(j, p);
-            j = p;
-        } else {
-            break;
-        }
     }
 }

@@ -223,9 +223,7 @@ impl Workspace {
         let blk = i / BLOCK;
         if old >= self.bmax[blk] {
             let end = (blk * BLOCK + BLOCK).min(self.buf.len());
-            self.bmax[blk] = self.buf[blk * BLOCK..end]
-                .iter()
-                .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+            self.bmax[blk] = kernels::max_f32(self.level(), &self.buf[blk * BLOCK..end]);
         }
     }
 

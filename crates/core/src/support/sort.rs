@@ -91,6 +91,21 @@ pub(crate) fn worse(a: &Cand, b: &Cand) -> bool {
     a.z < b.z || (a.z == b.z && a.id > b.id)
 }
 
+/// Adds `c` to a heap whose root is its worst candidate (sift up).
+pub(crate) fn push_heap(heap: &mut Vec<Cand>, c: Cand) {
+    heap.push(c);
+    let mut j = heap.len() - 1;
+    while j > 0 {
+        let p = (j - 1) / 2;
+        if worse(&heap[j], &heap[p]) {
+            heap.swap(j, p);
+            j = p;
+        } else {
+            break;
+        }
+    }
+}
+
 #[inline(always)]
 pub(crate) fn sift_down(h: &mut [Cand], mut i: usize) {
     let n = h.len();
