@@ -3,13 +3,14 @@
 llama.cpp's `llama-server` on the same GGUF file, in one run.
 
     python3 bench/serve.py --nextok target/release/nextok --model M.gguf \
-        [--llama-server "$(bench/peers/llama_server.sh)"] [--levels 1,4,16,64] [--out FILE]
+        [--llama-server "$(bench/peers/llama_server.sh)"] [--levels 1,4,16,64] [--out FILE] \
+        [--nextok-args "--prefill-chunk-tokens 64"]
 
 For each server and each concurrency level C, C client threads send streaming
 `/v1/completions` requests (prompts of mixed lengths from a fixed generator, `max_tokens`
 fixed, `ignore_eos` so every request generates exactly that many tokens, temperature 0.8, a
 seed per request; no two requests share a prompt, so neither server's prompt cache helps)
-until `--requests` (default max(2C, 8)) have completed. Reported per level:
+until `--requests` (default max(2C, 32), so a p99 is not one request) have completed. Reported per level:
 requests/s, output tokens/s (completion tokens from the usage chunk, else counted chunks),
 p50/p99 time to first token and inter-token latency. Both servers run on 127.0.0.1 on free
 ports; every loop is bounded. Standard library only. Not run in CI.
@@ -59,8 +60,8 @@ def wait_health(port, deadline):
     return False
 
 
-def start_nextok(binary, model, max_seqs):
-    p = subprocess.Popen([binary, "serve", "--model", model, "--port", "0", "--max-num-seqs", str(max_seqs)],
+def start_nextok(binary, model, max_seqs, extra):
+    p = subprocess.Popen([binary, "serve", "--model", model, "--port", "0", "--max-num-seqs", str(max_seqs)] + extra,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     deadline = time.time() + 300
     while time.time() < deadline and p.poll() is None:
@@ -172,16 +173,17 @@ def main():
     ap.add_argument("--nextok", required=True, help="the nextok binary (a release build)")
     ap.add_argument("--model", required=True, help="the GGUF file both servers load")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (bench/peers/llama_server.sh)")
+    ap.add_argument("--nextok-args", default="", help="more `nextok serve` arguments, space-separated")
     ap.add_argument("--levels", default="1,4,16,64")
-    ap.add_argument("--requests", type=int, default=0, help="requests per level (default max(2C, 8))")
+    ap.add_argument("--requests", type=int, default=0, help="requests per level (default max(2C, 32))")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2, help="llama-server threads")
     ap.add_argument("--parallel", type=int, default=16, help="llama-server --parallel")
     ap.add_argument("--out", default="target/serve-bench.json")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
-    report = {"model": a.model, "max_tokens": a.max_tokens, "servers": {}}
-    servers = [("nextok", lambda: start_nextok(a.nextok, a.model, max(levels)), None)]
+    report = {"model": a.model, "max_tokens": a.max_tokens, "nextok_args": a.nextok_args, "servers": {}}
+    servers = [("nextok", lambda: start_nextok(a.nextok, a.model, max(levels), a.nextok_args.split()), None)]
     if a.llama_server:
         # each slot gets ctx / parallel tokens: room for the longest prompt and the output
         ctx = a.parallel * (900 + a.max_tokens)
@@ -192,7 +194,7 @@ def main():
             one_request(port, 10**6, 4, model_name)  # warm-up, not counted
             rows = []
             for level in levels:
-                total = a.requests or max(2 * level, 8)
+                total = a.requests or max(2 * level, 32)
                 row = run_level(port, level, total, a.max_tokens, model_name)
                 rows.append(row)
                 print(f"{name:10} C={level:3} {row['requests_per_s']:7.2f} req/s {row['output_tokens_per_s']:8.1f} tok/s "

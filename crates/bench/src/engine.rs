@@ -132,6 +132,7 @@ struct Report {
     simd: String,
     threads: usize,
     max_batch_tokens: usize,
+    prefill_chunk_tokens: usize,
     quants: Vec<Quant>,
     llama_cpp: Option<serde_json::Value>,
 }
@@ -248,6 +249,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
                 max_batch_tokens: args
                     .max_batch_tokens
                     .unwrap_or(EngineConfig::default().max_batch_tokens),
+                prefill_chunk_tokens: args
+                    .prefill_chunk_tokens
+                    .unwrap_or(EngineConfig::default().prefill_chunk_tokens),
                 prefix_cache_entries: 0,
                 ..Default::default()
             },
@@ -474,6 +478,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         max_batch_tokens: args
             .max_batch_tokens
             .unwrap_or(EngineConfig::default().max_batch_tokens),
+        prefill_chunk_tokens: args
+            .prefill_chunk_tokens
+            .unwrap_or(EngineConfig::default().prefill_chunk_tokens),
         quants,
         llama_cpp,
     };

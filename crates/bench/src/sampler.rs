@@ -70,6 +70,10 @@ pub struct BenchArgs {
     /// `engine`: tokens one forward pass takes at most (default: the engine's default).
     #[arg(long)]
     pub max_batch_tokens: Option<usize>,
+    /// `engine`: prompt tokens one forward pass takes at most while sequences decode
+    /// (default: the engine's default).
+    #[arg(long)]
+    pub prefill_chunk_tokens: Option<usize>,
     /// `engine`: first run llama.cpp on the same file (`bench/peers/llama_cpp.sh`) and print
     /// its figures beside ours.
     #[arg(long)]

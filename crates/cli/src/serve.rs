@@ -35,6 +35,14 @@ pub struct ServeArgs {
     /// Sequences running at once.
     #[arg(long, default_value_t = 64)]
     pub max_num_seqs: usize,
+    /// Tokens one forward pass takes at most (decode rows and prompt chunks; default 512,
+    /// raised to `--max-num-seqs` if below).
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
+    /// Prompt tokens one forward pass takes at most while other streams decode: bounds the
+    /// pause a long prompt puts between two tokens of a running stream.
+    #[arg(long, default_value_t = nextok_engine::PREFILL_CHUNK_TOKENS)]
+    pub prefill_chunk_tokens: usize,
     /// Requests that may wait for admission; past that, 429.
     #[arg(long, default_value_t = 1024)]
     pub max_waiting: usize,
@@ -81,7 +89,10 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
     let defaults = EngineConfig::default();
     let config = EngineConfig {
         max_num_seqs: a.max_num_seqs,
-        max_batch_tokens: defaults.max_batch_tokens.max(a.max_num_seqs),
+        max_batch_tokens: a
+            .max_batch_tokens
+            .unwrap_or(defaults.max_batch_tokens.max(a.max_num_seqs)),
+        prefill_chunk_tokens: a.prefill_chunk_tokens,
         max_waiting: a.max_waiting,
         ..defaults
     };

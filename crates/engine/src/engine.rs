@@ -20,14 +20,22 @@ use crate::error::{EngineError, ErrorKind, Result};
 use crate::prepare::{ModelShared, Prepared};
 use crate::request::{Event, GenerateRequest, RequestInfo, TokenLogprobs, Usage};
 
+/// The default [`EngineConfig::prefill_chunk_tokens`].
+pub const PREFILL_CHUNK_TOKENS: usize = 64;
+
 /// How the engine schedules.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
     /// Sequences running at once (each of a request's `n` counts).
     pub max_num_seqs: usize,
     /// Tokens one forward pass takes at most: one per decoding sequence, the rest for chunks
-    /// of prompts being prefilled (so a long prompt does not stall running streams).
+    /// of prompts being prefilled.
     pub max_batch_tokens: usize,
+    /// Prompt tokens one forward pass takes at most while some sequence is decoding (within
+    /// `max_batch_tokens`), so a long prompt does not stall running streams: a decoding
+    /// sequence waits for at most this many prompt rows between two of its tokens. With no
+    /// sequence decoding, prompts take the whole `max_batch_tokens`.
+    pub prefill_chunk_tokens: usize,
     /// KV cache memory the running sequences may reserve, in bytes. A request reserves room
     /// for its prompt and `max_tokens` of every sequence at admission.
     pub kv_budget_bytes: usize,
@@ -43,6 +51,7 @@ impl Default for EngineConfig {
         EngineConfig {
             max_num_seqs: 64,
             max_batch_tokens: 512,
+            prefill_chunk_tokens: PREFILL_CHUNK_TOKENS,
             kv_budget_bytes: 4 << 30,
             max_waiting: 1024,
             prefix_cache_entries: 32,
@@ -165,6 +174,12 @@ impl Engine {
                     "{} is below max_num_seqs ({}): every running sequence needs a row",
                     config.max_batch_tokens, config.max_num_seqs
                 ),
+            ));
+        }
+        if config.prefill_chunk_tokens == 0 {
+            return Err(EngineError::invalid(
+                "prefill_chunk_tokens",
+                "must be at least 1: prompts would never advance while others decode",
             ));
         }
         let c = &model.weights.config;

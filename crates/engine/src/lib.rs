@@ -49,7 +49,10 @@ pub mod speculative;
 pub mod teaching;
 pub mod trace;
 
-pub use engine::{Completion, Engine, EngineConfig, EngineStats, RequestHandle, SequenceOutput};
+pub use engine::{
+    Completion, Engine, EngineConfig, EngineStats, RequestHandle, SequenceOutput,
+    PREFILL_CHUNK_TOKENS,
+};
 pub use error::{EngineError, ErrorKind, Result};
 pub use nextok_constraint::ConstraintSpec;
 pub use prepare::{fresh_seed, Prepared};

@@ -6,7 +6,9 @@
 //!    (`kv_budget_bytes`) have room. An admitted request's prompt starts from the longest prefix
 //!    the prefix cache holds (its blocks are shared, not copied);
 //! 2. plans **one** forward pass: one token for every decoding sequence, then chunks of the
-//!    prompts being prefilled, up to `max_batch_tokens` rows;
+//!    prompts being prefilled, up to `max_batch_tokens` rows (and at most
+//!    `prefill_chunk_tokens` prompt rows while any sequence decodes, which bounds the pause a
+//!    long prompt puts between two tokens of a running stream);
 //! 3. runs it, while the constraint masks of the decoding sequences are computed on the other
 //!    threads of the pool (a mask depends only on the sequence's state);
 //! 4. samples every row that has logits, rows in parallel, each with its own sampler, state,
@@ -375,12 +377,20 @@ impl Scheduler {
             plan[i] += sp.draft.len();
             used += sp.draft.len();
         }
+        // prompt chunks: a bounded share while sequences decode, the whole budget otherwise
+        let mut prefill = if used > 0 {
+            budget
+                .saturating_sub(used)
+                .min(self.inner.config.prefill_chunk_tokens)
+        } else {
+            budget
+        };
         for (i, s) in self.running.iter().enumerate() {
             if let Phase::Prefill { done } = s.phase {
                 let left = s.req.prepared.info.prompt_ids.len() - done;
-                let take = left.min(budget.saturating_sub(used));
+                let take = left.min(prefill);
+                prefill -= take;
                 plan[i] = take;
-                used += take;
             }
         }
         // 2. one forward pass, the masks of decoding rows computed alongside

@@ -268,6 +268,105 @@ fn a_full_queue_is_its_own_error() {
     }
 }
 
+/// While another sequence decodes, a prompt advances by at most `prefill_chunk_tokens` rows
+/// per forward pass (so that sequence's tokens keep coming); alone it goes in one pass.
+#[test]
+fn a_prompt_takes_bounded_chunks_while_another_stream_decodes() {
+    let Some(m) = model() else { return };
+    let config = EngineConfig {
+        max_num_seqs: 4,
+        prefill_chunk_tokens: 2,
+        prefix_cache_entries: 0,
+        ..Default::default()
+    };
+    let engine = Engine::new(m, config).unwrap();
+    let b = request(5, 9, 1, 0.0, false);
+    let pb = engine.prepare(&b).unwrap().info.prompt_ids.len() as u64;
+    assert!(
+        pb >= 16,
+        "the prompt is long enough to tell chunks apart: {pb}"
+    );
+    // passes counted from the submission to the answer; the counter moves just after the
+    // pass whose events we saw, so the last one may be missing
+    let passes = |engine: &Engine| {
+        let i0 = engine.stats().iterations;
+        engine.generate(b.clone()).unwrap();
+        engine.stats().iterations - i0
+    };
+    assert!(passes(&engine) <= 1, "alone, the prompt goes in one pass");
+    let mut a = request(0, 1, 200, 0.0, false);
+    a.params.ignore_eos = true;
+    let mut ha = engine.submit(a).unwrap();
+    for ev in ha.by_ref() {
+        if matches!(ev, Event::Token { .. }) {
+            break;
+        }
+    }
+    let n = passes(&engine);
+    assert!(
+        n + 1 >= pb.div_ceil(2),
+        "{n} passes for a {pb}-token prompt in chunks of 2 beside a decoding stream"
+    );
+    drop(ha);
+}
+
+/// Each scheduling limit that cannot work is refused by name.
+#[test]
+fn an_engine_config_that_cannot_schedule_is_refused_by_field() {
+    let Some(m) = model() else { return };
+    let bad = [
+        (
+            EngineConfig {
+                max_num_seqs: 0,
+                ..Default::default()
+            },
+            "max_num_seqs",
+        ),
+        (
+            EngineConfig {
+                max_num_seqs: 64,
+                max_batch_tokens: 63,
+                ..Default::default()
+            },
+            "max_batch_tokens",
+        ),
+        (
+            EngineConfig {
+                prefill_chunk_tokens: 0,
+                ..Default::default()
+            },
+            "prefill_chunk_tokens",
+        ),
+        (
+            EngineConfig {
+                kv_budget_bytes: 1,
+                ..Default::default()
+            },
+            "kv_budget_bytes",
+        ),
+    ];
+    for (config, field) in bad {
+        let Err(e) = Engine::new(m.clone(), config) else {
+            panic!("a config with a bad {field} was accepted")
+        };
+        assert_eq!(e.kind(), &ErrorKind::InvalidRequest, "{field}");
+        assert_eq!(e.field(), Some(field), "{e}");
+    }
+    // the smallest limits that can work run a request to its end
+    let engine = Engine::new(
+        m,
+        EngineConfig {
+            max_num_seqs: 1,
+            max_batch_tokens: 1,
+            prefill_chunk_tokens: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let c = engine.generate(request(1, 3, 3, 0.8, false)).unwrap();
+    assert_eq!(c.sequences[0].tokens.len(), 3);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 4, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -277,9 +376,16 @@ proptest! {
     fn any_mix_of_requests_equals_solo_runs(
         specs in prop::collection::vec((0usize..6, 0u64..1000, 1u64..10, 0usize..3, prop::bool::weighted(0.25), 0u64..8), 1..=8),
         chunk in prop::sample::select(vec![8usize, 32, 512]),
+        prefill_chunk in prop::sample::select(vec![1usize, 7, 64]),
     ) {
         let Some(m) = model() else { return Ok(()) };
-        let engine = Engine::new(m, EngineConfig { max_num_seqs: 8, max_batch_tokens: chunk, ..Default::default() }).unwrap();
+        let config = EngineConfig {
+            max_num_seqs: 8,
+            max_batch_tokens: chunk,
+            prefill_chunk_tokens: prefill_chunk,
+            ..Default::default()
+        };
+        let engine = Engine::new(m, config).unwrap();
         let reqs: Vec<GenerateRequest> = specs
             .iter()
             .map(|&(p, seed, max, t, c, _)| request(p, seed, max, [0.0, 0.7, 1.3][t], c))
