@@ -74,6 +74,9 @@ pub struct BenchArgs {
     /// (default: the engine's default).
     #[arg(long)]
     pub prefill_chunk_tokens: Option<usize>,
+    /// `speculative`: the most tokens one draft may hold (default: the engine's default).
+    #[arg(long)]
+    pub max_draft: Option<usize>,
     /// `engine`: first run llama.cpp on the same file (`bench/peers/llama_cpp.sh`) and print
     /// its figures beside ours.
     #[arg(long)]

@@ -132,8 +132,10 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             let req = task(name, args.max_tokens.max(8));
             let options = SpecOptions {
                 acceptance,
+                max_draft: args.max_draft.unwrap_or(SpecOptions::default().max_draft),
                 ..SpecOptions::default()
             };
+            options.check().map_err(|e| format!("--max-draft: {e}"))?;
             let (mut best_plain, mut best_spec) = (f64::MAX, f64::MAX);
             let mut identical = true;
             let mut last = None;
