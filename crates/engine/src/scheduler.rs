@@ -104,6 +104,30 @@ struct Scheduler {
     clock: u64,
     scratch: Scratch,
     logits: Vec<f32>,
+    bufs: Bufs,
+}
+
+/// An iteration's bookkeeping, kept between iterations so that planning a pass allocates
+/// nothing once the vectors have grown (the batch's borrowed rows reuse their allocation
+/// through [`recycle`]).
+#[derive(Default)]
+struct Bufs {
+    plan: Vec<usize>,
+    owner: Vec<usize>,
+    nrows: Vec<usize>,
+    row_of: Vec<Option<(usize, usize)>>,
+    completed: Vec<usize>,
+    finished: Vec<(u64, usize)>,
+    batch: Vec<BatchSeq<'static>>,
+    preps: Vec<(&'static Sampler, &'static DecoderState)>,
+}
+
+/// `v`'s allocation as an empty vector of another element type with the same size and
+/// alignment (the standard library collects such a map in place; otherwise this allocates,
+/// which changes nothing else).
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
 }
 
 pub(crate) fn run(inner: Arc<Inner>) {
@@ -115,6 +139,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         clock: 0,
         scratch: Scratch::default(),
         logits: Vec::new(),
+        bufs: Bufs::default(),
     };
     loop {
         if !s.admit() {
@@ -345,7 +370,10 @@ impl Scheduler {
     fn iteration(&mut self) {
         let budget = self.inner.config.max_batch_tokens;
         // 1. plan: decode rows first, then prompt chunks
-        let mut plan: Vec<usize> = vec![0; self.running.len()];
+        let mut bufs = std::mem::take(&mut self.bufs);
+        let plan = &mut bufs.plan;
+        plan.clear();
+        plan.resize(self.running.len(), 0);
         let mut used = 0;
         for (i, s) in self.running.iter().enumerate() {
             if matches!(s.phase, Phase::Decode) {
@@ -394,9 +422,10 @@ impl Scheduler {
             }
         }
         // 2. one forward pass, the masks of decoding rows computed alongside
-        let mut batch: Vec<BatchSeq<'_>> = Vec::new();
-        let mut preps: Vec<(&Sampler, &DecoderState)> = Vec::new();
-        let mut owner: Vec<usize> = Vec::new();
+        let mut batch: Vec<BatchSeq<'_>> = recycle(std::mem::take(&mut bufs.batch));
+        let mut preps: Vec<(&Sampler, &DecoderState)> = recycle(std::mem::take(&mut bufs.preps));
+        let owner = &mut bufs.owner;
+        owner.clear();
         for (i, s) in self.running.iter_mut().enumerate() {
             if plan[i] == 0 {
                 continue;
@@ -447,16 +476,15 @@ impl Scheduler {
                     .find_any(|r| r.is_err())
             },
         );
-        let nrows: Vec<usize> = batch
-            .iter()
-            .map(|b| match b.logits {
-                LogitRows::None => 0,
-                LogitRows::Last => 1,
-                LogitRows::All => b.tokens.len(),
-            })
-            .collect();
-        drop(batch);
-        drop(preps);
+        let nrows = &mut bufs.nrows;
+        nrows.clear();
+        nrows.extend(batch.iter().map(|b| match b.logits {
+            LogitRows::None => 0,
+            LogitRows::Last => 1,
+            LogitRows::All => b.tokens.len(),
+        }));
+        bufs.batch = recycle(batch);
+        bufs.preps = recycle(preps);
         if let Err(e) = fwd {
             // nothing was computed: fail the requests of this batch, keep the others
             let reqs: Vec<Arc<ReqCtx>> =
@@ -466,6 +494,7 @@ impl Scheduler {
                     self.fail(&r, EngineError::model(e.clone()));
                 }
             }
+            self.bufs = bufs;
             return;
         }
         // a failed mask shows again in its step, where it ends that request alone
@@ -473,9 +502,12 @@ impl Scheduler {
         // 3. which rows have logits; prompts that completed; forks
         let vocab = self.inner.shared.model.weights.config.vocab_size;
         // (first row, rows) of each sequence's logits
-        let mut row_of: Vec<Option<(usize, usize)>> = vec![None; self.running.len()];
+        let row_of = &mut bufs.row_of;
+        row_of.clear();
+        row_of.resize(self.running.len(), None);
         let mut r = 0;
-        let mut completed: Vec<usize> = Vec::new();
+        let completed = &mut bufs.completed;
+        completed.clear();
         for (k, &i) in owner.iter().enumerate() {
             let s = &mut self.running[i];
             if let Phase::Prefill { done } = &mut s.phase {
@@ -490,7 +522,7 @@ impl Scheduler {
                 r += nrows[k];
             }
         }
-        for &i in &completed {
+        for &i in completed.iter() {
             let kv = self.running[i].kv.clone();
             let req = self.running[i].req.clone();
             let row = row_of[i];
@@ -521,7 +553,8 @@ impl Scheduler {
             });
         // 5. events, finishes
         let now = Instant::now();
-        let mut finished: Vec<(u64, usize)> = Vec::new();
+        let finished = &mut bufs.finished;
+        finished.clear();
         let mut failed: Vec<(Arc<ReqCtx>, EngineError)> = Vec::new();
         let mut sampled = 0u64;
         let (mut drafted, mut accepted) = (0u64, 0u64);
@@ -628,6 +661,7 @@ impl Scheduler {
             .running_seqs
             .store(self.running.len(), Ordering::Relaxed);
         self.trim_prefix_cache();
+        self.bufs = bufs;
     }
 
     fn shutdown(&mut self) {
@@ -788,5 +822,22 @@ impl Seq {
             },
             ledger,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pass's borrowed rows keep one allocation from iteration to iteration.
+    #[test]
+    fn recycle_keeps_the_allocation() {
+        let a = 7u32;
+        let mut v: Vec<(&u32, &u32)> = Vec::with_capacity(16);
+        v.push((&a, &a));
+        let (ptr, cap) = (v.as_ptr() as usize, v.capacity());
+        let w: Vec<(&'static Sampler, &'static DecoderState)> = recycle(v);
+        assert!(w.is_empty());
+        assert_eq!((w.as_ptr() as usize, w.capacity()), (ptr, cap));
     }
 }
