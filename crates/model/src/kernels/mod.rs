@@ -564,6 +564,9 @@ pub fn matmul_with(
     Ok(())
 }
 
+/// Up to this many activation rows, a tile holds one weight row (see [`run_rows`]).
+const ONE_ROW_TILES_UP_TO: usize = 16;
+
 /// Bytes of weights (quants and scales) kept hot in L1 while a tile of rows meets every group of
 /// activation rows.
 const TILE_BYTES: usize = 16 * 1024;
@@ -589,15 +592,19 @@ unsafe fn run_rows(
         let mut b0 = 0;
         while b0 < a.n {
             let nb = (a.n - b0).min(4);
-            // Register tiles of several weight rows × `nb` activation rows (measured on Zen 3:
-            // four Q4_1 rows at once for a single activation row hide the FMA latency; Q8_0 at
-            // one activation row is memory-bound and fastest row by row; from two activation
-            // rows on, two weight rows: eight independent accumulator chains, 15 % faster than
-            // one row for Q8_0 at 16 and 64 rows, 1 % for Q4_1). The last rows of a range go
-            // one by one: same operations per element, same bits.
+            // Register tiles of several weight rows × `nb` activation rows (measured on Zen 3,
+            // whole forward passes of the default model, alternating):
+            // * one activation row: four Q4_1 rows at once hide the FMA latency; Q8_0 is
+            //   memory-bound and fastest row by row;
+            // * a few activation rows (a speculative draft, a handful of streams, up to
+            //   `ONE_ROW_TILES_UP_TO`): one weight row, 1.3–1.9× faster than two at 2–8 rows;
+            // * more: two weight rows, eight independent accumulator chains, ~10 % faster for
+            //   Q8_0 at 64 rows (a tie at 16–32; Q4_1 within 3 %).
+            // The last rows of a range go one by one: same operations per element, same bits.
             let nr = match (nb, w.format) {
                 (1, MatFormat::Q4_1) => 4,
                 (1, MatFormat::Q8_0) => 1,
+                _ if a.n <= ONE_ROW_TILES_UP_TO => 1,
                 _ => 2,
             };
             let mut r = t0;
