@@ -386,6 +386,11 @@ pub struct Adaptive {
     next_pause: usize,
 }
 
+/// The first draft's length: a pass of up to four rows (the pending token and three drafted)
+/// costs little more than a one-row pass with the model's kernels, whose register tiles take
+/// four activation rows at a time, so a first guess that fails costs little; full acceptance
+/// grows the length from there.
+const FIRST_DRAFT: usize = 3;
 /// Drafts rejected at their first token in a row before drafting pauses.
 const MISSES_BEFORE_PAUSE: usize = 3;
 /// Steps the first pause lasts.
@@ -394,11 +399,11 @@ const PAUSE_STEPS: usize = 8;
 const MAX_PAUSE_STEPS: usize = 128;
 
 impl Adaptive {
-    /// Starts at `max` tokens.
+    /// Starts at `max` tokens or [`FIRST_DRAFT`], whichever is shorter.
     pub fn new(max: usize) -> Adaptive {
         Adaptive {
             max,
-            k: max,
+            k: max.min(FIRST_DRAFT),
             misses: 0,
             pause: 0,
             next_pause: PAUSE_STEPS,
@@ -470,7 +475,13 @@ mod tests {
     #[test]
     fn adaptive_length_grows_shrinks_and_pauses() {
         let mut a = Adaptive::new(4);
+        // the first draft is short; full acceptance grows it up to the maximum
+        assert_eq!(a.next_len(), FIRST_DRAFT);
+        a.observe(FIRST_DRAFT, FIRST_DRAFT);
         assert_eq!(a.next_len(), 4);
+        a.observe(4, 4);
+        assert_eq!(a.next_len(), 4);
+        assert_eq!(Adaptive::new(2).next_len(), 2);
         a.observe(4, 1);
         assert_eq!(a.next_len(), 1);
         a.observe(1, 1);
