@@ -77,6 +77,10 @@ pub struct BenchArgs {
     /// `speculative`: the most tokens one draft may hold (default: the engine's default).
     #[arg(long)]
     pub max_draft: Option<usize>,
+    /// `speculative`: only these tasks (`copy_greedy`, `copy_sampled`, `chat`), comma-separated
+    /// (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub tasks: Vec<String>,
     /// `engine`: first run llama.cpp on the same file (`bench/peers/llama_cpp.sh`) and print
     /// its figures beside ours.
     #[arg(long)]

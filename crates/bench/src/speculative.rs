@@ -165,6 +165,16 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             cases.push(("copy_sampled", Acceptance::Rejection));
             cases.push(("chat", Acceptance::Rejection));
         }
+        if let Some(bad) = args
+            .tasks
+            .iter()
+            .find(|t| !["copy_greedy", "copy_sampled", "chat"].contains(&t.as_str()))
+        {
+            return Err(format!(
+                "--tasks: no task `{bad}` (copy_greedy, copy_sampled, chat)"
+            ));
+        }
+        cases.retain(|(name, _)| args.tasks.is_empty() || args.tasks.iter().any(|t| t == name));
         for (name, acceptance) in cases {
             let req = task(name, args.max_tokens.max(8));
             let options = SpecOptions {

@@ -43,6 +43,18 @@ fn bench(c: &mut Criterion) {
                 src.decode_one(504).unwrap()
             })
         });
+        // Verifying a speculative draft: the pending token and `k - 1` drafted ones in one
+        // pass (against `decode_one`, the price of the extra rows).
+        for k in [2usize, 4, 8] {
+            let ids: Vec<u32> = (0..k as u32).map(|i| 504 + i).collect();
+            let quant = &name["decode_one/".len()..];
+            g.bench_function(format!("extend_all_{k}/{quant}"), |b| {
+                b.iter(|| {
+                    src.truncate(n).unwrap();
+                    src.extend_all(&ids).unwrap()
+                })
+            });
+        }
         // The same step deep into the context (attention over 1,800 cached positions; the
         // engine issue asks for at least 0.6x the speed near the start), and a 512-token
         // prompt in one forward pass (per token, against the decode step).
