@@ -143,6 +143,15 @@ fn median(values: &mut [f64]) -> f64 {
 
 /// Runs `nextok bench speculative`.
 pub fn run(args: &BenchArgs) -> Result<(), String> {
+    if let Some(bad) = args
+        .tasks
+        .iter()
+        .find(|t| !["copy_greedy", "copy_sampled", "chat"].contains(&t.as_str()))
+    {
+        return Err(format!(
+            "--tasks: no task `{bad}` (copy_greedy, copy_sampled, chat)"
+        ));
+    }
     let path = frontend::model_path(args.model.as_deref())?;
     let mut rows = Vec::new();
     let q4 = Arc::new(frontend::load_model(&path, Requant::Keep)?);
@@ -164,15 +173,6 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         if draft.is_none() {
             cases.push(("copy_sampled", Acceptance::Rejection));
             cases.push(("chat", Acceptance::Rejection));
-        }
-        if let Some(bad) = args
-            .tasks
-            .iter()
-            .find(|t| !["copy_greedy", "copy_sampled", "chat"].contains(&t.as_str()))
-        {
-            return Err(format!(
-                "--tasks: no task `{bad}` (copy_greedy, copy_sampled, chat)"
-            ));
         }
         cases.retain(|(name, _)| args.tasks.is_empty() || args.tasks.iter().any(|t| t == name));
         for (name, acceptance) in cases {
