@@ -162,7 +162,8 @@ struct Report {
     targets: Vec<Target>,
 }
 
-fn median(xs: &mut [f64]) -> f64 {
+/// The median (the mean of the middle two for an even count; NaN when empty).
+pub(crate) fn median(xs: &mut [f64]) -> f64 {
     if xs.is_empty() {
         return f64::NAN;
     }

@@ -27,6 +27,7 @@ use nextok_model::{LogitsSource, Model, Requant};
 use serde::Serialize;
 
 use crate::frontend;
+use crate::sampler::median;
 use crate::BenchArgs;
 
 const RECORD: &str = r#"{"id": 48213, "name": "Harbour Light Desk Lamp", "sku": "HL-2207-BR", "brand": "Keeper & Co.", "category": "Home / Lighting / Desk lamps", "price": {"amount": 74.5, "currency": "EUR"}, "description": "A brass desk lamp modelled on the lamps of old harbour lighthouses, with a weighted base, an adjustable arm and a warm 2700 K LED module rated for 25,000 hours.", "features": ["brushed brass finish", "touch dimmer with four levels", "USB-C charging port in the base", "replaceable LED module"], "dimensions": {"height_cm": 46, "base_diameter_cm": 15, "weight_kg": 1.8}, "shipping": {"ships_from": "Rotterdam", "days": "2-4", "free_over": 50}, "stock": 132, "rating": 4.6, "reviews": 218}"#;
@@ -128,17 +129,6 @@ fn once(
         _ => run_sequence(model, &p.sampler, src, prompt, row, seed, &o),
     }
     .map_err(|e| e.to_string())
-}
-
-/// The median (the mean of the middle two for an even count); `values` is not empty.
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
 }
 
 /// Runs `nextok bench speculative`.

@@ -34,8 +34,18 @@ fn run(
     req: &GenerateRequest,
     spec: Option<SpecOptions>,
 ) -> SoloOutput {
+    run_on(engine, model, req, spec, model.source())
+}
+
+/// [`run`] with `src` as the model (`model` gives the context length).
+fn run_on<S: LogitsSource + Send>(
+    engine: &Engine,
+    model: &Model,
+    req: &GenerateRequest,
+    spec: Option<SpecOptions>,
+    mut src: S,
+) -> SoloOutput {
     let p = engine.prepare(req).expect("request prepares");
-    let mut src = model.source();
     let row = src.prefill(&p.info.prompt_ids).expect("prefill");
     run_sequence(
         model,
@@ -526,28 +536,20 @@ fn run_toy(
     req: &GenerateRequest,
     spec: Option<SpecOptions>,
 ) -> SoloOutput {
-    let p = engine.prepare(req).expect("request prepares");
-    let mut src = Toy {
+    let toy = Toy {
         words: words.clone(),
         vocab: model.vocab.bytes.len(),
         ctx: Vec::new(),
     };
-    let row = src.prefill(&p.info.prompt_ids).expect("prefill");
-    run_sequence(
-        model,
-        &p.sampler,
-        src,
-        &p.info.prompt_ids,
-        row,
-        p.info.seeds[0],
-        &SoloOptions {
-            record: Some(3),
-            constraint: p.constraint.clone(),
-            overlap: false,
-            speculative: spec,
-        },
-    )
-    .expect("decodes")
+    run_on(engine, model, req, spec, toy)
+}
+
+/// The toy model's word tokens: the distinct tokens of [`TOY_TEXT`].
+fn toy_words(model: &Model) -> Arc<Vec<u32>> {
+    let mut w = model.encoder.encode(TOY_TEXT, false).expect("encodes");
+    w.sort_unstable();
+    w.dedup();
+    Arc::new(w)
 }
 
 const TOY_TEXT: &str =
@@ -574,14 +576,7 @@ proptest::proptest! {
     ) {
         let Some(model) = model() else { return Ok(()) };
         static WORDS: std::sync::OnceLock<Arc<Vec<u32>>> = std::sync::OnceLock::new();
-        let words = WORDS
-            .get_or_init(|| {
-                let mut w = model.encoder.encode(TOY_TEXT, false).expect("encodes");
-                w.sort_unstable();
-                w.dedup();
-                Arc::new(w)
-            })
-            .clone();
+        let words = WORDS.get_or_init(|| toy_words(&model)).clone();
         static ENGINE: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
         let engine = ENGINE.get_or_init(|| Engine::new(model.clone(), EngineConfig::default()).unwrap());
         let ids: Vec<u32> = prompt.iter().map(|&i| words[i % words.len()]).collect();
@@ -650,10 +645,7 @@ proptest::proptest! {
 fn the_toy_model_accepts_and_rejects_drafts() {
     let Some(model) = model() else { return };
     let engine = Engine::new(model.clone(), EngineConfig::default()).unwrap();
-    let mut w = model.encoder.encode(TOY_TEXT, false).unwrap();
-    w.sort_unstable();
-    w.dedup();
-    let words = Arc::new(w);
+    let words = toy_words(&model);
     let (mut accepted, mut rejected) = (0, 0);
     for seed in 0..4 {
         let mut req = GenerateRequest::new(Prompt::Ids(words[..8].to_vec()));
