@@ -217,6 +217,106 @@ pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) {
     }
 }
 
+/// [`super::filter_upto`] on 8 lanes: the keep mask of 8 candidates from two compares of their
+/// values and one of their ids, then the kept candidates (two vectors of 4 whole `Cand`s,
+/// permuted by [`COMPRESS_PAIRS`]) and weights (by [`COMPRESS8`]) packed to the front and
+/// stored, the length advancing by the number kept. Returns how many were kept; `out` must
+/// have room for `c.len()` candidates and `out_w` at least `c.len()` values (checked).
+#[target_feature(enable = "avx2,bmi1,popcnt")]
+pub(super) fn filter_upto(
+    c: &[Cand],
+    w: &[f32],
+    at: Cand,
+    out: &mut Vec<Cand>,
+    out_w: &mut [f32],
+) -> usize {
+    let n = c.len().min(w.len());
+    assert!(out_w.len() >= n && out.capacity() >= n);
+    out.clear();
+    let zb = _mm256_set1_ps(at.z);
+    // ids stay below 2^31 (`u32` ids of a vocabulary held in memory), so signed compares do
+    let idb = _mm256_set1_epi32(at.id.min(i32::MAX as u32) as i32);
+    let n8 = n / 8 * 8;
+    let src = c.as_ptr().cast::<f32>();
+    let dst = out.as_mut_ptr().cast::<f32>();
+    let mut k = 0usize;
+    let mut i = 0usize;
+    while i < n8 {
+        // SAFETY: `i + 8 <= n <= c.len()`: `c[i..i + 8]` is 16 `f32`s (`Cand` is `repr(C)`
+        // `(u32, f32)`, 8 bytes without padding) from `src.add(2 i)`, and `w[i..i + 8]`.
+        let (v0, v1, wv) = unsafe {
+            (
+                _mm256_loadu_ps(src.add(2 * i)),
+                _mm256_loadu_ps(src.add(2 * i + 8)),
+                _mm256_loadu_ps(w.as_ptr().add(i)),
+            )
+        };
+        // the values and the ids of the 8 candidates, in order
+        let order = |x: __m256| {
+            _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(x)))
+        };
+        let z = order(_mm256_shuffle_ps::<0b11_01_11_01>(v0, v1));
+        let ids = _mm256_castps_si256(order(_mm256_shuffle_ps::<0b10_00_10_00>(v0, v1)));
+        // z > z_b, or z = z_b and id <= id_b
+        let keep = _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_GT_OQ>(z, zb),
+            _mm256_andnot_ps(
+                _mm256_castsi256_ps(_mm256_cmpgt_epi32(ids, idb)),
+                _mm256_cmp_ps::<_CMP_EQ_OQ>(z, zb),
+            ),
+        );
+        let mk = _mm256_movemask_ps(keep) as usize;
+        let (lo, hi) = (mk & 15, mk >> 4);
+        // SAFETY: every entry of the tables is 8 `u32`s: the loads read one entry each. `k <= i`,
+        // so the stores write `out[k..k + 4]` (8 `f32`s from `dst.add(2 k)`), `out[k + lo..][..4]`
+        // (within `out[..i + 8]`) and `out_w[k..k + 8]`, all within `n` values of capacity.
+        unsafe {
+            let pw = _mm256_loadu_si256(COMPRESS8[mk].as_ptr().cast());
+            _mm256_storeu_ps(out_w.as_mut_ptr().add(k), _mm256_permutevar8x32_ps(wv, pw));
+            let p0 = _mm256_loadu_si256(COMPRESS_PAIRS[lo].as_ptr().cast());
+            _mm256_storeu_ps(dst.add(2 * k), _mm256_permutevar8x32_ps(v0, p0));
+            let k1 = k + lo.count_ones() as usize;
+            let p1 = _mm256_loadu_si256(COMPRESS_PAIRS[hi].as_ptr().cast());
+            _mm256_storeu_ps(dst.add(2 * k1), _mm256_permutevar8x32_ps(v1, p1));
+            k = k1 + hi.count_ones() as usize;
+        }
+        i += 8;
+    }
+    for (x, &wx) in c[n8..n].iter().zip(&w[n8..n]) {
+        if x.z > at.z || (x.z == at.z && x.id <= at.id) {
+            // SAFETY: `k <= ` the candidates seen so far `<= n <=` the capacity.
+            unsafe { dst.add(2 * k).cast::<Cand>().write(*x) };
+            out_w[k] = wx;
+            k += 1;
+        }
+    }
+    // SAFETY: `k <= n <= out.capacity()`; the first `k` were written as whole `Cand` values.
+    unsafe { out.set_len(k) };
+    k
+}
+
+/// For every 4-bit mask, the permutation that packs the kept 64-bit lanes (two `u32` each) of
+/// a vector of four `Cand`s to its front.
+static COMPRESS_PAIRS: [[u32; 8]; 16] = compress_pairs();
+
+const fn compress_pairs() -> [[u32; 8]; 16] {
+    let mut t = [[0u32; 8]; 16];
+    let mut mask = 0;
+    while mask < 16 {
+        let (mut j, mut k) = (0, 0);
+        while j < 4 {
+            if (mask >> j) & 1 == 1 {
+                t[mask][2 * k] = 2 * j as u32;
+                t[mask][2 * k + 1] = 2 * j as u32 + 1;
+                k += 1;
+            }
+            j += 1;
+        }
+        mask += 1;
+    }
+    t
+}
+
 /// For every 8-bit mask, the positions of its set bits in order (then zeros): the permutation
 /// that packs the kept lanes of an 8-lane vector to its front.
 static COMPRESS8: [[u32; 8]; 256] = compress8();

@@ -437,6 +437,34 @@ impl Band {
     }
 }
 
+/// The candidates (and weights) up to `at` in canonical order — `z > at.z`, or `z = at.z` and
+/// `id <= at.id` — in order, to `out` and `out_w` ([`filter_cands_w`] with that test, for values
+/// that are never NaN); returns how many.
+pub(crate) fn filter_upto(
+    level: Level,
+    c: &[Cand],
+    w: &[f32],
+    at: Cand,
+    out: &mut Vec<Cand>,
+    out_w: &mut [f32],
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if level.get() >= simd::AVX2 && out_w.len() >= c.len().min(w.len()) {
+        out.clear();
+        out.reserve(c.len().min(w.len()));
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
+        return unsafe { avx2::filter_upto(c, w, at, out, out_w) };
+    }
+    let _ = level;
+    filter_cands_w(
+        c,
+        w,
+        |x| x.z > at.z || (x.z == at.z && x.id <= at.id),
+        out,
+        out_w,
+    )
+}
+
 /// Appends `(id, z)` for every token of `band`, in id order. Blocks of [`BLOCK`] values whose
 /// bound in `bmax` (when given) is below `band.lo` are skipped unread.
 pub(crate) fn collect_band(

@@ -457,3 +457,40 @@ fn gather_weight_key_matches_scalar_at_every_level() {
         }
     }
 }
+
+#[test]
+fn filter_upto_matches_scalar_at_every_level() {
+    for level in levels("filter_upto_matches_scalar_at_every_level") {
+        for row in rows() {
+            let c: Vec<Cand> = row
+                .iter()
+                .enumerate()
+                .map(|(i, &z)| Cand { id: i as u32, z })
+                .collect();
+            let w: Vec<f32> = (0..c.len()).map(|i| i as f32 * 0.5).collect();
+            // boundaries at values of the row (ties at several ids), signed zeros, the ends
+            let mut ats: Vec<Cand> = c.iter().step_by(c.len() / 5 + 1).copied().collect();
+            ats.extend(c.iter().rev().step_by(c.len() / 3 + 1).copied());
+            for z in [0.0f32, -0.0, f32::NEG_INFINITY, f32::MAX, -f32::MAX] {
+                for id in [0u32, 7, c.len() as u32 / 2, u32::MAX] {
+                    ats.push(Cand { id, z });
+                }
+            }
+            for at in ats {
+                let keep = |x: &Cand| x.z > at.z || (x.z == at.z && x.id <= at.id);
+                let want: Vec<usize> = (0..c.len()).filter(|&i| keep(&c[i])).collect();
+                let mut out = vec![Cand { id: 9, z: 9.0 }];
+                let mut out_w = vec![-1.0f32; c.len()];
+                let n = filter_upto(level, &c, &w, at, &mut out, &mut out_w);
+                let got: Vec<usize> = out.iter().map(|x| x.id as usize).collect();
+                assert_eq!(n, want.len(), "level {level:?}, at {at:?}");
+                assert_eq!(got, want, "level {level:?}, at {at:?}");
+                let want_z: Vec<f32> = want.iter().map(|&i| c[i].z).collect();
+                let got_z: Vec<f32> = out.iter().map(|x| x.z).collect();
+                assert_eq!(bits(&got_z), bits(&want_z), "level {level:?}");
+                let want_w: Vec<f32> = want.iter().map(|&i| w[i]).collect();
+                assert_eq!(bits(&out_w[..n]), bits(&want_w), "level {level:?}");
+            }
+        }
+    }
+}

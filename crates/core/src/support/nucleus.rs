@@ -5,10 +5,10 @@
 //! from a sample and collects everything above it in one pass. `Workspace::dense_top_p` below
 //! tells the whole story.
 
-use super::sort::{descending_key, sort_by_id, sort_canonical_from_id_order};
+use super::sort::{sort_by_id, sort_canonical_from_id_order};
 use super::{Cand, Workspace, BLOCK};
 use crate::kernels::{
-    self, cand_weights, collect_band, exact_sum_any_order, filter_cands, filter_cands_w,
+    self, cand_weights, collect_band, exact_sum_any_order, filter_cands, filter_upto,
     gather_weight_key, prefix_len, sum_f32, Band, Level, WeightKey,
 };
 use crate::math::{self, exp_f32};
@@ -288,13 +288,16 @@ impl Workspace {
                 }
             }
         };
-        // as one integer comparison of canonical keys: no branch on the data
-        let key = |c: &Cand| (descending_key(c.z) as u64) << 32 | c.id as u64;
-        let last = key(&at);
-        let before = |c: &Cand| key(c) <= last;
         let n = if runs == 1 {
             // the nucleus, in id order (the collection is one run), and its weights
-            filter_cands_w(&self.cands, &self.wts, before, &mut self.gath, &mut self.w)
+            filter_upto(
+                level,
+                &self.cands,
+                &self.wts,
+                at,
+                &mut self.gath,
+                &mut self.w,
+            )
         } else {
             // several runs: read the nucleus again from the row, in id order
             self.gath.clear();
@@ -559,11 +562,16 @@ fn flat_cuts(buf: &[f32], bmax: &[f32], m: f32, need: f64) -> (f32, f32) {
     // reaches: those blocks are read whole
     let mut full_lo = f32::INFINITY;
     if bmax.len() >= nblocks {
-        // blocks by the depth of their bound below `m`, in half logits
-        let mut depth = [0u32; 65];
-        for &x in &bmax[..nblocks] {
-            let d = (m - x) * 2.0;
-            depth[if d < 64.0 { d as usize } else { 64 }] += 1;
+        // blocks by the depth of their bound below `m`, in half logits (64 and more together)
+        let mut depth = [0u32; 128];
+        let mut idx = [0u32; 256];
+        for c in bmax[..nblocks].chunks(256) {
+            for (o, &x) in idx.iter_mut().zip(c) {
+                *o = clamped_bin((m - x) * 2.0, 64);
+            }
+            for &i in &idx[..c.len()] {
+                depth[i as usize] += 1;
+            }
         }
         let cap = nblocks / SAMPLE_STRIDE;
         let mut reach = 0usize;
@@ -576,30 +584,44 @@ fn flat_cuts(buf: &[f32], bmax: &[f32], m: f32, need: f64) -> (f32, f32) {
             full_lo = m - (i + 1) as f32 * 0.5;
         }
     }
-    let mut full = [0u32; CUT_BINS];
-    let mut samp = [0u32; CUT_BINS];
-    // `z <= m`, so `d >= 0` (`+inf` for a masked token): a 32-bit conversion of the clamped
-    // value, which is one instruction
-    let bin = |z: f32| ((m - z) * 16.0).min((CUT_BINS - 1) as f32) as i32 as usize;
+    // two histograms taking alternate tokens, so that runs of one bin (common on flat rows)
+    // do not chain every increment on the previous one
+    let mut full = [[0u32; CUT_BINS]; 2];
+    let mut samp = [[0u32; CUT_BINS]; 2];
+    let mut idx = [0u32; BLOCK];
+    // `z <= m`, so `(m - z) 16 >= 0` (`+inf` for a masked token, which `min` keeps in the last
+    // bin); the bins are computed for a whole block first, which vectorises
+    let bins = |block: &[f32], idx: &mut [u32; BLOCK]| {
+        for (o, &z) in idx.iter_mut().zip(block) {
+            *o = clamped_bin((m - z) * 16.0, CUT_BINS as u32 - 1);
+        }
+    };
+    let add = |h: &mut [[u32; CUT_BINS]; 2], idx: &[u32]| {
+        for pair in idx.chunks(2) {
+            for (j, &b) in pair.iter().enumerate() {
+                h[j][b as usize] += 1;
+            }
+        }
+    };
     let (mut other, mut sampled) = (0usize, 0usize);
     for (b, block) in buf[..nblocks * BLOCK].chunks_exact(BLOCK).enumerate() {
         if bmax.get(b).is_some_and(|&x| x >= full_lo) {
-            for &z in block {
-                full[bin(z)] += 1;
-            }
+            bins(block, &mut idx);
+            add(&mut full, &idx);
         } else {
             other += 1;
             if b % SAMPLE_STRIDE == SAMPLE_STRIDE / 2 {
                 sampled += 1;
-                for &z in block {
-                    samp[bin(z)] += 1;
-                }
+                bins(block, &mut idx);
+                add(&mut samp, &idx);
             }
         }
     }
-    for &z in &buf[nblocks * BLOCK..] {
-        full[bin(z)] += 1;
-    }
+    let tail = &buf[nblocks * BLOCK..];
+    bins(tail, &mut idx);
+    add(&mut full, &idx[..tail.len()]);
+    let full: [u32; CUT_BINS] = std::array::from_fn(|b| full[0][b] + full[1][b]);
+    let samp: [u32; CUT_BINS] = std::array::from_fn(|b| samp[0][b] + samp[1][b]);
     let f = if sampled > 0 {
         other as f64 / sampled as f64
     } else {
@@ -628,6 +650,16 @@ fn flat_cuts(buf: &[f32], bmax: &[f32], m: f32, need: f64) -> (f32, f32) {
         Some(lo) => (lo, lo - 1.0),
         None => (-f32::MAX, -f32::MAX),
     }
+}
+
+/// `floor(d)` for `d >= 0`, capped at `max` (`max` for `+inf`, and for a NaN, which a row never
+/// gives here), as `u32`: by adding `2^23`, whose `f32` spacing is 1, after taking off a half
+/// (so the rounding to nearest lands on the floor except at exact integers, where it may give
+/// the bin below: the bins only steer). Branch-free, so a loop of it vectorises.
+#[inline(always)]
+fn clamped_bin(d: f32, max: u32) -> u32 {
+    let x = (d - 0.5).max(0.0).min(max as f32);
+    (x + 8_388_608.0).to_bits() & 0x007F_FFFF
 }
 
 /// [`nucleus_walk`]'s second level: the tokens of one first-level bucket, by 8 more bits.
