@@ -306,29 +306,157 @@ fn gumbel(ws: &mut Workspace, rng: &RngState, step: u64) -> Option<u32> {
     best.map(|b| b.1)
 }
 
+/// Candidates per block of [`inverse_cdf`]'s skip.
+const CDF_BLOCK: usize = 64;
+
 crate::kernels::multiversion! {
     /// Inverse CDF over candidates in id order with weights `w`: the first whose running sum of
-    /// `w / s` exceeds `u`, else the last with a positive weight. The divisions are done 8 at a
-    /// time ahead of the sequential sum.
+    /// `w / s` exceeds `u`, else the last with a positive weight ([`sequential_cdf`], the
+    /// definition). Long lists skip whole blocks of [`CDF_BLOCK`] candidates by their sums in
+    /// any order (`f64` lanes, one division per block) while the running sum certainly stays at
+    /// most `u`; the block where it may cross is walked with the definition's terms from that
+    /// estimate. The estimate and the sequential sum are both within `n · 2^-53` of the exact
+    /// sum of the terms (which is about 1), so a crossing farther than `(4n + 64) · 2^-52` from
+    /// `u` on both sides is the definition's; anything closer (or no crossing) goes to the
+    /// sequential walk, so the result is always the definition's (unit test
+    /// `blocked_inverse_cdf_is_the_sequential_one`).
     fn inverse_cdf(c: &[Cand], w: &[f32], s: f64, u: f64) -> Option<u32> {
-        let mut cum = 0.0f64;
-        let mut last = None;
-        let mut t = [0.0f64; 8];
-        for (cb, wb) in c.chunks(8).zip(w.chunks(8)) {
-            for (tj, &wj) in t.iter_mut().zip(wb) {
-                *tj = wj as f64 / s;
-            }
-            for ((x, &wj), &tj) in cb.iter().zip(wb).zip(t.iter()) {
-                cum += tj;
-                if wj > 0.0 {
-                    // the rounding guard never returns a token whose weight underflowed to 0
-                    last = Some(x.id);
+        let n = c.len().min(w.len());
+        let (c, w) = (&c[..n], &w[..n]);
+        if n <= 2 * CDF_BLOCK || s.is_nan() || s <= 0.0 {
+            return sequential_cdf(c, w, s, u);
+        }
+        let delta = (4 * n + 64) as f64 * f64::EPSILON;
+        let mut a = 0.0f64;
+        for (cb, wb) in c.chunks(CDF_BLOCK).zip(w.chunks(CDF_BLOCK)) {
+            let mut lanes = [0.0f64; 8];
+            let whole = wb.chunks_exact(8);
+            let rest = whole.remainder();
+            for ch in whole {
+                for (l, &x) in lanes.iter_mut().zip(ch) {
+                    *l += x as f64;
                 }
-                if u < cum {
+            }
+            for (l, &x) in lanes.iter_mut().zip(rest) {
+                *l += x as f64;
+            }
+            let bs = lanes.iter().sum::<f64>() / s;
+            if a + bs + delta <= u {
+                // every running sum up to the block's end is certainly at most `u`
+                a += bs;
+                continue;
+            }
+            let mut cum = a;
+            for (x, &wj) in cb.iter().zip(wb) {
+                cum += wj as f64 / s;
+                if cum + delta <= u {
+                    continue;
+                }
+                if u < cum - delta && wj > 0.0 {
+                    // certainly above `u` here, and certainly not before
                     return Some(x.id);
+                }
+                return sequential_cdf(c, w, s, u);
+            }
+            a = cum;
+        }
+        sequential_cdf(c, w, s, u)
+    }
+}
+
+/// The definition of [`inverse_cdf`]: the running sum of `w / s` in order, the first candidate
+/// where it exceeds `u`, else the last with a positive weight. The divisions are done 8 at a
+/// time ahead of the sequential sum.
+#[inline(always)]
+fn sequential_cdf(c: &[Cand], w: &[f32], s: f64, u: f64) -> Option<u32> {
+    let mut cum = 0.0f64;
+    let mut last = None;
+    let mut t = [0.0f64; 8];
+    for (cb, wb) in c.chunks(8).zip(w.chunks(8)) {
+        for (tj, &wj) in t.iter_mut().zip(wb) {
+            *tj = wj as f64 / s;
+        }
+        for ((x, &wj), &tj) in cb.iter().zip(wb).zip(t.iter()) {
+            cum += tj;
+            if wj > 0.0 {
+                // the rounding guard never returns a token whose weight underflowed to 0
+                last = Some(x.id);
+            }
+            if u < cum {
+                return Some(x.id);
+            }
+        }
+    }
+    last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::simd;
+
+    /// The blocked walk against the definition, at every kernel level, on lists with zeros,
+    /// ties, tiny and huge weights, for draws at, just below and just above every running sum
+    /// (where only the sequential walk can decide) and at random.
+    #[test]
+    fn blocked_inverse_cdf_is_the_sequential_one() {
+        let mut r = crate::kernels::tests::Rng(5);
+        let mut fallbacks_possible = 0usize;
+        for &n in &[1usize, 100, 129, 130, 200, 1000, 4099, 20_000] {
+            for kind in 0..4 {
+                let w: Vec<f32> = (0..n)
+                    .map(|i| match kind {
+                        0 => r.unit(),
+                        1 => [0.0, 1.0, 0.5][r.below(3)],
+                        2 => (r.unit() * 30.0 - 25.0).exp(),
+                        _ => {
+                            if i % 500 == 7 {
+                                1e6
+                            } else {
+                                r.unit() * 1e-3
+                            }
+                        }
+                    })
+                    .collect();
+                let c: Vec<Cand> = (0..n)
+                    .map(|i| Cand {
+                        id: 3 * i as u32 + 1,
+                        z: 0.0,
+                    })
+                    .collect();
+                let s: f64 = w.iter().map(|&x| x as f64).sum();
+                if s <= 0.0 {
+                    continue;
+                }
+                // the definition's running sums, and draws around them
+                let mut cums = Vec::with_capacity(n);
+                let mut cum = 0.0f64;
+                for &x in &w {
+                    cum += x as f64 / s;
+                    cums.push(cum);
+                }
+                let mut us: Vec<f64> = (0..200).map(|_| r.unit() as f64).collect();
+                for &cj in cums.iter().step_by(n / 50 + 1) {
+                    for d in [-1i64, 0, 1] {
+                        let u = f64::from_bits((cj.to_bits() as i64 + d) as u64);
+                        if (0.0..1.0).contains(&u) {
+                            us.push(u);
+                            fallbacks_possible += 1;
+                        }
+                    }
+                }
+                us.extend([0.0, 1.0 - f64::EPSILON / 2.0, *cums.last().unwrap()]);
+                for level in (simd::BASELINE..=simd::detected()).map(Level::at_most) {
+                    for &u in &us {
+                        assert_eq!(
+                            inverse_cdf(level, &c, &w, s, u),
+                            sequential_cdf(&c, &w, s, u),
+                            "n {n}, kind {kind}, u {u:e}, level {level:?}"
+                        );
+                    }
                 }
             }
         }
-        last
+        assert!(fallbacks_possible > 1000);
     }
 }

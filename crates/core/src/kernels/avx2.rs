@@ -295,6 +295,87 @@ pub(super) fn filter_upto(
     k
 }
 
+/// [`super::split_heavy`] on 8 lanes: the heavy lanes (weight bits above `above`, compared as
+/// `i32`) are counted and their weights added to 8 `f64` lanes (lane `i % 8`); the others are
+/// packed to the front and stored as in [`filter_upto`]. `out` must have room for `c.len()`
+/// candidates and `out_w` at least `c.len()` values (checked). Returns the light count, the
+/// heavy count and the heavy lane sums.
+#[target_feature(enable = "avx2,bmi1,popcnt")]
+pub(super) fn split_heavy(
+    c: &[Cand],
+    w: &[f32],
+    above: i32,
+    out: &mut Vec<Cand>,
+    out_w: &mut [f32],
+) -> (usize, usize, [f64; 8]) {
+    let n = c.len().min(w.len());
+    assert!(out_w.len() >= n && out.capacity() >= n);
+    out.clear();
+    let t = _mm256_set1_epi32(above);
+    let n8 = n / 8 * 8;
+    let src = c.as_ptr().cast::<f32>();
+    let dst = out.as_mut_ptr().cast::<f32>();
+    let (mut lo_sum, mut hi_sum) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+    let mut heavy_count = _mm256_setzero_si256();
+    let mut k = 0usize;
+    let mut i = 0usize;
+    while i < n8 {
+        // SAFETY: `i + 8 <= n <= c.len()`: `c[i..i + 8]` is 16 `f32`s from `src.add(2 i)`
+        // (`Cand` is `repr(C)` `(u32, f32)`, 8 bytes without padding), and `w[i..i + 8]`.
+        let (v0, v1, wv) = unsafe {
+            (
+                _mm256_loadu_ps(src.add(2 * i)),
+                _mm256_loadu_ps(src.add(2 * i + 8)),
+                _mm256_loadu_ps(w.as_ptr().add(i)),
+            )
+        };
+        let heavy = _mm256_cmpgt_epi32(_mm256_castps_si256(wv), t);
+        heavy_count = _mm256_sub_epi32(heavy_count, heavy);
+        let hw = _mm256_and_ps(wv, _mm256_castsi256_ps(heavy));
+        lo_sum = _mm256_add_pd(lo_sum, _mm256_cvtps_pd(_mm256_castps256_ps128(hw)));
+        hi_sum = _mm256_add_pd(hi_sum, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(hw)));
+        let mk = !(_mm256_movemask_ps(_mm256_castsi256_ps(heavy)) as usize) & 0xFF;
+        let (lo, hi) = (mk & 15, mk >> 4);
+        // SAFETY: every entry of the tables is 8 `u32`s: the loads read one entry each. `k <= i`,
+        // so the stores write `out[k..k + 4]` (8 `f32`s from `dst.add(2 k)`), `out[k + lo..][..4]`
+        // (within `out[..i + 8]`) and `out_w[k..k + 8]`, all within `n` values of capacity.
+        unsafe {
+            let pw = _mm256_loadu_si256(COMPRESS8[mk].as_ptr().cast());
+            _mm256_storeu_ps(out_w.as_mut_ptr().add(k), _mm256_permutevar8x32_ps(wv, pw));
+            let p0 = _mm256_loadu_si256(COMPRESS_PAIRS[lo].as_ptr().cast());
+            _mm256_storeu_ps(dst.add(2 * k), _mm256_permutevar8x32_ps(v0, p0));
+            let k1 = k + lo.count_ones() as usize;
+            let p1 = _mm256_loadu_si256(COMPRESS_PAIRS[hi].as_ptr().cast());
+            _mm256_storeu_ps(dst.add(2 * k1), _mm256_permutevar8x32_ps(v1, p1));
+            k = k1 + hi.count_ones() as usize;
+        }
+        i += 8;
+    }
+    let mut sums = [0.0f64; 8];
+    let mut counts = [0u32; 8];
+    // SAFETY: `sums` is 8 `f64`s (two vectors of 4), `counts` 8 `u32`s (one vector).
+    unsafe {
+        _mm256_storeu_pd(sums.as_mut_ptr(), lo_sum);
+        _mm256_storeu_pd(sums.as_mut_ptr().add(4), hi_sum);
+        _mm256_storeu_si256(counts.as_mut_ptr().cast(), heavy_count);
+    }
+    let mut heavy = counts.iter().map(|&x| x as usize).sum::<usize>();
+    for (j, (x, &wx)) in c[n8..n].iter().zip(&w[n8..n]).enumerate() {
+        if wx.to_bits() as i32 > above {
+            heavy += 1;
+            sums[j] += wx as f64;
+        } else {
+            // SAFETY: `k <= ` the candidates seen so far `<= n <=` the capacity.
+            unsafe { dst.add(2 * k).cast::<Cand>().write(*x) };
+            out_w[k] = wx;
+            k += 1;
+        }
+    }
+    // SAFETY: `k <= n <= out.capacity()`; the first `k` were written as whole `Cand` values.
+    unsafe { out.set_len(k) };
+    (k, heavy, sums)
+}
+
 /// For every 4-bit mask, the permutation that packs the kept 64-bit lanes (two `u32` each) of
 /// a vector of four `Cand`s to its front.
 static COMPRESS_PAIRS: [[u32; 8]; 16] = compress_pairs();

@@ -465,6 +465,46 @@ pub(crate) fn filter_upto(
     )
 }
 
+/// Splits candidates by weight: those whose weight's bits exceed `above` (compared as `i32`:
+/// for weights `>= 0`, the weights above `f32::from_bits(above)`) are only counted and summed
+/// (in 8 `f64` lanes, lane `i % 8`, then the lanes in order: the sum of a set in a fixed order,
+/// within the usual rounding bound of any other), the others are copied in order to `out` and
+/// `out_w`. Returns the heavy count and sum.
+pub(crate) fn split_heavy(
+    level: Level,
+    c: &[Cand],
+    w: &[f32],
+    above: i32,
+    out: &mut Vec<Cand>,
+    out_w: &mut [f32],
+) -> (usize, f64) {
+    let n = c.len().min(w.len());
+    #[cfg(target_arch = "x86_64")]
+    if level.get() >= simd::AVX2 && out_w.len() >= n {
+        out.clear();
+        out.reserve(n);
+        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
+        let (_, heavy, sums) = unsafe { avx2::split_heavy(c, w, above, out, out_w) };
+        return (heavy, sums.iter().sum());
+    }
+    let _ = level;
+    let mut sums = [0.0f64; 8];
+    let mut heavy = 0usize;
+    out.clear();
+    let mut k = 0usize;
+    for (i, (x, &wx)) in c[..n].iter().zip(&w[..n]).enumerate() {
+        if wx.to_bits() as i32 > above {
+            heavy += 1;
+            sums[i % 8] += wx as f64;
+        } else {
+            out.push(*x);
+            out_w[k] = wx;
+            k += 1;
+        }
+    }
+    (heavy, sums.iter().sum())
+}
+
 /// Appends `(id, z)` for every token of `band`, in id order. Blocks of [`BLOCK`] values whose
 /// bound in `bmax` (when given) is below `band.lo` are skipped unread.
 pub(crate) fn collect_band(

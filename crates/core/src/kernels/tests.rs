@@ -494,3 +494,55 @@ fn filter_upto_matches_scalar_at_every_level() {
         }
     }
 }
+
+#[test]
+fn split_heavy_matches_scalar_at_every_level() {
+    for level in levels("split_heavy_matches_scalar_at_every_level") {
+        for row in rows() {
+            let m = max_ref(&row);
+            if m == f32::NEG_INFINITY {
+                continue;
+            }
+            let (_, w) = exp_sum_ref(&row, m);
+            let c: Vec<Cand> = row
+                .iter()
+                .enumerate()
+                .map(|(i, &z)| Cand { id: i as u32, z })
+                .collect();
+            let mut thresholds: Vec<i32> = w
+                .iter()
+                .step_by(w.len() / 7 + 1)
+                .map(|x| x.to_bits() as i32)
+                .collect();
+            thresholds.extend([-1, 0, 0x3F80_0000, 0x3F00_0000]);
+            for above in thresholds {
+                let heavy = |x: f32| x.to_bits() as i32 > above;
+                let want: Vec<usize> = (0..c.len()).filter(|&i| !heavy(w[i])).collect();
+                let mut lanes = [0.0f64; 8];
+                for (i, &x) in w.iter().enumerate() {
+                    if heavy(x) {
+                        lanes[i % 8] += x as f64;
+                    }
+                }
+                let want_sum: f64 = lanes.iter().sum();
+                let mut out = vec![Cand { id: 9, z: 9.0 }];
+                let mut out_w = vec![-1.0f32; c.len()];
+                let (hk, hm) = split_heavy(level, &c, &w, above, &mut out, &mut out_w);
+                assert_eq!(
+                    hk,
+                    c.len() - want.len(),
+                    "level {level:?}, above {above:#x}"
+                );
+                assert_eq!(
+                    hm.to_bits(),
+                    want_sum.to_bits(),
+                    "level {level:?}, above {above:#x}"
+                );
+                let got: Vec<usize> = out.iter().map(|x| x.id as usize).collect();
+                assert_eq!(got, want, "level {level:?}, above {above:#x}");
+                let want_w: Vec<f32> = want.iter().map(|&i| w[i]).collect();
+                assert_eq!(bits(&out_w[..want.len()]), bits(&want_w), "level {level:?}");
+            }
+        }
+    }
+}

@@ -82,6 +82,9 @@ pub struct Workspace {
     /// The tokens of one weight bucket of the dense top-p, and their weights.
     pub(crate) gath: Vec<Cand>,
     pub(crate) gath_w: Vec<f32>,
+    /// The light part of a long collection of the large-nucleus top-p, and its weights.
+    pub(crate) light: Vec<Cand>,
+    pub(crate) light_w: Vec<f32>,
     /// Second buffer for radix sorts of the support.
     pub(crate) aux: Vec<Cand>,
     /// The maximum of `buf` (as [`math::max_f32`] computes it) when `max_valid`.
@@ -133,6 +136,8 @@ impl Workspace {
             // swapped with `cands` (same capacity)
             gath: Vec::with_capacity(vocab_size + 16),
             gath_w: Vec::with_capacity(vocab_size),
+            light: Vec::with_capacity(vocab_size),
+            light_w: vec![0.0; vocab_size],
             aux: Vec::with_capacity(vocab_size),
             max_cache: f32::NEG_INFINITY,
             max_valid: false,

@@ -9,7 +9,7 @@ use super::sort::{sort_by_id, sort_canonical_from_id_order};
 use super::{Cand, Workspace, BLOCK};
 use crate::kernels::{
     self, cand_weights, collect_band, exact_sum_any_order, filter_cands, filter_upto,
-    gather_weight_key, prefix_len, sum_f32, Band, Level, WeightKey,
+    gather_weight_key, prefix_len, split_heavy, sum_f32, Band, Level, WeightKey,
 };
 use crate::math::{self, exp_f32};
 
@@ -253,11 +253,12 @@ impl Workspace {
             self.wts.resize(self.cands.len(), 0.0);
             cand_weights(level, &self.cands[start..], m, &mut self.wts[start..]);
             let all = lo <= -f32::MAX || self.cands.len() >= self.dense_count;
-            let (walk, after) = nucleus_walk_on(
+            let (walk, after) = heavy_first_walk(
                 level,
                 &self.cands[start..],
                 &self.wts[start..],
                 st,
+                (&mut self.light, &mut self.light_w),
                 &mut self.gath,
                 &mut self.gath_w,
                 &mut self.scratch,
@@ -508,6 +509,83 @@ fn nucleus_walk_on(
         }
     }
     (Walk::Short, st)
+}
+
+/// Below this many candidates [`heavy_first_walk`] searches them all by buckets.
+const HEAVY_SPLIT_MIN: usize = 8192;
+
+/// One weight in this many goes into the sample that places [`heavy_first_walk`]'s split.
+const HEAVY_SAMPLE: usize = 16;
+
+/// [`nucleus_walk_on`] for long collections, where the weight buckets of every token cost the
+/// most: a sample of the weights places a bucket boundary below which, by the estimate, the
+/// collection certainly holds more than its mass after the top-p boundary. The tokens above it
+/// (the heavy ones, a prefix of the canonical order: a higher bucket means a higher weight,
+/// hence a higher logit) are only counted and summed, in one vector pass that also copies the
+/// others out; when their count and sum leave the running sum certainly below `p` (the same
+/// rounding bound as a bucket), the buckets search only the others, from there. Otherwise the
+/// whole collection is searched as before: the split only changes the time.
+#[allow(clippy::too_many_arguments)]
+fn heavy_first_walk(
+    level: Level,
+    c: &[Cand],
+    w: &[f32],
+    st: WalkState,
+    (light, light_w): (&mut Vec<Cand>, &mut Vec<f32>),
+    gath: &mut Vec<Cand>,
+    gath_w: &mut Vec<f32>,
+    sub: &mut Vec<Cand>,
+    tmp: &mut Vec<Cand>,
+) -> (Walk, WalkState) {
+    if c.len() >= HEAVY_SPLIT_MIN {
+        if let Some(b) = heavy_bucket(level, w, st) {
+            // weights whose bits exceed this have a first-level bucket below `b`
+            let above = 0x3F80_0000i32 - ((b as i32) << 19);
+            light_w.resize(c.len().max(light_w.len()), 0.0);
+            let (hk, hm) = split_heavy(level, c, w, above, light, light_w);
+            let k = st.k + hk;
+            let mass = st.mass + hm;
+            if mass / st.s < st.p - margin(k) {
+                let st = WalkState { k, mass, ..st };
+                let n = light.len();
+                return nucleus_walk_on(level, light, &light_w[..n], st, gath, gath_w, sub, tmp);
+            }
+        }
+    }
+    nucleus_walk_on(level, c, w, st, gath, gath_w, sub, tmp)
+}
+
+/// The first-level bucket `b > 0` for [`heavy_first_walk`]: by a sample of one weight in
+/// [`HEAVY_SAMPLE`], the buckets from `b` on hold, less four standard deviations of the
+/// sampling error, more than the collection's mass after the top-p boundary (its whole mass
+/// `M` less the mass still needed). The sample is counted from the lightest bucket up, where
+/// the tokens are many and the estimate good (a few strong tokens, which a sample would
+/// estimate badly, sit in the top buckets). `None` when no bucket qualifies, or the collection
+/// may not reach the boundary.
+fn heavy_bucket(level: Level, w: &[f32], st: WalkState) -> Option<usize> {
+    let total = sum_f32(level, w);
+    let after = total - (st.p * st.s - st.mass);
+    if after.is_nan() || after <= 0.0 {
+        return None;
+    }
+    let mut mass = [0.0f64; NB1];
+    let mut sq = [0.0f64; NB1];
+    for &x in w.iter().step_by(HEAVY_SAMPLE) {
+        let b = bucket1(x);
+        let x = x as f64;
+        mass[b] += x;
+        sq[b] += x * x;
+    }
+    let f = HEAVY_SAMPLE as f64;
+    let (mut est, mut var) = (0.0f64, 0.0f64);
+    for b in (1..NB1).rev() {
+        est += f * mass[b];
+        var += f * (f - 1.0) * sq[b];
+        if est - 4.0 * var.sqrt() > after * (1.0 + 1e-6) {
+            return Some(b);
+        }
+    }
+    None
 }
 
 /// Counts and weight sums of the weights by `key` (below `N`). Long inputs use four interleaved
