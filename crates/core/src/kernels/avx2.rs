@@ -217,25 +217,26 @@ pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) {
     }
 }
 
-/// [`super::filter_upto`] on 8 lanes: the keep mask of 8 candidates from two compares of their
-/// values and one of their ids, then the kept candidates (two vectors of 4 whole `Cand`s,
-/// permuted by [`COMPRESS_PAIRS`]) and weights (by [`COMPRESS8`]) packed to the front and
-/// stored, the length advancing by the number kept. Returns how many were kept; `out` must
-/// have room for `c.len()` candidates and `out_w` at least `c.len()` values (checked).
+/// The packing loop of [`filter_upto`] and [`split_heavy`]: for every 8 candidates (loaded as
+/// two vectors of four whole `Cand`s) and their weights, `keep` gives the mask of the lanes to
+/// keep; those candidates (permuted by [`COMPRESS_PAIRS`]) and weights (by [`COMPRESS8`]) are
+/// packed to the front and stored, the length advancing by the number kept. `tail` decides the
+/// candidates after the last whole 8 one at a time (with their index). `out` is set to the kept
+/// candidates and `out_w` starts with their weights; `out` must have room for `c.len()`
+/// candidates and `out_w` at least `c.len()` values (checked). Returns how many were kept.
+#[inline]
 #[target_feature(enable = "avx2,bmi1,popcnt")]
-pub(super) fn filter_upto(
+fn compact8(
     c: &[Cand],
     w: &[f32],
-    at: Cand,
     out: &mut Vec<Cand>,
     out_w: &mut [f32],
+    mut keep: impl FnMut(__m256, __m256, __m256) -> usize,
+    mut tail: impl FnMut(usize, &Cand, f32) -> bool,
 ) -> usize {
     let n = c.len().min(w.len());
     assert!(out_w.len() >= n && out.capacity() >= n);
     out.clear();
-    let zb = _mm256_set1_ps(at.z);
-    // ids stay below 2^31 (`u32` ids of a vocabulary held in memory), so signed compares do
-    let idb = _mm256_set1_epi32(at.id.min(i32::MAX as u32) as i32);
     let n8 = n / 8 * 8;
     let src = c.as_ptr().cast::<f32>();
     let dst = out.as_mut_ptr().cast::<f32>();
@@ -251,21 +252,7 @@ pub(super) fn filter_upto(
                 _mm256_loadu_ps(w.as_ptr().add(i)),
             )
         };
-        // the values and the ids of the 8 candidates, in order
-        let order = |x: __m256| {
-            _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(x)))
-        };
-        let z = order(_mm256_shuffle_ps::<0b11_01_11_01>(v0, v1));
-        let ids = _mm256_castps_si256(order(_mm256_shuffle_ps::<0b10_00_10_00>(v0, v1)));
-        // z > z_b, or z = z_b and id <= id_b
-        let keep = _mm256_or_ps(
-            _mm256_cmp_ps::<_CMP_GT_OQ>(z, zb),
-            _mm256_andnot_ps(
-                _mm256_castsi256_ps(_mm256_cmpgt_epi32(ids, idb)),
-                _mm256_cmp_ps::<_CMP_EQ_OQ>(z, zb),
-            ),
-        );
-        let mk = _mm256_movemask_ps(keep) as usize;
+        let mk = keep(v0, v1, wv) & 0xFF;
         let (lo, hi) = (mk & 15, mk >> 4);
         // SAFETY: every entry of the tables is 8 `u32`s: the loads read one entry each. `k <= i`,
         // so the stores write `out[k..k + 4]` (8 `f32`s from `dst.add(2 k)`), `out[k + lo..][..4]`
@@ -282,9 +269,9 @@ pub(super) fn filter_upto(
         }
         i += 8;
     }
-    for (x, &wx) in c[n8..n].iter().zip(&w[n8..n]) {
-        if x.z > at.z || (x.z == at.z && x.id <= at.id) {
-            // SAFETY: `k <= ` the candidates seen so far `<= n <=` the capacity.
+    for (j, (x, &wx)) in c[n8..n].iter().zip(&w[n8..n]).enumerate() {
+        if tail(n8 + j, x, wx) {
+            // SAFETY: `k <=` the candidates seen so far `<= n <=` the capacity.
             unsafe { dst.add(2 * k).cast::<Cand>().write(*x) };
             out_w[k] = wx;
             k += 1;
@@ -295,11 +282,44 @@ pub(super) fn filter_upto(
     k
 }
 
-/// [`super::split_heavy`] on 8 lanes: the heavy lanes (weight bits above `above`, compared as
-/// `i32`) are counted and their weights added to 8 `f64` lanes (lane `i % 8`); the others are
-/// packed to the front and stored as in [`filter_upto`]. `out` must have room for `c.len()`
-/// candidates and `out_w` at least `c.len()` values (checked). Returns the light count, the
-/// heavy count and the heavy lane sums.
+/// [`super::filter_upto`] on 8 lanes ([`compact8`]): the keep mask of 8 candidates from two
+/// compares of their values and one of their ids. Returns how many were kept; `out` must have
+/// room for `c.len()` candidates and `out_w` at least `c.len()` values (checked).
+#[target_feature(enable = "avx2,bmi1,popcnt")]
+pub(super) fn filter_upto(
+    c: &[Cand],
+    w: &[f32],
+    at: Cand,
+    out: &mut Vec<Cand>,
+    out_w: &mut [f32],
+) -> usize {
+    let zb = _mm256_set1_ps(at.z);
+    // ids stay below 2^31 (`u32` ids of a vocabulary held in memory), so signed compares do
+    let idb = _mm256_set1_epi32(at.id.min(i32::MAX as u32) as i32);
+    // the values and the ids of the 8 candidates, in order
+    let order =
+        |x: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(x)));
+    let keep = |v0: __m256, v1: __m256, _w: __m256| {
+        let z = order(_mm256_shuffle_ps::<0b11_01_11_01>(v0, v1));
+        let ids = _mm256_castps_si256(order(_mm256_shuffle_ps::<0b10_00_10_00>(v0, v1)));
+        // z > z_b, or z = z_b and id <= id_b
+        let keep = _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_GT_OQ>(z, zb),
+            _mm256_andnot_ps(
+                _mm256_castsi256_ps(_mm256_cmpgt_epi32(ids, idb)),
+                _mm256_cmp_ps::<_CMP_EQ_OQ>(z, zb),
+            ),
+        );
+        _mm256_movemask_ps(keep) as usize
+    };
+    let tail = |_: usize, x: &Cand, _: f32| x.z > at.z || (x.z == at.z && x.id <= at.id);
+    compact8(c, w, out, out_w, keep, tail)
+}
+
+/// [`super::split_heavy`] on 8 lanes ([`compact8`]): the heavy lanes (weight bits above
+/// `above`, compared as `i32`) are counted and their weights added to 8 `f64` lanes (lane
+/// `i % 8`); the others are kept. `out` must have room for `c.len()` candidates and `out_w` at
+/// least `c.len()` values (checked). Returns the heavy count and the heavy lane sums.
 #[target_feature(enable = "avx2,bmi1,popcnt")]
 pub(super) fn split_heavy(
     c: &[Cand],
@@ -307,50 +327,29 @@ pub(super) fn split_heavy(
     above: i32,
     out: &mut Vec<Cand>,
     out_w: &mut [f32],
-) -> (usize, usize, [f64; 8]) {
-    let n = c.len().min(w.len());
-    assert!(out_w.len() >= n && out.capacity() >= n);
-    out.clear();
+) -> (usize, [f64; 8]) {
     let t = _mm256_set1_epi32(above);
-    let n8 = n / 8 * 8;
-    let src = c.as_ptr().cast::<f32>();
-    let dst = out.as_mut_ptr().cast::<f32>();
     let (mut lo_sum, mut hi_sum) = (_mm256_setzero_pd(), _mm256_setzero_pd());
     let mut heavy_count = _mm256_setzero_si256();
-    let mut k = 0usize;
-    let mut i = 0usize;
-    while i < n8 {
-        // SAFETY: `i + 8 <= n <= c.len()`: `c[i..i + 8]` is 16 `f32`s from `src.add(2 i)`
-        // (`Cand` is `repr(C)` `(u32, f32)`, 8 bytes without padding), and `w[i..i + 8]`.
-        let (v0, v1, wv) = unsafe {
-            (
-                _mm256_loadu_ps(src.add(2 * i)),
-                _mm256_loadu_ps(src.add(2 * i + 8)),
-                _mm256_loadu_ps(w.as_ptr().add(i)),
-            )
-        };
+    let keep = |_: __m256, _: __m256, wv: __m256| {
         let heavy = _mm256_cmpgt_epi32(_mm256_castps_si256(wv), t);
         heavy_count = _mm256_sub_epi32(heavy_count, heavy);
         let hw = _mm256_and_ps(wv, _mm256_castsi256_ps(heavy));
         lo_sum = _mm256_add_pd(lo_sum, _mm256_cvtps_pd(_mm256_castps256_ps128(hw)));
         hi_sum = _mm256_add_pd(hi_sum, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(hw)));
-        let mk = !(_mm256_movemask_ps(_mm256_castsi256_ps(heavy)) as usize) & 0xFF;
-        let (lo, hi) = (mk & 15, mk >> 4);
-        // SAFETY: every entry of the tables is 8 `u32`s: the loads read one entry each. `k <= i`,
-        // so the stores write `out[k..k + 4]` (8 `f32`s from `dst.add(2 k)`), `out[k + lo..][..4]`
-        // (within `out[..i + 8]`) and `out_w[k..k + 8]`, all within `n` values of capacity.
-        unsafe {
-            let pw = _mm256_loadu_si256(COMPRESS8[mk].as_ptr().cast());
-            _mm256_storeu_ps(out_w.as_mut_ptr().add(k), _mm256_permutevar8x32_ps(wv, pw));
-            let p0 = _mm256_loadu_si256(COMPRESS_PAIRS[lo].as_ptr().cast());
-            _mm256_storeu_ps(dst.add(2 * k), _mm256_permutevar8x32_ps(v0, p0));
-            let k1 = k + lo.count_ones() as usize;
-            let p1 = _mm256_loadu_si256(COMPRESS_PAIRS[hi].as_ptr().cast());
-            _mm256_storeu_ps(dst.add(2 * k1), _mm256_permutevar8x32_ps(v1, p1));
-            k = k1 + hi.count_ones() as usize;
+        !(_mm256_movemask_ps(_mm256_castsi256_ps(heavy)) as usize)
+    };
+    let mut tail_heavy = 0usize;
+    let mut tail_sums = [0.0f64; 8];
+    let tail = |i: usize, _: &Cand, wx: f32| {
+        let heavy = wx.to_bits() as i32 > above;
+        if heavy {
+            tail_heavy += 1;
+            tail_sums[i % 8] += wx as f64;
         }
-        i += 8;
-    }
+        !heavy
+    };
+    compact8(c, w, out, out_w, keep, tail);
     let mut sums = [0.0f64; 8];
     let mut counts = [0u32; 8];
     // SAFETY: `sums` is 8 `f64`s (two vectors of 4), `counts` 8 `u32`s (one vector).
@@ -359,21 +358,12 @@ pub(super) fn split_heavy(
         _mm256_storeu_pd(sums.as_mut_ptr().add(4), hi_sum);
         _mm256_storeu_si256(counts.as_mut_ptr().cast(), heavy_count);
     }
-    let mut heavy = counts.iter().map(|&x| x as usize).sum::<usize>();
-    for (j, (x, &wx)) in c[n8..n].iter().zip(&w[n8..n]).enumerate() {
-        if wx.to_bits() as i32 > above {
-            heavy += 1;
-            sums[j] += wx as f64;
-        } else {
-            // SAFETY: `k <= ` the candidates seen so far `<= n <=` the capacity.
-            unsafe { dst.add(2 * k).cast::<Cand>().write(*x) };
-            out_w[k] = wx;
-            k += 1;
-        }
+    // the tail's lanes continue the vector lanes (the whole 8s end at a multiple of 8)
+    for (s, t) in sums.iter_mut().zip(tail_sums) {
+        *s += t;
     }
-    // SAFETY: `k <= n <= out.capacity()`; the first `k` were written as whole `Cand` values.
-    unsafe { out.set_len(k) };
-    (k, heavy, sums)
+    let heavy = counts.iter().map(|&x| x as usize).sum::<usize>() + tail_heavy;
+    (heavy, sums)
 }
 
 /// For every 4-bit mask, the permutation that packs the kept 64-bit lanes (two `u32` each) of

@@ -484,7 +484,7 @@ pub(crate) fn split_heavy(
         out.clear();
         out.reserve(n);
         // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
-        let (_, heavy, sums) = unsafe { avx2::split_heavy(c, w, above, out, out_w) };
+        let (heavy, sums) = unsafe { avx2::split_heavy(c, w, above, out, out_w) };
         return (heavy, sums.iter().sum());
     }
     let _ = level;
