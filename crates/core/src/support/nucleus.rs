@@ -518,8 +518,9 @@ const HEAVY_SPLIT_MIN: usize = 8192;
 const HEAVY_SAMPLE: usize = 16;
 
 /// [`nucleus_walk_on`] for long collections, where the weight buckets of every token cost the
-/// most: a sample of the weights places a bucket boundary below which, by the estimate, the
-/// collection certainly holds more than its mass after the top-p boundary. The tokens above it
+/// most: a sample of the weights places a bucket boundary below which, by the estimate (less
+/// four standard deviations), the collection holds more than its mass after the top-p boundary,
+/// so that the boundary lies below it. The tokens above it
 /// (the heavy ones, a prefix of the canonical order: a higher bucket means a higher weight,
 /// hence a higher logit) are only counted and summed, in one vector pass that also copies the
 /// others out; when their count and sum leave the running sum certainly below `p` (the same
