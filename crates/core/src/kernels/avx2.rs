@@ -91,8 +91,8 @@ const EXP_STEP: usize = 64;
 /// next block and the second half ([`exp_back`]), the store and the sums of the current one, so
 /// that the two halves of the long dependency chain overlap (measured 10–20 % faster than four
 /// vectors through the whole chain at a time, alternating in one process; 4, 6, 12 or 16
-/// vectors per step were slower). The
-/// sums still run block after block, vector after vector: the same order, the same bits.
+/// vectors per step were slower). The sums still run block after block, vector after vector:
+/// the same order, the same bits.
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn exp_blocks<const CLAMP: bool>(
     z: &[f32],
