@@ -782,6 +782,12 @@ fn check_step(
     let fast = s.select(&ctx.logits, &st, &mut ws, draw).unwrap();
     prop_assert_eq!(fast, sel);
     prop_assert_eq!(&st, &before);
+    // ... and the workspace it used (its row read in place, copied or not) records the step as
+    // before
+    let (_, rec3) = s
+        .select_recorded(&ctx.logits, &st, &mut ws, draw, usize::MAX)
+        .unwrap();
+    prop_assert_eq!(json(&rec3), json(&rec));
 
     // determinism: a dirty workspace (used on other logits first) gives the identical record
     let mut dirty = s.new_workspace();

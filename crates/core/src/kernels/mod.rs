@@ -311,6 +311,21 @@ pub(crate) fn load(
     (bad, count, max)
 }
 
+/// [`load`] without the copy: writes the block maxima of `raw` to `bmax` and returns (whether a
+/// NaN or `+inf` was seen, the number of values above `-inf`, the maximum exactly as
+/// [`max_f32`] gives it).
+pub(crate) fn scan(level: Level, raw: &[f32], bmax: &mut [f32]) -> (bool, usize, f32) {
+    assert!(bmax.len() == raw.len().div_ceil(BLOCK));
+    let (bad, count, max) = scalar::scan(level, raw, bmax);
+    // the maximum value is right; only the sign of a zero maximum depends on the order
+    let max = if max == 0.0 && !bad {
+        max_f32(level, raw)
+    } else {
+        max
+    };
+    (bad, count, max)
+}
+
 /// A bucket of weights for [`gather_weight_key`]: the weights `w` (not negative) whose key
 /// `min((bits(1.0) - bits(w)) >> shift, max)` (the distance below 1 in `f32` bits, 0 for `w >=
 /// 1`) is `value`.

@@ -322,59 +322,88 @@ multiversion! {
     /// [`super::load`]: one pass, with 16 independent lanes for the maximum (its *value* does not
     /// depend on the order; the caller settles the sign of a zero maximum).
     pub(super) fn load(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, usize, f32) {
-        const L: usize = 16;
-        let n = raw.len().min(buf.len()) / BLOCK * BLOCK;
-        let mut bad = [0u32; L];
-        let mut cnt = [0u32; L];
-        let mut mx = [f32::NEG_INFINITY; L];
-        for ((r, b), bm) in raw[..n]
-            .chunks_exact(BLOCK)
-            .zip(buf[..n].chunks_exact_mut(BLOCK))
-            .zip(bmax.iter_mut())
-        {
-            let mut blk = [f32::NEG_INFINITY; L];
-            for (rh, bh) in r.chunks_exact(L).zip(b.chunks_exact_mut(L)) {
-                let v: [f32; L] = rh.try_into().expect("chunk");
-                for j in 0..L {
-                    let x = v[j];
-                    bad[j] |= nan_or_pos_inf(x) as u32;
-                    cnt[j] += (x > f32::NEG_INFINITY) as u32;
-                    blk[j] = if x > blk[j] { x } else { blk[j] };
-                }
-                bh.copy_from_slice(&v);
-            }
-            for j in 0..L {
-                mx[j] = if blk[j] > mx[j] { blk[j] } else { mx[j] };
-            }
-            *bm = blk.iter().fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a });
-        }
-        let mut any_bad = false;
-        let mut count = 0usize;
-        let mut m = f32::NEG_INFINITY;
-        for j in 0..L {
-            any_bad |= bad[j] != 0;
-            count += cnt[j] as usize;
-            if mx[j] > m {
-                m = mx[j];
-            }
-        }
-        let mut tail = f32::NEG_INFINITY;
-        for (&x, b) in raw[n..].iter().zip(buf[n..].iter_mut()) {
-            *b = x;
-            any_bad |= nan_or_pos_inf(x);
-            count += (x > f32::NEG_INFINITY) as usize;
-            if x > m {
-                m = x;
-            }
-            if x > tail {
-                tail = x;
-            }
-        }
-        if n < raw.len() {
-            bmax[n / BLOCK] = tail;
-        }
-        (any_bad, count, m)
+        load_inline::<true>(raw, buf, bmax)
     }
+}
+
+multiversion! {
+    /// [`super::scan`]: [`load`] without the copy.
+    pub(super) fn scan(raw: &[f32], bmax: &mut [f32]) -> (bool, usize, f32) {
+        load_inline::<false>(raw, &mut [], bmax)
+    }
+}
+
+/// [`load`] (copying `raw` into `buf` when `COPY`; `buf` is not used otherwise).
+#[inline(always)]
+fn load_inline<const COPY: bool>(
+    raw: &[f32],
+    buf: &mut [f32],
+    bmax: &mut [f32],
+) -> (bool, usize, f32) {
+    const L: usize = 16;
+    let n = if COPY {
+        raw.len().min(buf.len())
+    } else {
+        raw.len()
+    } / BLOCK
+        * BLOCK;
+    let mut bad = [0u32; L];
+    let mut cnt = [0u32; L];
+    let mut mx = [f32::NEG_INFINITY; L];
+    for (b, (r, bm)) in raw[..n]
+        .chunks_exact(BLOCK)
+        .zip(bmax.iter_mut())
+        .enumerate()
+    {
+        let mut blk = [f32::NEG_INFINITY; L];
+        for (h, rh) in r.chunks_exact(L).enumerate() {
+            let v: [f32; L] = rh.try_into().expect("chunk");
+            for j in 0..L {
+                let x = v[j];
+                bad[j] |= nan_or_pos_inf(x) as u32;
+                cnt[j] += (x > f32::NEG_INFINITY) as u32;
+                blk[j] = if x > blk[j] { x } else { blk[j] };
+            }
+            if COPY {
+                let at = b * BLOCK + h * L;
+                buf[at..at + L].copy_from_slice(&v);
+            }
+        }
+        for j in 0..L {
+            mx[j] = if blk[j] > mx[j] { blk[j] } else { mx[j] };
+        }
+        *bm = blk
+            .iter()
+            .fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a });
+    }
+    let mut any_bad = false;
+    let mut count = 0usize;
+    let mut m = f32::NEG_INFINITY;
+    for j in 0..L {
+        any_bad |= bad[j] != 0;
+        count += cnt[j] as usize;
+        if mx[j] > m {
+            m = mx[j];
+        }
+    }
+    let mut tail = f32::NEG_INFINITY;
+    for (i, &x) in raw.iter().enumerate().skip(n) {
+        if COPY {
+            buf[i] = x;
+        }
+        any_bad |= nan_or_pos_inf(x);
+        count += (x > f32::NEG_INFINITY) as usize;
+        if x > m {
+            m = x;
+        }
+        if x > tail {
+            tail = x;
+        }
+    }
+    if n < raw.len() {
+        bmax[n / BLOCK] = tail;
+    }
+    (any_bad, count, m)
 }
 
 multiversion! {

@@ -17,6 +17,13 @@ impl Sampler {
         ws: &mut Workspace,
         exact: bool,
     ) -> Result<()> {
+        self.check_ready(state, ws)?;
+        ws.load(raw, exact)?;
+        self.run_processors(state, ws)
+    }
+
+    /// The checks before loading a row.
+    fn check_ready(&self, state: &DecoderState, ws: &Workspace) -> Result<()> {
         if state.is_finished() {
             return Err(ErrorKind::AlreadyFinished.into());
         }
@@ -27,7 +34,11 @@ impl Sampler {
             }
             .into());
         }
-        ws.load(raw, exact)?;
+        Ok(())
+    }
+
+    /// The processors, in order, on the loaded row.
+    fn run_processors(&self, state: &DecoderState, ws: &mut Workspace) -> Result<()> {
         ws.record_stage("raw");
         ws.ensure_nonempty("raw")?;
         for p in &self.processors {
@@ -47,8 +58,42 @@ impl Sampler {
         draw: Draw,
     ) -> Result<Selected> {
         check_draw(draw)?;
-        self.process(raw, state, ws, false)?;
-        self.select_processed(state, ws, draw)
+        self.check_ready(state, ws)?;
+        if self.reads_in_place() {
+            // the raw logits are read in place (copied only if a processor edits the dense
+            // row after all); nothing here outlives `raw`
+            let mut ws = ws.attach(raw, false)?;
+            self.run_processors(state, &mut ws)?;
+            self.select_processed(state, &mut ws, draw)
+        } else {
+            ws.load(raw, false)?;
+            self.run_processors(state, ws)?;
+            self.select_processed(state, ws, draw)
+        }
+    }
+
+    /// Whether a step reads the raw logits in place: when every processor is a truncation, a
+    /// temperature after the first truncation (which divides the truncated support, not the
+    /// dense row) or a special-token mask with no token to mask, nothing writes the dense row,
+    /// and loading it would only copy it. Any other
+    /// pipeline (masks, penalties, biases, a temperature first) edits the row: it is copied
+    /// in the same pass that checks it, since an edit of a row read in place would copy it in
+    /// a pass of its own.
+    fn reads_in_place(&self) -> bool {
+        let mut truncated = false;
+        for p in &self.processors {
+            match p {
+                Processor::TopK(_)
+                | Processor::TopP(_)
+                | Processor::MinP(_)
+                | Processor::TypicalP(_) => truncated = true,
+                Processor::Temperature(_) if truncated => {}
+                // a vocabulary without special tokens leaves the special-token mask nothing
+                Processor::SpecialTokenMask(m) if m.ids.is_empty() => {}
+                _ => return false,
+            }
+        }
+        true
     }
 
     pub(super) fn select_processed(

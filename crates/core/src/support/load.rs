@@ -1,6 +1,7 @@
-//! Loading a row of raw logits into a [`Workspace`]: one pass that copies, validates (no NaN,
-//! no `+inf`), counts the selectable tokens and takes the maximum and the block bounds; and the
-//! error that names the first offending logit.
+//! Loading a row of raw logits into a [`Workspace`]: one pass that copies (or, for
+//! [`Workspace::attach`], only reads), validates (no NaN, no `+inf`), counts the selectable
+//! tokens and takes the maximum and the block bounds; and the error that names the first
+//! offending logit.
 
 use super::Workspace;
 use crate::error::{Error, ErrorKind, Result};
@@ -10,6 +11,12 @@ impl Workspace {
     /// Validates `raw` (no NaN, no `+inf`, right length) and loads it as the processed logits.
     /// `-inf` raw logits are allowed and mean "not selectable".
     pub(crate) fn load(&mut self, raw: &[f32], exact: bool) -> Result<()> {
+        self.load_with(raw, exact, true)
+    }
+
+    /// [`Workspace::load`], copying `raw` into the workspace's row when `copy` (otherwise the
+    /// caller, [`Workspace::attach`], points the row at `raw`).
+    pub(super) fn load_with(&mut self, raw: &[f32], exact: bool, copy: bool) -> Result<()> {
         if raw.len() != self.v {
             return Err(ErrorKind::VocabSizeMismatch {
                 expected: self.v,
@@ -18,7 +25,12 @@ impl Workspace {
             .into());
         }
         // one pass: copy, validate, count the selectable tokens and take the maximum
-        let (bad, count, max) = kernels::load(self.level(), raw, &mut self.buf, &mut self.bmax);
+        let level = self.level();
+        let (bad, count, max) = if copy {
+            kernels::load(level, raw, self.buf.own_buffer(), &mut self.bmax)
+        } else {
+            kernels::scan(level, raw, &mut self.bmax)
+        };
         if bad {
             self.dense = true;
             self.dense_count = 0;

@@ -27,10 +27,12 @@ use crate::error::{ErrorKind, Result};
 use crate::kernels::{self, cand_exp_sum, cand_weights, exact_sum_any_order, Level};
 
 pub(crate) use crate::kernels::BLOCK;
+pub(crate) use row::Row;
 pub(crate) use sort::{canonical, sift_down, sort_by_id};
 
 mod load;
 mod nucleus;
+mod row;
 pub(crate) mod sort;
 
 #[cfg(test)]
@@ -60,8 +62,9 @@ pub enum TopKTies {
 #[derive(Debug, Clone)]
 pub struct Workspace {
     pub(crate) v: usize,
-    /// Processed logits of every token (exact for all tokens while dense, or when `exact`).
-    pub(crate) buf: Vec<f32>,
+    /// Processed logits of every token (exact for all tokens while dense, or when `exact`); read
+    /// from the caller's raw logits until the first edit when attached (see `row`).
+    pub(crate) buf: Row,
     /// Dense weights `exp(buf - norm_max)` when `dense_w_valid`.
     pub(crate) w: Vec<f32>,
     pub(crate) dense: bool,
@@ -116,7 +119,7 @@ impl Workspace {
     pub fn new(vocab_size: usize) -> Self {
         Workspace {
             v: vocab_size,
-            buf: vec![0.0; vocab_size],
+            buf: Row::new(vocab_size),
             w: vec![0.0; vocab_size],
             dense: true,
             dense_count: 0,
@@ -192,9 +195,13 @@ impl Workspace {
         self.dense
     }
 
-    /// Processed logit of every token (exact for all tokens when layers were requested).
-    pub fn processed_logits(&self) -> &[f32] {
-        &self.buf
+    /// Processed logit of every token (exact for all tokens when layers were requested), after
+    /// [`Sampler::process`](crate::Sampler::process). `None` after a step that processed and
+    /// selected in one call ([`Sampler::select`](crate::Sampler::select), `step`, `step_batch`)
+    /// without editing the dense row: such a step reads the raw logits in place and keeps no
+    /// copy.
+    pub fn processed_logits(&self) -> Option<&[f32]> {
+        (!self.buf.is_stale()).then_some(&self.buf[..])
     }
 
     #[inline]
@@ -415,7 +422,7 @@ impl Workspace {
             // (processed logits are never NaN or `+inf`)
             let top = self.dense_max();
             let mut lo = f32::INFINITY;
-            for &x in &self.buf {
+            for &x in self.buf.iter() {
                 let y = if x == f32::NEG_INFINITY {
                     f32::INFINITY
                 } else {

@@ -182,3 +182,71 @@ fn truncation_kernels_match_scalar_at_every_level() {
         }
     }
 }
+
+/// An attached workspace reads the raw row in place: the same count, maximum and block bounds
+/// as a copying load, no copy until the first edit, then a copy that carries the edit; a guard
+/// that ends before any edit leaves no processed logits behind.
+#[test]
+fn attached_row_is_read_in_place_and_copied_on_first_edit() {
+    const NAME: &str = "attached_row_is_read_in_place_and_copied_on_first_edit";
+    for level in levels(NAME) {
+        for row in rows() {
+            let n = row.len();
+            let mut loaded = Workspace::new(n);
+            loaded.kernel_level = Some(level);
+            loaded.load(&row, false).unwrap();
+            assert_eq!(loaded.processed_logits().map(bits), Some(bits(&row)));
+
+            let mut ws = Workspace::new(n);
+            ws.kernel_level = Some(level);
+            {
+                let at = ws.attach(&row, false).unwrap();
+                assert!(at.buf.is_borrowed());
+                assert_eq!(bits(&at.buf), bits(&row));
+                assert_eq!(at.dense_count, loaded.dense_count, "level {level:?}");
+                assert_eq!(at.max_cache.to_bits(), loaded.max_cache.to_bits());
+                assert_eq!(bits(&at.bmax), bits(&loaded.bmax), "level {level:?}");
+                // reads do not copy
+                let _ = at.dense_max();
+                assert!(at.buf.is_borrowed());
+                // a clone is an owned copy
+                let c = at.clone();
+                assert!(!c.buf.is_borrowed());
+                assert_eq!(bits(&c.buf), bits(&row));
+            }
+            // the guard ended before any edit: nothing is left to read
+            assert_eq!(ws.processed_logits(), None);
+            // (an edit of a masked token writes nothing)
+            let Some(i) = row.iter().rposition(|z| *z > f32::NEG_INFINITY) else {
+                continue;
+            };
+            {
+                let mut at = ws.attach(&row, false).unwrap();
+                at.edit_buf(i as u32, |x| x - 1.5);
+                assert!(!at.buf.is_borrowed());
+                let mut want = row.clone();
+                want[i] -= 1.5;
+                assert_eq!(bits(&at.buf), bits(&want));
+            }
+            // copied: the processed logits stay
+            assert!(ws.processed_logits().is_some());
+            // a load after an attach copies again
+            ws.load(&row, false).unwrap();
+            assert_eq!(ws.processed_logits().map(bits), Some(bits(&row)));
+        }
+    }
+}
+
+/// A row that fails validation is not attached and leaves no support.
+#[test]
+fn attach_rejects_what_load_rejects() {
+    let mut ws = Workspace::new(70);
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut row = vec![0.5f32; 70];
+        row[66] = bad;
+        let e = ws.attach(&row, false).err().expect("rejected");
+        assert!(e.to_string().contains("66"), "{e}");
+        assert_eq!(ws.support_len(), 0);
+    }
+    assert!(ws.attach(&[0.0; 69], false).is_err());
+}

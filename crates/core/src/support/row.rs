@@ -1,0 +1,161 @@
+//! The dense row of processed logits, copied on write.
+//!
+//! A step that processes and selects in one call ([`crate::Sampler::select`] and the calls
+//! built on it) does not copy the raw logits into the workspace: the [`Row`] reads the caller's
+//! slice for as long as an [`Attached`] guard borrows it, and copies it into its own buffer
+//! only when a processor first edits a value (a mask, a penalty, a temperature on the dense
+//! row). A chain whose first edit is a truncation (top-k, top-p, min-p, ...) never copies the
+//! row: copying it cost as much as the rest of such a step.
+//!
+//! When the guard ends, a row that was never copied is marked *stale*: it holds no processed
+//! logits any more (see [`Workspace::processed_logits`]).
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+use super::Workspace;
+use crate::error::Result;
+
+/// The processed logits of every token: the workspace's own buffer, or (while an [`Attached`]
+/// guard lives) the caller's raw logits until the first write. Reads go through [`Deref`],
+/// writes through [`DerefMut`], which copies a borrowed row first.
+pub(crate) struct Row {
+    owned: Vec<f32>,
+    /// The raw logits (`owned.len()` values) while an [`Attached`] guard borrows them.
+    borrowed: Option<NonNull<f32>>,
+    /// Set when a guard ended before the borrowed row was copied: `owned` is not this step's.
+    stale: bool,
+}
+
+// SAFETY: `borrowed` is only set by `Workspace::attach`, whose guard holds the shared borrow
+// of the raw logits (`&[f32]`, which is `Send` and `Sync`) and the exclusive borrow of the
+// workspace for its whole life, and clears it when it ends; so the pointer is only ever read
+// while the slice it came from is borrowed, from whichever thread holds the workspace.
+unsafe impl Send for Row {}
+// SAFETY: as above; reads through `&Row` only read the borrowed `&[f32]`.
+unsafe impl Sync for Row {}
+
+impl Row {
+    /// A row of `n` zeros, owned.
+    pub(crate) fn new(n: usize) -> Self {
+        Row {
+            owned: vec![0.0; n],
+            borrowed: None,
+            stale: false,
+        }
+    }
+
+    /// The workspace's own buffer, for a load that copies into it (not borrowed any more, not
+    /// stale once filled).
+    pub(crate) fn own_buffer(&mut self) -> &mut [f32] {
+        self.borrowed = None;
+        self.stale = false;
+        &mut self.owned
+    }
+
+    /// Whether this row holds no processed logits (a borrowed row whose guard has ended).
+    pub(crate) fn is_stale(&self) -> bool {
+        self.stale
+    }
+
+    /// Whether the row reads the caller's raw logits (not copied yet).
+    #[cfg(test)]
+    pub(crate) fn is_borrowed(&self) -> bool {
+        self.borrowed.is_some()
+    }
+}
+
+impl Deref for Row {
+    type Target = [f32];
+
+    #[inline]
+    fn deref(&self) -> &[f32] {
+        match self.borrowed {
+            // SAFETY: set by `Workspace::attach` from a slice of `owned.len()` values that the
+            // guard keeps borrowed until it clears `borrowed` (see the `Send` impl).
+            Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr(), self.owned.len()) },
+            None => &self.owned,
+        }
+    }
+}
+
+impl DerefMut for Row {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [f32] {
+        if let Some(p) = self.borrowed.take() {
+            // SAFETY: as in `deref`: the guard still borrows the `owned.len()` raw values.
+            let raw = unsafe { std::slice::from_raw_parts(p.as_ptr(), self.owned.len()) };
+            self.owned.copy_from_slice(raw);
+        }
+        &mut self.owned
+    }
+}
+
+impl Clone for Row {
+    /// An owned copy of what the row reads now (a clone never borrows).
+    fn clone(&self) -> Self {
+        Row {
+            owned: self.deref().to_vec(),
+            borrowed: None,
+            stale: self.stale,
+        }
+    }
+}
+
+impl fmt::Debug for Row {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Row")
+            .field("len", &self.owned.len())
+            .field("borrowed", &self.borrowed.is_some())
+            .field("stale", &self.stale)
+            .finish()
+    }
+}
+
+/// A workspace that reads the raw logits of one step without copying them
+/// ([`Workspace::attach`]); dereferences to the workspace. When it ends, a row that was never
+/// copied is marked stale.
+pub(crate) struct Attached<'a> {
+    ws: &'a mut Workspace,
+    _raw: PhantomData<&'a [f32]>,
+}
+
+impl Deref for Attached<'_> {
+    type Target = Workspace;
+
+    fn deref(&self) -> &Workspace {
+        self.ws
+    }
+}
+
+impl DerefMut for Attached<'_> {
+    fn deref_mut(&mut self) -> &mut Workspace {
+        self.ws
+    }
+}
+
+impl Drop for Attached<'_> {
+    fn drop(&mut self) {
+        let row = &mut self.ws.buf;
+        if row.borrowed.take().is_some() {
+            row.stale = true;
+        }
+    }
+}
+
+impl Workspace {
+    /// [`Workspace::load`] without the copy: validates `raw` and reads it as the processed
+    /// logits for as long as the returned guard lives (the first edit copies it). On an error
+    /// the workspace holds no support, as after a failed `load`.
+    pub(crate) fn attach<'a>(&'a mut self, raw: &'a [f32], exact: bool) -> Result<Attached<'a>> {
+        self.load_with(raw, exact, false)?;
+        self.buf.borrowed = Some(NonNull::from(raw).cast::<f32>());
+        self.buf.stale = false;
+        Ok(Attached {
+            ws: self,
+            _raw: PhantomData,
+        })
+    }
+}
