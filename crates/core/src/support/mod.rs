@@ -17,10 +17,12 @@
 //! been created for a vocabulary size: all buffers are sized once.
 //!
 //! The code is split by concept: this file holds the [`Workspace`] and its simple edits and
-//! normalisers; `load` validates and loads a row; `nucleus` the dense top-p's search for the
-//! nucleus boundary (bands, weight buckets, the large-nucleus path); `sort` the canonical order,
-//! radix sorts and the top-k heap. Each truncation itself (top-k, top-p, min-p, typical) is in
-//! its processor's file under `processors/`, as methods on the [`Workspace`].
+//! normalisers; `load` validates and loads a row; `row` holds the dense row, which a step may
+//! read in place from the caller's logits until its first edit; `nucleus` the dense top-p's
+//! search for the nucleus boundary (bands, weight buckets, the large-nucleus path); `sort` the
+//! canonical order, radix sorts and the top-k heap. Each truncation itself (top-k, top-p,
+//! min-p, typical) is in its processor's file under `processors/`, as methods on the
+//! [`Workspace`].
 //! The vector loops they run are in the crate's `kernels` module.
 
 use crate::error::{ErrorKind, Result};
