@@ -350,13 +350,12 @@ fn load_inline<const COPY: bool>(
     let mut bad = [0u32; L];
     let mut cnt = [0u32; L];
     let mut mx = [f32::NEG_INFINITY; L];
-    for (b, (r, bm)) in raw[..n]
-        .chunks_exact(BLOCK)
-        .zip(bmax.iter_mut())
-        .enumerate()
-    {
+    // the copy's destination, `L` values at a time, in step with the reads (`n <= buf.len()`
+    // when `COPY`)
+    let mut out = COPY.then(|| buf[..n].chunks_exact_mut(L));
+    for (r, bm) in raw[..n].chunks_exact(BLOCK).zip(bmax.iter_mut()) {
         let mut blk = [f32::NEG_INFINITY; L];
-        for (h, rh) in r.chunks_exact(L).enumerate() {
+        for rh in r.chunks_exact(L) {
             let v: [f32; L] = rh.try_into().expect("chunk");
             for j in 0..L {
                 let x = v[j];
@@ -364,9 +363,8 @@ fn load_inline<const COPY: bool>(
                 cnt[j] += (x > f32::NEG_INFINITY) as u32;
                 blk[j] = if x > blk[j] { x } else { blk[j] };
             }
-            if COPY {
-                let at = b * BLOCK + h * L;
-                buf[at..at + L].copy_from_slice(&v);
+            if let Some(bh) = out.as_mut().and_then(|o| o.next()) {
+                bh.copy_from_slice(&v);
             }
         }
         for j in 0..L {
