@@ -302,28 +302,26 @@ pub(crate) fn load(
     };
     #[cfg(not(all(target_arch = "x86_64", nextok_avx512)))]
     let (bad, count, max) = scalar::load(level, raw, buf, bmax);
-    // the maximum value is right; only the sign of a zero maximum depends on the order
-    let max = if max == 0.0 && !bad {
-        max_f32(level, raw)
-    } else {
-        max
-    };
-    (bad, count, max)
+    (bad, count, settle_zero_max(level, raw, bad, max))
 }
 
 /// [`load`] without the copy: writes the block maxima of `raw` to `bmax` and returns (whether a
 /// NaN or `+inf` was seen, the number of values above `-inf`, the maximum exactly as
-/// [`max_f32`] gives it).
+/// [`max_f32`] gives it). The portable pass at every level (its AVX-512 build included).
 pub(crate) fn scan(level: Level, raw: &[f32], bmax: &mut [f32]) -> (bool, usize, f32) {
     assert!(bmax.len() == raw.len().div_ceil(BLOCK));
     let (bad, count, max) = scalar::scan(level, raw, bmax);
-    // the maximum value is right; only the sign of a zero maximum depends on the order
-    let max = if max == 0.0 && !bad {
+    (bad, count, settle_zero_max(level, raw, bad, max))
+}
+
+/// The maximum a load pass found, as [`max_f32`] gives it: its value is right, only the sign of
+/// a zero maximum depends on the order the pass took.
+fn settle_zero_max(level: Level, raw: &[f32], bad: bool, max: f32) -> f32 {
+    if max == 0.0 && !bad {
         max_f32(level, raw)
     } else {
         max
-    };
-    (bad, count, max)
+    }
 }
 
 /// A bucket of weights for [`gather_weight_key`]: the weights `w` (not negative) whose key

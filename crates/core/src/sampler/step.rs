@@ -75,10 +75,9 @@ impl Sampler {
     /// Whether a step reads the raw logits in place: when every processor is a truncation, a
     /// temperature after the first truncation (which divides the truncated support, not the
     /// dense row) or a special-token mask with no token to mask, nothing writes the dense row,
-    /// and loading it would only copy it. Any other
-    /// pipeline (masks, penalties, biases, a temperature first) edits the row: it is copied
-    /// in the same pass that checks it, since an edit of a row read in place would copy it in
-    /// a pass of its own.
+    /// and loading it would only copy it. Any other pipeline (masks, penalties, biases, a
+    /// temperature first) edits the row: it is copied in the same pass that checks it, since
+    /// an edit of a row read in place would copy it in a pass of its own.
     fn reads_in_place(&self) -> bool {
         let mut truncated = false;
         for p in &self.processors {

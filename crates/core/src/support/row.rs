@@ -1,11 +1,11 @@
 //! The dense row of processed logits, copied on write.
 //!
 //! A step that processes and selects in one call ([`crate::Sampler::select`] and the calls
-//! built on it) does not copy the raw logits into the workspace: the [`Row`] reads the caller's
-//! slice for as long as an [`Attached`] guard borrows it, and copies it into its own buffer
-//! only when a processor first edits a value (a mask, a penalty, a temperature on the dense
-//! row). A chain whose first edit is a truncation (top-k, top-p, min-p, ...) never copies the
-//! row: copying it cost as much as the rest of such a step.
+//! built on it), with a pipeline that does not edit the dense row (truncations, a temperature
+//! after them), does not copy the raw logits into the workspace: copying them cost as much as
+//! the rest of such a step. The [`Row`] reads the caller's slice for as long as an
+//! [`Attached`] guard borrows it, and copies it into its own buffer if something writes to it
+//! after all (copy on write), so the result never depends on the path.
 //!
 //! When the guard ends, a row that was never copied is marked *stale*: it holds no processed
 //! logits any more (see [`Workspace::processed_logits`]).
