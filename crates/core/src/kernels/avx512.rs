@@ -230,8 +230,10 @@ pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) {
 }
 
 /// [`super::load`] on 16 lanes: one pass, copying, validating, counting, and taking the maximum
-/// (its *value* does not depend on the order). The maxima of 16 blocks are reduced together
-/// ([`block_maxima16`]); the counts come from the comparison masks. The lengths are checked:
+/// (its *value* does not depend on the order; the caller settles the sign of a zero maximum).
+/// The maxima of 16 blocks are reduced together ([`block_maxima16`]), and a zero bound is
+/// settled by the portable pass's order ([`super::scalar::block_max`]), so the bounds have the
+/// portable pass's bits; the counts come from the comparison masks. The lengths are checked:
 /// `buf` as long as `raw`, `bmax` one per block.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
 pub(super) fn load(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, usize, f32) {
@@ -272,10 +274,19 @@ pub(super) fn load(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, usi
             *m = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
             mx = _mm512_max_ps(mx, *m);
         }
+        let bounds = block_maxima16(&bm);
         // SAFETY: `i + GROUP <= n <= raw.len()`, so the 16 blocks `i / BLOCK ..` are whole
         // blocks of `raw` and `bmax` (one per block) holds them: the store writes
         // `bmax[i / BLOCK..][..16]`.
-        unsafe { _mm512_storeu_ps(bmax.as_mut_ptr().add(i / BLOCK), block_maxima16(&bm)) };
+        unsafe { _mm512_storeu_ps(bmax.as_mut_ptr().add(i / BLOCK), bounds) };
+        // the sign of a zero bound depends on the order of the reduction: take the portable
+        // pass's (rare: only blocks whose largest value is a zero)
+        let mut zero = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(bounds, _mm512_setzero_ps());
+        while zero != 0 {
+            let b = i / BLOCK + zero.trailing_zeros() as usize;
+            zero &= zero - 1;
+            bmax[b] = super::scalar::block_max(&raw[b * BLOCK..(b + 1) * BLOCK]);
+        }
         i += GROUP;
     }
     let mut a = [0.0f32; 16];
@@ -301,7 +312,14 @@ pub(super) fn load(raw: &[f32], buf: &mut [f32], bmax: &mut [f32]) -> (bool, usi
             blk = x;
         }
         if (j + 1) % BLOCK == 0 || n + j + 1 == raw.len() {
-            bmax[(n + j) / BLOCK] = blk;
+            let b = (n + j) / BLOCK;
+            // in order, a whole block may meet a zero of the other sign before the one the
+            // portable pass's lanes keep
+            bmax[b] = if blk == 0.0 {
+                super::scalar::block_max(&raw[b * BLOCK..n + j + 1])
+            } else {
+                blk
+            };
             blk = f32::NEG_INFINITY;
         }
     }

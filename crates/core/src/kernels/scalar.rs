@@ -333,7 +333,32 @@ multiversion! {
     }
 }
 
-/// [`load`] (copying `raw` into `buf` when `COPY`; `buf` is not used otherwise).
+/// The bound of one block exactly as [`load`] and [`scan`] write it to `bmax`, bits included:
+/// the *value* is the block's maximum whatever the order, but the sign of a zero maximum (`+0.0`
+/// beside `-0.0`) is the one the pass's order meets first. A whole block of [`BLOCK`] values
+/// goes by 16 lanes (lane `j` holds elements `j, j + 16, j + 32, j + 48` and keeps the first of
+/// its largest, then the lanes in order keep the first); a shorter block (the row's last) goes
+/// in order. A NaN is never taken (the row is rejected anyway). Vector versions of the pass use
+/// this to settle a zero bound.
+pub(super) fn block_max(r: &[f32]) -> f32 {
+    const L: usize = 16;
+    if r.len() != BLOCK {
+        return r
+            .iter()
+            .fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a });
+    }
+    let mut blk = [f32::NEG_INFINITY; L];
+    for rh in r.chunks_exact(L) {
+        for j in 0..L {
+            blk[j] = if rh[j] > blk[j] { rh[j] } else { blk[j] };
+        }
+    }
+    blk.iter()
+        .fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a })
+}
+
+/// [`load`] (copying `raw` into `buf` when `COPY`; `buf` is not used otherwise). Its block
+/// bounds are [`block_max`]'s, bit for bit (the same lanes, the same comparisons).
 #[inline(always)]
 fn load_inline<const COPY: bool>(
     raw: &[f32],

@@ -546,3 +546,190 @@ fn split_heavy_matches_scalar_at_every_level() {
         }
     }
 }
+
+/// One value of an adversarial row: the values where orders of operations can show (signed
+/// zeros, ties, `-inf`, the ends of the range, subnormals) beside ordinary ones.
+fn adversarial_value() -> impl proptest::strategy::Strategy<Value = f32> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => Just(0.0f32),
+        3 => Just(-0.0f32),
+        2 => Just(f32::NEG_INFINITY),
+        2 => (-3i32..=3).prop_map(|i| i as f32),
+        1 => Just(f32::MAX),
+        1 => Just(-f32::MAX),
+        1 => Just(f32::from_bits(1)),
+        1 => Just(-f32::from_bits(1)),
+        1 => Just(f32::MIN_POSITIVE),
+        3 => -40.0f32..40.0,
+        2 => -200.0f32..-1.0,
+    ]
+}
+
+/// A row for [`every_level_gives_the_baseline_bits`]: a length that reaches every tail (of a
+/// vector, a block, a group of 16 blocks), values from [`adversarial_value`], and often a row
+/// whose maximum is a zero (no positive value), where only the order decides the sign.
+fn adversarial_row() -> impl proptest::strategy::Strategy<Value = Vec<f32>> {
+    use proptest::prelude::*;
+    (
+        proptest::collection::vec(adversarial_value(), 0..2300),
+        any::<bool>(),
+    )
+        .prop_map(|(mut row, non_positive)| {
+            if non_positive {
+                for x in &mut row {
+                    if *x > 0.0 {
+                        *x = -*x;
+                    }
+                }
+            }
+            row
+        })
+}
+
+/// Everything a kernel returns for one row at one level, as bits: the load and the scan (copy,
+/// bounds, count, maximum), the maximum, the `exp` passes, the weights of candidates at every
+/// vector offset, the lane sums, the prefix and min-p searches, the top-k scan and the band
+/// collections.
+#[derive(Debug, PartialEq)]
+struct KernelBits {
+    load: (bool, usize, u32, Vec<u32>, Vec<u32>),
+    scan: (bool, usize, u32, Vec<u32>),
+    max: u32,
+    lanes: u64,
+    exp: Option<(u64, Vec<u32>, u64, u64)>,
+    cands: Vec<Vec<u32>>,
+    cand_sums: Vec<u64>,
+    prefixes: Vec<Option<usize>>,
+    exact: Option<Option<u64>>,
+    min_p: Vec<Vec<(u32, u32)>>,
+    top_k: Vec<Vec<(u32, u32)>>,
+    bands: Vec<Vec<(u32, u32)>>,
+}
+
+fn cand_bits(c: &[Cand]) -> Vec<(u32, u32)> {
+    c.iter().map(|c| (c.id, c.z.to_bits())).collect()
+}
+
+/// [`KernelBits`] of `row` at `level`.
+fn kernel_bits(level: Level, row: &[f32]) -> KernelBits {
+    let n = row.len();
+    let nb = n.div_ceil(BLOCK);
+    let mut buf = vec![7.0f32; n];
+    let mut bmax = vec![7.0f32; nb];
+    let (bad, count, max) = load(level, row, &mut buf, &mut bmax);
+    let mut sbmax = vec![7.0f32; nb];
+    let (sbad, scount, smax) = scan(level, row, &mut sbmax);
+    let c: Vec<Cand> = row
+        .iter()
+        .enumerate()
+        .map(|(i, &z)| Cand { id: i as u32, z })
+        .collect();
+    let m = max_f32(level, row);
+    let mut out = KernelBits {
+        load: (bad, count, max.to_bits(), bits(&buf), bits(&bmax)),
+        scan: (sbad, scount, smax.to_bits(), bits(&sbmax)),
+        max: m.to_bits(),
+        lanes: sum_f64_lanes(level, row).to_bits(),
+        exp: None,
+        cands: Vec::new(),
+        cand_sums: Vec::new(),
+        prefixes: Vec::new(),
+        exact: None,
+        min_p: Vec::new(),
+        top_k: Vec::new(),
+        bands: Vec::new(),
+    };
+    if m > f32::NEG_INFINITY {
+        let mut w = vec![7.0f32; n];
+        let s = exp_weights(level, row, m, &mut w);
+        out.exp = Some((
+            s.to_bits(),
+            bits(&w),
+            exp_sum(level, row, m).to_bits(),
+            exp_sum_at_max(level, row, m).to_bits(),
+        ));
+        for skip in [0usize, 1, 7, 15, 33, 63] {
+            let skip = skip.min(n);
+            let mut wc = vec![7.0f32; n - skip];
+            cand_weights(level, &c[skip..], m, &mut wc);
+            out.cands.push(bits(&wc));
+            out.cand_sums
+                .push(cand_exp_sum(level, &c[skip..], m).to_bits());
+        }
+        for p in [0.0, 0.3, 0.9, 1.0] {
+            out.prefixes.push(prefix_len(level, &c, m, s, p, 1));
+        }
+        out.exact = Some(exact_sum_any_order(level, &w).map(f64::to_bits));
+        for alpha in [1.0f64, 0.5, 1e-3] {
+            let lz = math::ln_f64(alpha) as f32 - 1e-3;
+            let mut mp = Vec::with_capacity(n);
+            collect_min_p(level, row, m, lz, alpha, &mut mp);
+            out.min_p.push(cand_bits(&mp));
+        }
+    }
+    // the top-k scan from a heap of the first k, over the bounds of the load
+    for k in [1usize, 3, 17, 100] {
+        if k > n {
+            break;
+        }
+        let mut heap = Vec::with_capacity(k);
+        for x in &c[..k] {
+            crate::support::sort::push_heap(&mut heap, *x);
+        }
+        top_k_scan(level, &buf, &bmax, k, &mut heap);
+        out.top_k.push(cand_bits(&heap));
+    }
+    // bands at values of the row (ties at several ids, signed zeros), with and without a tie
+    let mut edges: Vec<f32> = row.iter().step_by(n / 6 + 1).copied().collect();
+    edges.extend([0.0, -0.0, f32::NEG_INFINITY, -f32::MAX]);
+    for &lo in &edges {
+        for hi in [f32::INFINITY, 0.0, lo.abs() + 1.0] {
+            for tie in [None, Some((lo, n as u32 / 3)), Some((0.0, 5))] {
+                let band = match tie {
+                    None => Band::new(lo, hi),
+                    Some((tie_z, tie_id)) => Band {
+                        lo,
+                        hi,
+                        tie_z,
+                        tie_id,
+                    },
+                };
+                let mut got = Vec::new();
+                collect_band(level, &buf, &bmax, band, &mut got);
+                out.bands.push(cand_bits(&got));
+            }
+        }
+    }
+    out
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Every kernel level gives the baseline's bits on rows built to hit where orders of
+    /// operations could show: signed zeros (a zero maximum, zero block bounds), ties, `-inf`,
+    /// the ends of the range, subnormals, and every tail length of a vector, a block and a group
+    /// of blocks. A row with a NaN or `+inf` is rejected at every level.
+    #[test]
+    fn every_level_gives_the_baseline_bits(row in adversarial_row(), at in 0usize..4096, bad_nan in proptest::prelude::any::<bool>()) {
+        let all = levels("every_level_gives_the_baseline_bits");
+        let base = kernel_bits(all[0], &row);
+        // the scan gives the load's bounds
+        proptest::prop_assert_eq!(&base.scan.3, &base.load.4);
+        for &level in &all[1..] {
+            let got = kernel_bits(level, &row);
+            proptest::prop_assert_eq!(&got, &base, "level {}", name(level));
+        }
+        if !row.is_empty() {
+            let mut r2 = row.clone();
+            r2[at % row.len()] = if bad_nan { f32::NAN } else { f32::INFINITY };
+            for &level in &all {
+                let mut buf = vec![0.0f32; r2.len()];
+                let mut bmax = vec![0.0f32; r2.len().div_ceil(BLOCK)];
+                proptest::prop_assert!(load(level, &r2, &mut buf, &mut bmax).0);
+                proptest::prop_assert!(scan(level, &r2, &mut bmax).0);
+            }
+        }
+    }
+}
