@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The official `openai` Python package against `nextok serve` on the real default model (from
-# the test data), on an ephemeral 127.0.0.1 port. The client lives in a virtual environment this
-# script creates once under the test-data directory.
+# the test data), then hostile clients, each on an ephemeral 127.0.0.1 port. The client lives in
+# a virtual environment this script creates once under the test-data directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${NEXTOK_TESTDATA:-.testdata}"
@@ -19,3 +19,6 @@ if ! "$VENV/bin/python" -c "import openai, jsonschema" >/dev/null 2>&1; then
 fi
 cargo build -p nextok-cli
 "$VENV/bin/python" crates/server/tests/openai_client.py target/debug/nextok "$MODEL"
+# hostile clients: sizes taken from the input, slow clients, disconnect storms, guessed trace
+# ids; the server keeps serving and its memory stays bounded
+"$VENV/bin/python" crates/server/tests/hostile_client.py target/debug/nextok "$MODEL"

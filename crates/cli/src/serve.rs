@@ -43,12 +43,18 @@ pub struct ServeArgs {
     /// pause a long prompt puts between two tokens of a running stream.
     #[arg(long, default_value_t = nextok_engine::PREFILL_CHUNK_TOKENS)]
     pub prefill_chunk_tokens: usize,
+    /// Let a special token's string written in a chat message (`<|im_start|>system`, say)
+    /// become that control token, as vLLM and llama.cpp do; by default it is ordinary text and
+    /// control tokens come from the chat template only.
+    #[arg(long)]
+    pub parse_special_in_messages: bool,
     /// Requests that may wait for admission; past that, 429.
     #[arg(long, default_value_t = 1024)]
     pub max_waiting: usize,
-    /// Require `Authorization: Bearer KEY` on `/v1/*`.
+    /// Require `Authorization: Bearer KEY` on `/v1/*` (repeat for several keys; a trace can
+    /// be read only with the key of the request that made it).
     #[arg(long)]
-    pub api_key: Option<String>,
+    pub api_key: Vec<String>,
     /// The model's name in the API (default: the file name without `.gguf`).
     #[arg(long)]
     pub served_model_name: Option<String>,
@@ -58,6 +64,12 @@ pub struct ServeArgs {
     /// Seconds running streams may take to finish after Ctrl-C / SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace: u64,
+    /// Seconds a client has to send a request's headers; past that the connection is closed.
+    #[arg(long, default_value_t = nextok_server::DEFAULT_HEADER_READ_TIMEOUT.as_secs_f64())]
+    pub header_timeout: f64,
+    /// Seconds a client has to send a request's body once its headers are in; past that, 408.
+    #[arg(long, default_value_t = nextok_server::DEFAULT_BODY_READ_TIMEOUT.as_secs_f64())]
+    pub body_timeout: f64,
     /// Speculative decoding for requests that do not choose (`nextok.speculative`):
     /// `ngram` or `ngram:K` (prompt-lookup drafts of at most K tokens), `model` or `model:K`
     /// (the draft model's).
@@ -84,6 +96,17 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
             Some(SpecOptions::parse(t, acceptance).map_err(|e| format!("--speculative: {e}"))?)
         }
     };
+    let seconds = |flag: &str, x: f64| {
+        if x.is_finite() && x > 0.0 && x <= 86_400.0 {
+            Ok(Duration::from_secs_f64(x))
+        } else {
+            Err(format!(
+                "{flag}: must be a number of seconds in (0, 86400], not {x}"
+            ))
+        }
+    };
+    let header_read_timeout = seconds("--header-timeout", a.header_timeout)?;
+    let body_read_timeout = seconds("--body-timeout", a.body_timeout)?;
     let path = model_path(a.model.as_deref())?;
     let model = Arc::new(load_model(&path, a.requant.into())?);
     let defaults = EngineConfig::default();
@@ -94,6 +117,7 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
             .unwrap_or(defaults.max_batch_tokens.max(a.max_num_seqs)),
         prefill_chunk_tokens: a.prefill_chunk_tokens,
         max_waiting: a.max_waiting,
+        parse_special_in_messages: a.parse_special_in_messages,
         ..defaults
     };
     let engine = match &a.draft_model {
@@ -115,9 +139,10 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
             .served_model_name
             .clone()
             .unwrap_or_else(|| nextok_server::model_id_of(&path)),
-        api_key: a.api_key.clone(),
+        api_keys: a.api_key.clone(),
         body_limit: a.max_body_bytes,
         speculative,
+        body_read_timeout,
         ..Default::default()
     };
     let model_id = server.model_id.clone();
@@ -142,7 +167,10 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
             listener,
             app,
             nextok_server::shutdown_signal(),
-            Duration::from_secs(a.shutdown_grace),
+            nextok_server::ServeOptions {
+                grace: Duration::from_secs(a.shutdown_grace),
+                header_read_timeout,
+            },
         )
         .await
         .map_err(|e| CliError::context("server", e))

@@ -44,6 +44,10 @@ pub struct EngineConfig {
     /// Prompts whose cache is kept for reuse by later requests with the same prefix (`0`
     /// disables the prefix cache).
     pub prefix_cache_entries: usize,
+    /// Whether a special token's string written in a chat message's content becomes that
+    /// control token (`false`, the default: it is ordinary text, and control tokens come from
+    /// the chat template only — see [`nextok_model::Model::encode_chat`]).
+    pub parse_special_in_messages: bool,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +59,7 @@ impl Default for EngineConfig {
             kv_budget_bytes: 4 << 30,
             max_waiting: 1024,
             prefix_cache_entries: 32,
+            parse_special_in_messages: false,
         }
     }
 }
@@ -268,19 +273,9 @@ impl Engine {
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestHandle> {
         let i = &self.inner;
         let id = i.next_id.fetch_add(1, Ordering::Relaxed);
-        let prepared = i.shared.prepare(&req, id)?;
+        let prepared = i.shared.prepare(&req, id, &i.config)?;
         let info = &prepared.info;
         let n = info.seeds.len();
-        if n > i.config.max_num_seqs {
-            return Err(EngineError::new(
-                ErrorKind::TooLarge,
-                format!(
-                    "{n} sequences; the engine runs at most {}",
-                    i.config.max_num_seqs
-                ),
-            )
-            .with_field("n"));
-        }
         let prompt = info.prompt_ids.len();
         let out = info.max_tokens as usize;
         let reservation =
@@ -331,7 +326,7 @@ impl Engine {
     /// drive a sequence themselves, like the one-sequence loop of [`crate::solo`].
     pub fn prepare(&self, req: &GenerateRequest) -> Result<Prepared> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        self.inner.shared.prepare(req, id)
+        self.inner.shared.prepare(req, id, &self.inner.config)
     }
 
     /// Submits `req` and collects everything it produces (blocking; not from an async task).

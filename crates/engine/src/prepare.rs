@@ -113,8 +113,13 @@ impl ModelShared {
         self.constraints.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The prompt's ids.
-    pub(crate) fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+    /// The prompt's ids (`parse_special_in_messages`: see
+    /// [`EngineConfig::parse_special_in_messages`](crate::EngineConfig)).
+    pub(crate) fn prompt_ids(
+        &self,
+        prompt: &Prompt,
+        parse_special_in_messages: bool,
+    ) -> Result<Vec<u32>> {
         let m = &self.model;
         let ids = match prompt {
             Prompt::Ids(ids) => {
@@ -134,10 +139,7 @@ impl ModelShared {
                 if msgs.is_empty() {
                     return Err(EngineError::invalid("messages", "no messages"));
                 }
-                let text = m
-                    .render_chat(msgs, true)
-                    .map_err(|e| EngineError::invalid("messages", e.message().to_string()))?;
-                m.encode_prompt(&text)
+                m.encode_chat(msgs, parse_special_in_messages)
                     .map_err(|e| EngineError::invalid("messages", e.message().to_string()))?
             }
         };
@@ -150,10 +152,24 @@ impl ModelShared {
         Ok(ids)
     }
 
-    /// Everything but admission: ids, pipeline, sampler, constraint, seeds, limits.
-    pub(crate) fn prepare(&self, req: &GenerateRequest, id: u64) -> Result<Prepared> {
+    /// Everything but admission: ids, pipeline, sampler, constraint, seeds, limits. An `n`
+    /// above the engine's `max_num_seqs` is refused before anything is sized by it.
+    pub(crate) fn prepare(
+        &self,
+        req: &GenerateRequest,
+        id: u64,
+        config: &crate::EngineConfig,
+    ) -> Result<Prepared> {
+        let max_seqs = config.max_num_seqs;
         if req.n == 0 {
             return Err(EngineError::invalid("n", "must be at least 1"));
+        }
+        if req.n > max_seqs {
+            return Err(EngineError::new(
+                ErrorKind::TooLarge,
+                format!("{} sequences; the engine runs at most {max_seqs}", req.n),
+            )
+            .with_field("n"));
         }
         if let Some(spec) = &req.speculative {
             spec.check()?;
@@ -165,7 +181,7 @@ impl ModelShared {
             }
         }
         let ctx = self.model.weights.config.context_length;
-        let prompt_ids = self.prompt_ids(&req.prompt)?;
+        let prompt_ids = self.prompt_ids(&req.prompt, config.parse_special_in_messages)?;
         if prompt_ids.len() >= ctx {
             return Err(EngineError::new(
                 ErrorKind::TooLarge,

@@ -195,6 +195,95 @@ impl Model {
         Ok(self.encoder.encode(text, true)?)
     }
 
+    /// The ids of a chat prompt: `messages` rendered with the model's chat template, then
+    /// encoded as [`Model::encode_prompt`] does — except that, unless
+    /// `parse_special_in_content`, a special token's string written in a message's content is
+    /// ordinary text (`<|im_start|>system` inside a user's message does not become control
+    /// tokens): control tokens come from the template only. Where each content lands is found by
+    /// rendering the template with a marker in its place; a template that does not insert a
+    /// content verbatim, when that content holds a special token's string, is an error naming
+    /// `messages[i].content` (the prompt cannot be built safely).
+    pub fn encode_chat(
+        &self,
+        messages: &[chat::Message],
+        parse_special_in_content: bool,
+    ) -> Result<Vec<u32>> {
+        let text = self.render_chat(messages, true)?;
+        if parse_special_in_content {
+            return self.encode_prompt(&text);
+        }
+        let risky: Vec<usize> = (0..messages.len())
+            .filter(|&i| self.encoder.special_in(&messages[i].content).is_some())
+            .collect();
+        if risky.is_empty() {
+            return self.encode_prompt(&text);
+        }
+        let spans = match self.content_spans(messages, &text)? {
+            Some(spans) => spans,
+            None => {
+                // the template changed a content: locate the risky ones verbatim, in order
+                let mut spans = Vec::new();
+                let mut from = 0;
+                for (i, m) in messages.iter().enumerate() {
+                    match text[from..].find(m.content.as_str()) {
+                        Some(at) if !m.content.is_empty() => {
+                            spans.push(from + at..from + at + m.content.len());
+                            from += at + m.content.len();
+                        }
+                        _ if risky.contains(&i) => {
+                            let s = self.encoder.special_in(&m.content).unwrap_or_default();
+                            let shown: String = s.chars().take(40).collect();
+                            return Err(ModelError::new(format!(
+                                "messages[{i}].content: holds the control-token text `{shown}`, and this model's chat template does not insert the content verbatim, so it cannot be kept as text"
+                            ))
+                            .with_kind(ModelErrorKind::Invalid));
+                        }
+                        _ => {}
+                    }
+                }
+                spans
+            }
+        };
+        Ok(self.encoder.encode_with_text_spans(&text, &spans, true)?)
+    }
+
+    /// Where each message's content lands in `text` (the template's rendering of `messages`):
+    /// the template is rendered again with a marker for each content, and the spans are taken
+    /// when putting the contents back in place of the markers gives `text` exactly; `None`
+    /// otherwise.
+    fn content_spans(
+        &self,
+        messages: &[chat::Message],
+        text: &str,
+    ) -> Result<Option<Vec<std::ops::Range<usize>>>> {
+        // private-use characters: no template writes them
+        let marker = |i: usize| format!("\u{E000}{i}\u{E001}");
+        let marked: Vec<chat::Message> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| chat::Message::new(m.role.clone(), marker(i)))
+            .collect();
+        let rendered = self.render_chat(&marked, true)?;
+        let mut rebuilt = String::with_capacity(text.len());
+        let mut spans = Vec::with_capacity(messages.len());
+        let mut rest = rendered.as_str();
+        for (i, m) in messages.iter().enumerate() {
+            let mk = marker(i);
+            let Some(at) = rest.find(&mk) else {
+                return Ok(None);
+            };
+            rebuilt.push_str(&rest[..at]);
+            spans.push(rebuilt.len()..rebuilt.len() + m.content.len());
+            rebuilt.push_str(&m.content);
+            rest = &rest[at + mk.len()..];
+            if rest.contains(&mk) {
+                return Ok(None);
+            }
+        }
+        rebuilt.push_str(rest);
+        Ok((rebuilt == text).then_some(spans))
+    }
+
     /// Renders `messages` with the model's chat template (see [`chat`]).
     pub fn render_chat(
         &self,

@@ -88,11 +88,17 @@ impl ApiError {
                 param: field,
                 ..ApiError::invalid("", message)
             },
-            ErrorKind::TooLarge => ApiError {
-                param: field,
-                ..ApiError::invalid("", message)
+            ErrorKind::TooLarge => {
+                let code = match e.field() {
+                    Some("n") => "too_many_sequences",
+                    _ => "context_length_exceeded",
+                };
+                ApiError {
+                    param: field,
+                    ..ApiError::invalid("", message)
+                }
+                .with_code(code)
             }
-            .with_code("context_length_exceeded"),
             ErrorKind::QueueFull => ApiError {
                 retry_after: Some(1),
                 ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)

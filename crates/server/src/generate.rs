@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::api::{self, ApiRequest, Endpoint, TRACE_CANDIDATES};
 use crate::error::ApiError;
-use crate::{AppState, SelfLogged};
+use crate::{AppState, ClientKey, SelfLogged};
 
 /// OpenAI's stand-in for a logprob of minus infinity.
 const NEG_INF_LOGPROB: f64 = -9999.0;
@@ -48,9 +48,10 @@ pub(crate) fn check_model(s: &AppState, req: &ApiRequest) -> Result<(), ApiError
 pub(crate) async fn run(
     s: Arc<AppState>,
     endpoint: Endpoint,
+    client: ClientKey,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match start(s, endpoint, body).await {
+    match start(s, endpoint, client, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -59,19 +60,24 @@ pub(crate) async fn run(
 async fn start(
     s: Arc<AppState>,
     endpoint: Endpoint,
+    client: ClientKey,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let v = crate::json_body(body)?;
     let mut req = api::parse(endpoint, &v)?;
     check_model(&s, &req)?;
     req.gen.speculative = req.speculative.unwrap_or(s.config.speculative);
+    let trace_id = match req.trace {
+        true => Some(crate::new_trace_id()?),
+        false => None,
+    };
     let engine = s.engine.clone();
     let gen = req.gen.clone();
     let handle = tokio::task::spawn_blocking(move || engine.submit(gen))
         .await
         .map_err(internal)?
         .map_err(|e| ApiError::from_engine(&e, |f| req.param(f)))?;
-    let g = Gen::new(s, req, handle);
+    let g = Gen::new(s, req, handle, trace_id, client);
     if g.req.stream {
         let stream = futures_util::stream::unfold(g, |mut g| async move {
             g.next_frame()
@@ -126,6 +132,8 @@ struct Gen {
     /// HTTP status for the log: 200, 500 after an engine error; unset while running.
     outcome: Option<u16>,
     trace_id: Option<String>,
+    /// The API key the request came with: its trace belongs to it.
+    client: ClientKey,
     /// Stream state: frames to send, whether the end was sent, whether the first chunk (with
     /// the `nextok` object) went out.
     pending: std::collections::VecDeque<Bytes>,
@@ -157,14 +165,19 @@ fn finite(x: f64) -> f64 {
 }
 
 impl Gen {
-    fn new(s: Arc<AppState>, req: ApiRequest, handle: RequestHandle) -> Gen {
+    fn new(
+        s: Arc<AppState>,
+        req: ApiRequest,
+        handle: RequestHandle,
+        trace_id: Option<String>,
+        client: ClientKey,
+    ) -> Gen {
         let n = handle.info.seeds.len();
         let prefix = match req.endpoint {
             Endpoint::Chat => "chatcmpl",
             Endpoint::Completions => "cmpl",
         };
         let id = format!("{prefix}-{}", handle.info.id);
-        let trace_id = req.trace.then(|| format!("trace-{}", handle.info.id));
         Gen {
             s,
             req,
@@ -177,6 +190,7 @@ impl Gen {
             usage: None,
             outcome: None,
             trace_id,
+            client,
             pending: Default::default(),
             ended: false,
             meta_sent: false,
@@ -313,7 +327,7 @@ impl Gen {
                     }
                 }
             }
-            self.s.store_trace(tid.clone(), text);
+            self.s.store_trace(tid.clone(), self.client, text);
         }
     }
 

@@ -42,7 +42,7 @@ use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use nextok_engine::{Engine, ErrorKind, Event};
 use serde_json::{json, Value};
 
@@ -55,24 +55,54 @@ use api::Endpoint;
 pub struct ServerConfig {
     /// The model's id in `/v1/models` and the `model` field requests must name (or leave out).
     pub model_id: String,
-    /// When set, `/v1/*` needs `Authorization: Bearer <key>`.
-    pub api_key: Option<String>,
+    /// When not empty, `/v1/*` needs `Authorization: Bearer <key>` with one of these keys; a
+    /// trace can then be read only with the key of the request that made it.
+    pub api_keys: Vec<String>,
     /// Largest request body in bytes (larger: 413).
     pub body_limit: usize,
     /// Traces kept for `GET /v1/traces/{id}` (the oldest go first).
     pub max_traces: usize,
     /// Speculative decoding for requests that do not choose (`nextok.speculative`).
     pub speculative: Option<nextok_engine::speculative::SpecOptions>,
+    /// Time a client has to send a `/v1/*` request's whole body once its headers are in (past
+    /// it: 408, and the connection closes).
+    pub body_read_timeout: Duration,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             model_id: "nextok".into(),
-            api_key: None,
+            api_keys: Vec::new(),
             body_limit: 4 << 20,
             max_traces: 64,
             speculative: None,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+        }
+    }
+}
+
+/// [`ServerConfig::body_read_timeout`]'s default.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// [`ServeOptions::header_read_timeout`]'s default.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How [`serve`] treats connections.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeOptions {
+    /// After the shutdown signal, how long running requests may take to finish.
+    pub grace: Duration,
+    /// Time a client has to send a request's headers (each request's, on a kept-alive
+    /// connection too); past it the connection is closed.
+    pub header_read_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            grace: Duration::from_secs(30),
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
         }
     }
 }
@@ -91,21 +121,51 @@ pub(crate) struct AppState {
     pub(crate) engine: Arc<Engine>,
     pub(crate) config: ServerConfig,
     pub(crate) metrics: metrics::Metrics,
-    pub(crate) traces: Mutex<VecDeque<(String, Arc<String>)>>,
+    pub(crate) traces: Mutex<VecDeque<StoredTrace>>,
     pub(crate) started: u64,
     /// One model step after accepted tokens at a time (each runs its own forward pass outside
     /// the engine's batch).
     pub(crate) after_accepted: tokio::sync::Semaphore,
 }
 
+/// A finished request's trace, kept for `GET /v1/traces/{id}`.
+pub(crate) struct StoredTrace {
+    id: String,
+    /// The API key (its index in [`ServerConfig::api_keys`]) of the request that made it.
+    owner: ClientKey,
+    text: Arc<String>,
+}
+
+/// Which of the server's API keys a request was authorised with (`None`: the server has none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClientKey(pub(crate) Option<usize>);
+
 impl AppState {
-    pub(crate) fn store_trace(&self, id: String, text: String) {
+    pub(crate) fn store_trace(&self, id: String, owner: ClientKey, text: String) {
         let mut t = self.traces.lock().unwrap_or_else(|p| p.into_inner());
         while t.len() >= self.config.max_traces.max(1) {
             t.pop_front();
         }
-        t.push_back((id, Arc::new(text)));
+        t.push_back(StoredTrace {
+            id,
+            owner,
+            text: Arc::new(text),
+        });
     }
+}
+
+/// A new trace id: `trace-` and 128 random bits from the operating system (32 hex digits), so
+/// that no client can guess another's.
+pub(crate) fn new_trace_id() -> Result<String, ApiError> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b)
+        .map_err(|e| ApiError::internal(format!("no random source for a trace id: {e}")))?;
+    let mut id = String::with_capacity(6 + 32);
+    id.push_str("trace-");
+    for x in b {
+        id.push_str(&format!("{x:02x}"));
+    }
+    Ok(id)
 }
 
 pub(crate) fn unix_now() -> u64 {
@@ -138,6 +198,8 @@ pub fn router(engine: Arc<Engine>, config: ServerConfig) -> Router {
         .route("/v1/explain/beam", post(page::beam))
         .route("/v1/explain/streams", post(page::streams))
         .route("/v1/traces/{id}", get(trace))
+        // (the last layer runs first: the key is checked before the body is read)
+        .route_layer(middleware::from_fn_with_state(state.clone(), read_body))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(v1)
@@ -152,36 +214,52 @@ pub fn router(engine: Arc<Engine>, config: ServerConfig) -> Router {
         .with_state(state)
 }
 
-/// Serves `app` on `listener` until `shutdown` completes; then stops accepting, lets running
-/// requests finish for at most `grace`, and returns.
+/// Serves `app` on `listener` (HTTP/1.1) until `shutdown` completes; then stops accepting,
+/// lets running requests finish for at most `opts.grace`, and returns. A connection whose
+/// client does not send a request's headers within `opts.header_read_timeout` is closed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    grace: Duration,
+    opts: ServeOptions,
 ) -> std::io::Result<()> {
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown.await;
-        let _ = tx.send(true);
-    });
-    let deadline = async move {
-        let mut rx = rx;
-        while !*rx.borrow() {
-            if rx.changed().await.is_err() {
-                // the server ended first
-                std::future::pending::<()>().await;
-            }
-        }
-        tokio::time::sleep(grace).await;
-    };
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(opts.header_read_timeout);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            conn = listener.accept() => match conn {
+                Ok(c) => c,
+                Err(e) => {
+                    // a connection that failed before it was accepted, or no file descriptor
+                    // left: wait a little rather than spin, then go on
+                    eprintln!("nextok: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        // streamed tokens go out as they come
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            // a connection's own failures (a client that went away, a header timeout) end only it
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
     tokio::select! {
-        r = server => r,
-        _ = deadline => {
-            eprintln!("nextok: shutdown: streams still running after {} s are cancelled", grace.as_secs());
-            Ok(())
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(opts.grace) => {
+            eprintln!("nextok: shutdown: streams still running after {} s are cancelled", opts.grace.as_secs());
         }
     }
+    Ok(())
 }
 
 /// Completes on Ctrl-C or SIGTERM.
@@ -243,23 +321,89 @@ async fn log(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respon
     r
 }
 
+/// Reads a `/v1/*` request's whole body before the handler runs: at most
+/// [`ServerConfig::body_limit`] bytes (a larger `Content-Length` is refused before anything is
+/// read: 413), within [`ServerConfig::body_read_timeout`] (408), so that a slow client holds
+/// neither a handler nor unbounded memory.
+async fn read_body(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    use http_body_util::BodyExt;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!(
+                "the request body is over the size limit ({} bytes)",
+                s.config.body_limit
+            ),
+        )
+        .with_code("request_too_large")
+        .into_response()
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > s.config.body_limit as u64) {
+        return too_large();
+    }
+    let (parts, body) = req.into_parts();
+    let limited = http_body_util::Limited::new(body, s.config.body_limit);
+    let bytes = match tokio::time::timeout(s.config.body_read_timeout, limited.collect()).await {
+        Err(_) => {
+            let mut r = ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "the request body did not arrive within {} s",
+                    s.config.body_read_timeout.as_secs_f64()
+                ),
+            )
+            .with_code("request_timeout")
+            .into_response();
+            r.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+            return r;
+        }
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
+        Ok(Err(e)) => {
+            return ApiError::bad_body(format!("the request body could not be read: {e}"))
+                .into_response()
+        }
+        Ok(Ok(c)) => c.to_bytes(),
+    };
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
+}
+
 /// `Authorization: Bearer <key>` when the server has a key.
-async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if let Some(key) = &s.config.api_key {
+/// (With API keys, the request's key is passed on to the handlers as a [`ClientKey`].)
+async fn auth(State(s): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+    let mut client = ClientKey(None);
+    if !s.config.api_keys.is_empty() {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
-        let ok = given.is_some_and(|g| {
-            g.len() == key.len()
-                && g.bytes()
-                    .zip(key.bytes())
-                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                    == 0
-        });
-        if !ok {
+        // every key is compared in full (no early exit on the first difference or match)
+        let mut found = None;
+        if let Some(g) = given {
+            for (i, key) in s.config.api_keys.iter().enumerate() {
+                let same = g.len() == key.len()
+                    && g.bytes()
+                        .zip(key.bytes())
+                        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                        == 0;
+                if same && found.is_none() {
+                    found = Some(i);
+                }
+            }
+        }
+        if found.is_none() {
             return ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "authentication_error",
@@ -268,7 +412,9 @@ async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respo
             .with_code("invalid_api_key")
             .into_response();
         }
+        client = ClientKey(found);
     }
+    req.extensions_mut().insert(client);
     next.run(req).await
 }
 
@@ -303,11 +449,21 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
     }]}))
 }
 
-async fn trace(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+/// A trace is found only by its id and only with the key that made it (another key's trace
+/// answers exactly as a missing one).
+async fn trace(
+    State(s): State<Arc<AppState>>,
+    Extension(client): Extension<ClientKey>,
+    Path(id): Path<String>,
+) -> Response {
     let found = {
         let t = s.traces.lock().unwrap_or_else(|p| p.into_inner());
-        t.iter().find(|(k, _)| *k == id).map(|(_, v)| v.clone())
+        t.iter()
+            .find(|x| x.id == id && x.owner == client)
+            .map(|x| x.text.clone())
     };
+    // the id is echoed at most in part
+    let shown: String = id.chars().take(64).collect();
     match found {
         Some(text) => (
             [(header::CONTENT_TYPE, "application/x-ndjson")],
@@ -318,7 +474,7 @@ async fn trace(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Respon
             StatusCode::NOT_FOUND,
             "not_found_error",
             format!(
-                "no trace `{id}` (traces are kept for finished requests only, the latest {})",
+                "no trace `{shown}` (traces are kept for finished requests only, the latest {})",
                 s.config.max_traces
             ),
         )
@@ -344,15 +500,20 @@ pub(crate) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, Ap
         .map_err(|e| ApiError::bad_body(format!("the body is not valid JSON: {e}")))
 }
 
-async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    generate::run(s, Endpoint::Chat, body).await
+async fn chat(
+    State(s): State<Arc<AppState>>,
+    Extension(client): Extension<ClientKey>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate::run(s, Endpoint::Chat, client, body).await
 }
 
 async fn completions(
     State(s): State<Arc<AppState>>,
+    Extension(client): Extension<ClientKey>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    generate::run(s, Endpoint::Completions, body).await
+    generate::run(s, Endpoint::Completions, client, body).await
 }
 
 /// `POST /v1/explain`.
@@ -388,6 +549,17 @@ async fn explain(
     if req.gen.n != 1 {
         return Err(ApiError::invalid("n", "the ledger explains one sequence"));
     }
+    // the one step after the accepted tokens: the length of `accepted` sets `max_tokens`, so a
+    // limit on it is `accepted`'s (the client sent no `max_tokens` that counts here)
+    let ctx = s.engine.model().weights.config.context_length;
+    if let Some(a) = &accepted {
+        if a.len() >= ctx {
+            return Err(ApiError::invalid(
+                "accepted",
+                format!("{} token ids; the context holds {ctx}", a.len()),
+            ));
+        }
+    }
     req.gen.params.max_tokens = Some(accepted.as_ref().map_or(0, |a| a.len()) as u64 + 1);
     req.gen.ledger_step = Some(0);
     req.gen.logprobs = None;
@@ -412,6 +584,8 @@ async fn explain(
             explain_error(&e, |f| {
                 if f.starts_with("accepted") {
                     f.to_string()
+                } else if f == "max_tokens" {
+                    "accepted".to_string()
                 } else {
                     req.param(f)
                 }

@@ -16,48 +16,32 @@ import concurrent.futures as cf
 import json
 import os
 import re
-import select
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-import urllib.error
-import urllib.request
 
 import jsonschema
 import openai
 from openai import OpenAI
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_harness import Server, run_tests  # noqa: E402
+
 BIN, MODEL = sys.argv[1], sys.argv[2]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 KEY = "test-key-" + str(os.getpid())
-STARTUP_SECONDS = 180
+OTHER_KEY = "other-key-" + str(os.getpid())
 
-LOG = tempfile.NamedTemporaryFile(prefix="nextok-serve-", suffix=".log", delete=False)
-proc = subprocess.Popen(
-    [BIN, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0", "--api-key", KEY],
-    stdout=subprocess.PIPE,
-    stderr=LOG,
-    text=True,
-)
-base = None
-deadline = time.time() + STARTUP_SECONDS
-line = ""
-while time.time() < deadline and proc.poll() is None:
-    ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-    if ready:
-        line = proc.stdout.readline()
-        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-        if m:
-            base = m.group(1)
-            break
-if base is None:
-    proc.kill()
-    print("the server did not start:", open(LOG.name).read()[-2000:], file=sys.stderr)
+try:
+    SERVER = Server(BIN, MODEL, "--api-key", KEY, "--api-key", OTHER_KEY)
+except RuntimeError as e:
+    print(e, file=sys.stderr)
     print("0 passed, 1 failed")
     sys.exit(1)
+base = SERVER.base
+proc = SERVER.proc
 
 client = OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=300)
 MODEL_ID = None
@@ -72,26 +56,12 @@ PERSON = json.load(open(os.path.join(ROOT, "examples", "person.schema.json")))
 
 
 def http(method, path, body=None, key=KEY):
-    """A raw request; returns (status, headers, text)."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data, method=method)
-    req.add_header("content-type", "application/json")
-    if key:
-        req.add_header("authorization", "Bearer " + key)
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, dict(r.headers), r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read().decode()
+    """A raw request with the test's key; returns (status, headers, text)."""
+    return SERVER.http(method, path, body, key=key)
 
 
 def metric(name):
-    status, _, text = http("GET", "/metrics")
-    assert status == 200, status
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError("no metric " + name)
+    return SERVER.metric(name)
 
 
 def chat(content, **kw):
@@ -364,6 +334,10 @@ def test_trace_replays():
     r = client.completions.create(model=MODEL_ID, prompt="List three colours:", max_tokens=8, temperature=0.8,
                                   seed=12, extra_body={"nextok": {"trace": True, "pipeline": "vllm"}, "top_k": 40})
     tid = r.model_extra["nextok"]["trace_id"]
+    # 128 random bits, readable only with the key that made it
+    assert re.fullmatch(r"trace-[0-9a-f]{32}", tid), tid
+    status, _, _ = http("GET", "/v1/traces/" + tid, key=OTHER_KEY)
+    assert status == 404, status
     status, headers, text = http("GET", "/v1/traces/" + tid)
     assert status == 200, (status, text)
     lines = text.strip().split("\n")
@@ -445,42 +419,8 @@ TESTS = [
 
 
 def main():
-    passed = failed = 0
-    only = os.environ.get("NEXTOK_SERVER_TEST")
-    try:
-        for t in TESTS:
-            if only and only not in t.__name__ and t is not test_models_and_health:
-                continue
-            t0 = time.time()
-            try:
-                t()
-                passed += 1
-                print(f"ok   {t.__name__} ({time.time() - t0:.1f} s)", file=sys.stderr)
-            except Exception:
-                failed += 1
-                print(f"FAIL {t.__name__}", file=sys.stderr)
-                traceback.print_exc()
-        # graceful shutdown: SIGTERM, exit 0
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            code = None
-        if code == 0:
-            passed += 1
-            print("ok   sigterm_exits_0", file=sys.stderr)
-        else:
-            failed += 1
-            print(f"FAIL sigterm_exits_0 (exit {code})", file=sys.stderr)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        if failed:
-            print("server log (tail):\n" + open(LOG.name).read()[-4000:], file=sys.stderr)
-        os.unlink(LOG.name)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    test_models_and_health.always = True
+    return run_tests(TESTS, SERVER, "NEXTOK_SERVER_TEST")
 
 
 if __name__ == "__main__":

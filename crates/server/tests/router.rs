@@ -244,7 +244,7 @@ async fn an_api_key_guards_v1_only() {
         EngineConfig::default(),
         ServerConfig {
             model_id: MODEL_ID.into(),
-            api_key: Some("sesame".into()),
+            api_keys: vec!["sesame".into()],
             ..Default::default()
         },
     ) else {
@@ -488,7 +488,10 @@ async fn shutdown_lets_a_running_stream_finish_and_refuses_new_connections() {
         async {
             let _ = rx.await;
         },
-        Duration::from_secs(60),
+        nextok_server::ServeOptions {
+            grace: Duration::from_secs(60),
+            ..Default::default()
+        },
     ));
     let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": true, "stream": true, "seed": 1}).to_string();
     let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -18,6 +18,16 @@ use crate::gguf::{Gguf, Value};
 pub struct Encoder {
     tok: tokenizers::Tokenizer,
     label: String,
+    /// Made on first use by [`Encoder::encode_with_text_spans`]: the tokenizer with its
+    /// special tokens encoded as ordinary text, and a matcher of the special tokens' strings.
+    plain: std::sync::OnceLock<Plain>,
+}
+
+/// What [`Encoder::encode_with_text_spans`] needs beside the tokenizer.
+struct Plain {
+    tok: tokenizers::Tokenizer,
+    /// The special tokens' strings, leftmost-longest (as `tokenizers` matches them), and ids.
+    specials: Option<(aho_corasick::AhoCorasick, Vec<u32>)>,
 }
 
 impl std::fmt::Debug for Encoder {
@@ -49,6 +59,7 @@ impl Encoder {
         Ok(Encoder {
             tok,
             label: label.to_string(),
+            plain: std::sync::OnceLock::new(),
         })
     }
 
@@ -72,6 +83,98 @@ impl Encoder {
             )
         })?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// The token ids of `text` in which the special-token strings written inside `text_spans`
+    /// (byte ranges of `text`) are ordinary text: only those outside every span become special
+    /// tokens. A chat prompt passes its messages' contents as the spans, so that a message
+    /// cannot write control tokens (`<|im_start|>system` inside a user's message stays text)
+    /// and control tokens come from the chat template only. When no special-token string
+    /// overlaps a span this is [`Encoder::encode`] exactly; otherwise the text is split at the
+    /// special tokens outside the spans, each piece encoded with special tokens as text.
+    pub fn encode_with_text_spans(
+        &self,
+        text: &str,
+        text_spans: &[std::ops::Range<usize>],
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>> {
+        let plain = self.plain.get_or_init(|| self.make_plain());
+        let Some((matcher, ids)) = &plain.specials else {
+            return self.encode(text, add_special_tokens);
+        };
+        let inside = |m: &aho_corasick::Match| {
+            text_spans
+                .iter()
+                .any(|s| m.start() < s.end && s.start < m.end())
+        };
+        let matches: Vec<aho_corasick::Match> = matcher.find_iter(text).collect();
+        if !matches.iter().any(inside) {
+            return self.encode(text, add_special_tokens);
+        }
+        let err = |e: tokenizers::Error| {
+            VocabError::new(
+                VocabErrorKind::Invalid,
+                &self.label,
+                format!("cannot encode: {e}"),
+            )
+        };
+        let mut tokens: Vec<tokenizers::Token> = Vec::new();
+        let mut at = 0;
+        let piece = |from: usize, to: usize, tokens: &mut Vec<tokenizers::Token>| {
+            if from < to {
+                let enc = plain.tok.encode(&text[from..to], false).map_err(err)?;
+                for &id in enc.get_ids() {
+                    tokens.push(tokenizers::Token::new(id, String::new(), (from, to)));
+                }
+            }
+            Ok::<(), VocabError>(())
+        };
+        for m in matches.iter().filter(|m| !inside(m)) {
+            piece(at, m.start(), &mut tokens)?;
+            let id = ids[m.pattern().as_usize()];
+            tokens.push(tokenizers::Token::new(
+                id,
+                text[m.range()].to_string(),
+                (m.start(), m.end()),
+            ));
+            at = m.end();
+        }
+        piece(at, text.len(), &mut tokens)?;
+        let enc = tokenizers::Encoding::from_tokens(tokens, 0);
+        let enc = self
+            .tok
+            .post_process(enc, None, add_special_tokens)
+            .map_err(err)?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The first special token's string written in `text`, if any.
+    pub fn special_in<'t>(&self, text: &'t str) -> Option<&'t str> {
+        let plain = self.plain.get_or_init(|| self.make_plain());
+        let (matcher, _) = plain.specials.as_ref()?;
+        matcher.find(text).map(|m| &text[m.range()])
+    }
+
+    /// The tokenizer with special tokens as text, and the matcher of their strings.
+    fn make_plain(&self) -> Plain {
+        let mut tok = self.tok.clone();
+        tok.set_encode_special_tokens(true);
+        let mut specials: Vec<(u32, String)> = self
+            .tok
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special && !t.content.is_empty())
+            .map(|(id, t)| (id, t.content))
+            .collect();
+        specials.sort();
+        let matcher = aho_corasick::AhoCorasick::builder()
+            .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+            .build(specials.iter().map(|(_, c)| c.as_str()))
+            .ok();
+        Plain {
+            tok,
+            specials: matcher.map(|m| (m, specials.iter().map(|(id, _)| *id).collect())),
+        }
     }
 
     /// The underlying `tokenizers` tokenizer.
