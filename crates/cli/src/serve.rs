@@ -48,6 +48,13 @@ pub struct ServeArgs {
     /// control tokens come from the chat template only.
     #[arg(long)]
     pub parse_special_in_messages: bool,
+    /// `max_tokens` of a request that sets none (default: to the end of the context, or
+    /// `--max-tokens-limit` when set).
+    #[arg(long)]
+    pub default_max_tokens: Option<u64>,
+    /// The largest `max_tokens` a request may ask for; larger: 400 naming `max_tokens`.
+    #[arg(long)]
+    pub max_tokens_limit: Option<u64>,
     /// Requests that may wait for admission; past that, 429.
     #[arg(long, default_value_t = 1024)]
     pub max_waiting: usize,
@@ -118,6 +125,8 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
         prefill_chunk_tokens: a.prefill_chunk_tokens,
         max_waiting: a.max_waiting,
         parse_special_in_messages: a.parse_special_in_messages,
+        default_max_tokens: a.default_max_tokens,
+        max_tokens_limit: a.max_tokens_limit,
         ..defaults
     };
     let engine = match &a.draft_model {

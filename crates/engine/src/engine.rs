@@ -36,8 +36,11 @@ pub struct EngineConfig {
     /// sequence waits for at most this many prompt rows between two of its tokens. With no
     /// sequence decoding, prompts take the whole `max_batch_tokens`.
     pub prefill_chunk_tokens: usize,
-    /// KV cache memory the running sequences may reserve, in bytes. A request reserves room
-    /// for its prompt and `max_tokens` of every sequence at admission.
+    /// KV cache memory the running sequences and the prefix cache may hold, in bytes. A request
+    /// is admitted when its prompt fits (with a block of growth for every running sequence);
+    /// sequences take blocks as they grow, and when the next pass would not fit the request
+    /// holding the most blocks is preempted (its cache recomputed when it resumes). A request
+    /// whose prompt and `max_tokens` (every sequence's) could never fit is refused at submission.
     pub kv_budget_bytes: usize,
     /// Requests that may wait for admission; past that, [`ErrorKind::QueueFull`].
     pub max_waiting: usize,
@@ -48,6 +51,11 @@ pub struct EngineConfig {
     /// control token (`false`, the default: it is ordinary text, and control tokens come from
     /// the chat template only — see [`nextok_model::Model::encode_chat`]).
     pub parse_special_in_messages: bool,
+    /// `max_tokens` of a request that sets none (`None`: to the end of the context).
+    pub default_max_tokens: Option<u64>,
+    /// The largest `max_tokens` a request may ask for (`None`: the context's room); a larger
+    /// one is refused naming `max_tokens`.
+    pub max_tokens_limit: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +68,8 @@ impl Default for EngineConfig {
             max_waiting: 1024,
             prefix_cache_entries: 32,
             parse_special_in_messages: false,
+            default_max_tokens: None,
+            max_tokens_limit: None,
         }
     }
 }
@@ -73,7 +83,8 @@ pub struct EngineStats {
     pub waiting_requests: usize,
     /// Bytes of KV cache blocks alive (running sequences and the prefix cache).
     pub kv_bytes_in_use: usize,
-    /// Bytes of KV cache reserved by running requests.
+    /// Bytes of the KV cache blocks the running sequences hold (a block shared by several
+    /// sequences counts for each): sequences take blocks as they grow.
     pub kv_bytes_reserved: usize,
     /// Prompt tokens of admitted requests, since start.
     pub prompt_tokens: u64,
@@ -87,6 +98,8 @@ pub struct EngineStats {
     pub accepted_draft_tokens: u64,
     /// Forward passes run, since start.
     pub iterations: u64,
+    /// Requests preempted (their cache freed, to be recomputed) to make room, since start.
+    pub preemptions: u64,
 }
 
 /// A request's fixed part, shared by its sequences.
@@ -95,7 +108,6 @@ pub(crate) struct ReqCtx {
     pub(crate) tx: mpsc::UnboundedSender<Event>,
     pub(crate) cancel: Arc<AtomicBool>,
     pub(crate) submitted: Instant,
-    pub(crate) reservation: usize,
 }
 
 pub(crate) struct Queue {
@@ -119,6 +131,7 @@ pub(crate) struct Inner {
     pub(crate) draft_tokens: AtomicU64,
     pub(crate) accepted_draft_tokens: AtomicU64,
     pub(crate) iterations: AtomicU64,
+    pub(crate) preemptions: AtomicU64,
 }
 
 impl Inner {
@@ -181,6 +194,22 @@ impl Engine {
                 ),
             ));
         }
+        for (field, v) in [
+            ("default_max_tokens", config.default_max_tokens),
+            ("max_tokens_limit", config.max_tokens_limit),
+        ] {
+            if v == Some(0) {
+                return Err(EngineError::invalid(field, "must be at least 1"));
+            }
+        }
+        if let (Some(d), Some(l)) = (config.default_max_tokens, config.max_tokens_limit) {
+            if d > l {
+                return Err(EngineError::invalid(
+                    "default_max_tokens",
+                    format!("{d} is over max_tokens_limit ({l})"),
+                ));
+            }
+        }
         if config.prefill_chunk_tokens == 0 {
             return Err(EngineError::invalid(
                 "prefill_chunk_tokens",
@@ -219,6 +248,7 @@ impl Engine {
             draft_tokens: AtomicU64::new(0),
             accepted_draft_tokens: AtomicU64::new(0),
             iterations: AtomicU64::new(0),
+            preemptions: AtomicU64::new(0),
         });
         let run = inner.clone();
         let thread = std::thread::Builder::new()
@@ -264,6 +294,7 @@ impl Engine {
             draft_tokens: i.draft_tokens.load(Ordering::Relaxed),
             accepted_draft_tokens: i.accepted_draft_tokens.load(Ordering::Relaxed),
             iterations: i.iterations.load(Ordering::Relaxed),
+            preemptions: i.preemptions.load(Ordering::Relaxed),
         }
     }
 
@@ -300,7 +331,6 @@ impl Engine {
             tx,
             cancel: cancel.clone(),
             submitted: Instant::now(),
-            reservation,
         });
         {
             let mut q = i.lock();

@@ -194,8 +194,19 @@ impl ModelShared {
         }
         let room = (ctx - prompt_ids.len()) as u64;
         let mut params = req.params.clone();
+        if let (Some(m), Some(limit)) = (params.max_tokens, config.max_tokens_limit) {
+            if m > limit {
+                return Err(EngineError::invalid(
+                    "max_tokens",
+                    format!("{m} is over this server's limit of {limit}"),
+                ));
+            }
+        }
         let max_tokens = match params.max_tokens {
-            None => room,
+            None => match config.default_max_tokens.or(config.max_tokens_limit) {
+                Some(d) => d.min(room),
+                None => room,
+            },
             Some(0) => return Err(EngineError::invalid("max_tokens", "must be at least 1")),
             Some(m) if m > room => {
                 return Err(EngineError::new(

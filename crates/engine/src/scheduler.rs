@@ -2,30 +2,37 @@
 //!
 //! Each iteration:
 //! 1. drops cancelled requests (their cache blocks are freed) and admits waiting ones, oldest
-//!    first, while the running sequences (`max_num_seqs`) and the reserved KV cache
-//!    (`kv_budget_bytes`) have room. An admitted request's prompt starts from the longest prefix
-//!    the prefix cache holds (its blocks are shared, not copied);
-//! 2. plans **one** forward pass: one token for every decoding sequence, then chunks of the
+//!    first (preempted ones before the queue), while the running sequences (`max_num_seqs`) and
+//!    the KV cache (`kv_budget_bytes`) have room: a request needs the blocks of its prompt now,
+//!    not of its whole output — sequences take blocks as they grow. An admitted request's
+//!    prompt starts from the longest prefix the prefix cache holds (its blocks are shared, not
+//!    copied);
+//! 2. makes room for the pass in the KV budget: the prefix cache gives up entries, prompt
+//!    chunks wait, and as a last resort the request holding the most blocks is **preempted**:
+//!    its blocks are freed and it goes back to the front of the queue with its sampler state;
+//!    resumed, it recomputes its prompt and output so far (the model's rows are
+//!    batch-invariant, so its cache and its tokens are exactly those it would have had);
+//! 3. plans **one** forward pass: one token for every decoding sequence, then chunks of the
 //!    prompts being prefilled, up to `max_batch_tokens` rows (and at most
 //!    `prefill_chunk_tokens` prompt rows while any sequence decodes, which bounds the pause a
 //!    long prompt puts between two tokens of a running stream);
-//! 3. runs it, while the constraint masks of the decoding sequences are computed on the other
+//! 4. runs it, while the constraint masks of the decoding sequences are computed on the other
 //!    threads of the pool (a mask depends only on the sequence's state);
-//! 4. samples every row that has logits, rows in parallel, each with its own sampler, state,
+//! 5. samples every row that has logits, rows in parallel, each with its own sampler, state,
 //!    workspace and random stream; a request's `n` sequences fork the prompt's cache when its
 //!    prefill completes;
-//! 5. sends each request its events, finishes sequences, and releases what they reserved.
+//! 6. sends each request its events, finishes sequences, and releases their blocks.
 //!
 //! Because the model's rows are batch-invariant and every sequence owns its random stream, a
 //! request's tokens and step records are the same whatever else runs with it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use nextok_core::{DecoderState, Draw, FinishReason, Layer, Sampler, Workspace};
-use nextok_model::{BatchSeq, LogitRows, Scratch, SeqKv};
+use nextok_model::{BatchSeq, KvGeometry, LogitRows, Scratch, SeqKv};
 use rayon::prelude::*;
 
 use crate::engine::{Inner, ReqCtx};
@@ -40,6 +47,9 @@ enum Phase {
     AwaitFork,
     /// `feed` holds the token to feed (and a draft after it, while one is verified).
     Decode,
+    /// After a preemption: positions `0..done` of `replay` (the prompt and the output so far but
+    /// the pending token) are cached again; then `Decode`.
+    Recompute { done: usize },
 }
 
 struct Seq {
@@ -52,6 +62,8 @@ struct Seq {
     phase: Phase,
     /// The selected token not yet fed, then this iteration's draft.
     feed: Vec<u32>,
+    /// What a preempted sequence feeds again (see [`Phase::Recompute`]); empty otherwise.
+    replay: Vec<u32>,
     generated: usize,
     /// This iteration's steps (several when a draft was accepted).
     outs: Vec<StepOut>,
@@ -99,6 +111,9 @@ struct PrefixEntry {
 struct Scheduler {
     inner: Arc<Inner>,
     running: Vec<Seq>,
+    /// Preempted requests' sequences, in the order the requests were submitted: they are
+    /// admitted again before the queue.
+    preempted: VecDeque<Vec<Seq>>,
     progress: HashMap<u64, Progress>,
     prefix: Vec<PrefixEntry>,
     clock: u64,
@@ -134,6 +149,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
     let mut s = Scheduler {
         inner,
         running: Vec::new(),
+        preempted: VecDeque::new(),
         progress: HashMap::new(),
         prefix: Vec::new(),
         clock: 0,
@@ -156,7 +172,9 @@ pub(crate) fn run(inner: Arc<Inner>) {
 }
 
 impl Scheduler {
-    /// Admits waiting requests; waits while there is nothing to do. `false` on shutdown.
+    /// Admits preempted requests, then waiting ones, in order, while they fit ([`Self::fits`]);
+    /// the first that does not fit waits, and so does everything behind it. Waits while there
+    /// is nothing to do. `false` on shutdown.
     fn admit(&mut self) -> bool {
         let inner = self.inner.clone();
         let mut q = inner.lock();
@@ -170,17 +188,27 @@ impl Scheduler {
                 }
                 return false;
             }
-            while let Some(r) = q.waiting.front() {
+            let mut blocked = false;
+            while let Some(g) = self.preempted.front() {
+                let need: usize = g.iter().map(Seq::blocks_to_resume).sum();
+                if !self.fits(g.len(), need) {
+                    blocked = true;
+                    break;
+                }
+                if let Some(g) = self.preempted.pop_front() {
+                    self.resume(g);
+                }
+            }
+            while let Some(r) = q.waiting.front().filter(|_| !blocked) {
                 if r.cancel.load(Ordering::Relaxed) || r.tx.is_closed() {
                     q.waiting.pop_front();
                     continue;
                 }
-                let n = r.prepared.info.seeds.len();
-                if self.running.len() + n > inner.config.max_num_seqs {
-                    break;
-                }
-                let reserved = inner.reserved_blocks.load(Ordering::Relaxed);
-                if reserved + r.reservation > inner.budget_blocks {
+                let info = &r.prepared.info;
+                let n = info.seeds.len();
+                // the prompt's blocks, and a copy of its last block for every other sequence
+                let need = KvGeometry::blocks_for(info.prompt_ids.len()) + (n - 1);
+                if !self.fits(n, need) {
                     break;
                 }
                 let Some(r) = q.waiting.pop_front() else {
@@ -195,11 +223,212 @@ impl Scheduler {
         }
     }
 
+    /// Whether `seqs` more sequences needing `need` blocks fit now: within `max_num_seqs`, and
+    /// the blocks alive, plus `need`, plus a block of growth for every running sequence, within
+    /// the budget. The prefix cache gives up entries, least recently used first, to make room.
+    /// With nothing running anything fits (a request that could never fit was refused when it
+    /// was submitted).
+    fn fits(&mut self, seqs: usize, need: usize) -> bool {
+        if self.running.len() + seqs > self.inner.config.max_num_seqs {
+            return false;
+        }
+        loop {
+            let alive = self.inner.pool.blocks_in_use();
+            if self.running.is_empty()
+                || alive + need + self.running.len() <= self.inner.budget_blocks
+            {
+                return true;
+            }
+            if !self.evict_prefix_entry() {
+                return false;
+            }
+        }
+    }
+
+    /// Drops the least recently used prefix-cache entry; `false` when the cache is empty.
+    fn evict_prefix_entry(&mut self) -> bool {
+        match self.prefix.iter().enumerate().min_by_key(|(_, e)| e.used) {
+            Some((i, _)) => {
+                self.prefix.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Makes room in the KV budget for the next pass: the blocks its rows may need (every
+    /// decoding sequence's token and longest draft, then the prompt chunks in plan order) must
+    /// fit beside the blocks alive. Frees prefix-cache entries first, then holds the prompt
+    /// chunks back (while some sequence decodes), then preempts the request holding the most
+    /// blocks (the latest among equals) — never the last one running. Returns how many prompt
+    /// rows the pass may take.
+    fn make_room(&mut self) -> usize {
+        let budget = self.inner.budget_blocks;
+        let mut prefill_ok = true;
+        loop {
+            let (need, rows) = self.pass_bound(prefill_ok);
+            if self.inner.pool.blocks_in_use() + need <= budget {
+                return rows;
+            }
+            if self.evict_prefix_entry() {
+                continue;
+            }
+            let decoding = self
+                .running
+                .iter()
+                .any(|s| matches!(s.phase, Phase::Decode));
+            if prefill_ok && decoding && rows > 0 {
+                prefill_ok = false;
+                continue;
+            }
+            // the request holding the most blocks
+            let mut held: Vec<(u64, usize, Arc<ReqCtx>)> = Vec::new();
+            for s in &self.running {
+                let id = s.req.prepared.info.id;
+                match held.iter_mut().find(|h| h.0 == id) {
+                    Some(h) => h.1 += s.kv.blocks(),
+                    None => held.push((id, s.kv.blocks(), s.req.clone())),
+                }
+            }
+            if held.len() < 2 {
+                return rows;
+            }
+            let Some(victim) = held.into_iter().max_by_key(|h| (h.1, h.0)).map(|h| h.2) else {
+                return rows;
+            };
+            self.preempt(&victim);
+        }
+    }
+
+    /// An upper bound of the blocks the next pass's rows need, and the prompt rows it plans
+    /// (none unless `prefill`), computed as [`Self::iteration`] plans.
+    fn pass_bound(&self, prefill: bool) -> (usize, usize) {
+        let budget = self.inner.config.max_batch_tokens;
+        let mut used = 0;
+        let mut need = 0;
+        for s in &self.running {
+            if matches!(s.phase, Phase::Decode) {
+                let rows = 1 + s.spec.as_ref().map_or(0, |sp| sp.options.max_draft);
+                need += s.kv.blocks_to_write(rows);
+                used += rows;
+            }
+        }
+        if !prefill {
+            return (need, 0);
+        }
+        let mut left_rows = if used > 0 {
+            budget
+                .saturating_sub(used)
+                .min(self.inner.config.prefill_chunk_tokens)
+        } else {
+            budget
+        };
+        let mut rows = 0;
+        for s in &self.running {
+            let left = match s.phase {
+                Phase::Prefill { done } => s.req.prepared.info.prompt_ids.len() - done,
+                Phase::Recompute { done } => s.replay.len() - done,
+                _ => continue,
+            };
+            let take = left.min(left_rows);
+            left_rows -= take;
+            rows += take;
+            need += s.kv.blocks_to_write(take);
+        }
+        (need, rows)
+    }
+
+    /// Takes request `r`'s sequences out of the batch and frees their blocks; they wait in
+    /// [`Scheduler::preempted`] with their sampler state, to recompute their cache when
+    /// admitted again.
+    fn preempt(&mut self, r: &Arc<ReqCtx>) {
+        let mut group = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() {
+            if Arc::ptr_eq(&self.running[i].req, r) {
+                group.push(self.running.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        for s in &mut group {
+            s.phase = match s.phase {
+                Phase::Decode => {
+                    let prompt = &s.req.prepared.info.prompt_ids;
+                    let out = s.state.selected_ids();
+                    s.replay.clear();
+                    s.replay.extend_from_slice(prompt);
+                    // the pending token (the last selected) is fed when decoding resumes
+                    s.replay
+                        .extend_from_slice(&out[..out.len().saturating_sub(1)]);
+                    debug_assert_eq!(s.replay.len(), s.kv.len());
+                    Phase::Recompute { done: 0 }
+                }
+                Phase::Recompute { .. } => Phase::Recompute { done: 0 },
+                Phase::Prefill { .. } => Phase::Prefill { done: 0 },
+                Phase::AwaitFork => Phase::AwaitFork,
+            };
+            s.kv = self.inner.pool.sequence();
+            s.feed.truncate(1);
+            if let Some(sp) = &mut s.spec {
+                sp.draft.clear();
+            }
+        }
+        let id = r.prepared.info.id;
+        let at = self
+            .preempted
+            .iter()
+            .position(|g| g.first().is_some_and(|s| s.req.prepared.info.id > id))
+            .unwrap_or(self.preempted.len());
+        self.preempted.insert(at, group);
+        self.inner.preemptions.fetch_add(1, Ordering::Relaxed);
+        self.publish();
+    }
+
+    /// Puts a preempted request's sequences back in the batch: each starts again from the
+    /// longest prefix the prefix cache holds.
+    fn resume(&mut self, group: Vec<Seq>) {
+        for mut s in group {
+            match s.phase {
+                Phase::Prefill { .. } => {
+                    let (kv, done) = self
+                        .lookup(&s.req.prepared.info.prompt_ids)
+                        .unwrap_or_else(|| (self.inner.pool.sequence(), 0));
+                    s.kv = kv;
+                    s.phase = Phase::Prefill { done };
+                }
+                Phase::Recompute { .. } => {
+                    let (kv, done) = match s.replay.len() {
+                        0 => (self.inner.pool.sequence(), 0),
+                        _ => {
+                            let replay = std::mem::take(&mut s.replay);
+                            let found = self.lookup(&replay);
+                            s.replay = replay;
+                            found.unwrap_or_else(|| (self.inner.pool.sequence(), 0))
+                        }
+                    };
+                    s.kv = kv;
+                    s.phase = Phase::Recompute { done };
+                }
+                Phase::Decode | Phase::AwaitFork => {}
+            }
+            self.running.push(s);
+        }
+        self.publish();
+    }
+
+    /// Publishes the running sequences and the blocks they hold (a shared block counts for
+    /// every sequence that holds it) to the engine's counters.
+    fn publish(&self) {
+        self.inner
+            .running_seqs
+            .store(self.running.len(), Ordering::Relaxed);
+        let held: usize = self.running.iter().map(|s| s.kv.blocks()).sum();
+        self.inner.reserved_blocks.store(held, Ordering::Relaxed);
+    }
+
     fn start(&mut self, r: Arc<ReqCtx>) {
         let inner = self.inner.clone();
-        inner
-            .reserved_blocks
-            .fetch_add(r.reservation, Ordering::Relaxed);
         let info = &r.prepared.info;
         let prompt = &info.prompt_ids;
         let (kv, cached) = match self.lookup(prompt) {
@@ -252,6 +481,7 @@ impl Scheduler {
                     Phase::AwaitFork
                 },
                 feed: Vec::with_capacity(1 + r.prepared.speculative.map_or(0, |o| o.max_draft)),
+                replay: Vec::new(),
                 generated: 0,
                 outs: Vec::new(),
                 err: None,
@@ -275,9 +505,7 @@ impl Scheduler {
                 accepted: 0,
             });
         }
-        inner
-            .running_seqs
-            .store(self.running.len(), Ordering::Relaxed);
+        self.publish();
     }
 
     /// The longest cached prefix of `prompt` (at most all but its last token, whose logits
@@ -327,22 +555,30 @@ impl Scheduler {
     /// Drops prefix-cache entries, oldest first, while the cache blocks alive exceed the
     /// budget.
     fn trim_prefix_cache(&mut self) {
-        while self.inner.pool.blocks_in_use() > self.inner.budget_blocks && !self.prefix.is_empty()
-        {
-            if let Some((i, _)) = self.prefix.iter().enumerate().min_by_key(|(_, e)| e.used) {
-                self.prefix.swap_remove(i);
+        while self.inner.pool.blocks_in_use() > self.inner.budget_blocks {
+            if !self.evict_prefix_entry() {
+                break;
             }
         }
     }
 
     fn drop_cancelled(&mut self) {
         let mut gone: Vec<Arc<ReqCtx>> = Vec::new();
+        let cancelled = |r: &ReqCtx| r.cancel.load(Ordering::Relaxed) || r.tx.is_closed();
         self.running.retain(|s| {
-            let c = s.req.cancel.load(Ordering::Relaxed) || s.req.tx.is_closed();
+            let c = cancelled(&s.req);
             if c && !gone.iter().any(|g| Arc::ptr_eq(g, &s.req)) {
                 gone.push(s.req.clone());
             }
             !c
+        });
+        self.preempted.retain(|g| match g.first() {
+            Some(s) if cancelled(&s.req) => {
+                gone.push(s.req.clone());
+                false
+            }
+            Some(_) => true,
+            None => false,
         });
         for r in gone {
             self.release(&r);
@@ -350,24 +586,24 @@ impl Scheduler {
     }
 
     fn release(&mut self, r: &ReqCtx) {
-        if self.progress.remove(&r.prepared.info.id).is_some() {
-            self.inner
-                .reserved_blocks
-                .fetch_sub(r.reservation, Ordering::Relaxed);
-        }
-        self.inner
-            .running_seqs
-            .store(self.running.len(), Ordering::Relaxed);
+        self.progress.remove(&r.prepared.info.id);
+        self.publish();
     }
 
     /// Ends request `r` with `e` and removes its sequences.
     fn fail(&mut self, r: &Arc<ReqCtx>, e: EngineError) {
         let _ = r.tx.send(Event::Error(e));
         self.running.retain(|s| !Arc::ptr_eq(&s.req, r));
+        self.preempted
+            .retain(|g| g.first().is_some_and(|s| !Arc::ptr_eq(&s.req, r)));
         self.release(r);
     }
 
     fn iteration(&mut self) {
+        let prefill_rows = self.make_room();
+        if self.running.is_empty() {
+            return;
+        }
         let budget = self.inner.config.max_batch_tokens;
         // 1. plan: decode rows first, then prompt chunks
         let mut bufs = std::mem::take(&mut self.bufs);
@@ -412,14 +648,17 @@ impl Scheduler {
                 .min(self.inner.config.prefill_chunk_tokens)
         } else {
             budget
-        };
+        }
+        .min(prefill_rows);
         for (i, s) in self.running.iter().enumerate() {
-            if let Phase::Prefill { done } = s.phase {
-                let left = s.req.prepared.info.prompt_ids.len() - done;
-                let take = left.min(prefill);
-                prefill -= take;
-                plan[i] = take;
-            }
+            let left = match s.phase {
+                Phase::Prefill { done } => s.req.prepared.info.prompt_ids.len() - done,
+                Phase::Recompute { done } => s.replay.len() - done,
+                _ => continue,
+            };
+            let take = left.min(prefill);
+            prefill -= take;
+            plan[i] = take;
         }
         // 2. one forward pass, the masks of decoding rows computed alongside
         let mut batch: Vec<BatchSeq<'_>> = recycle(std::mem::take(&mut bufs.batch));
@@ -436,6 +675,7 @@ impl Scheduler {
                 phase,
                 feed,
                 state,
+                replay,
                 ..
             } = s;
             let (tokens, logits): (&[u32], LogitRows) = match phase {
@@ -460,6 +700,8 @@ impl Scheduler {
                     };
                     (&ids[*done..end], rows)
                 }
+                // the pending token was selected before the preemption: no logits
+                Phase::Recompute { done } => (&replay[*done..*done + plan[i]], LogitRows::None),
                 Phase::AwaitFork => continue,
             };
             owner.push(i);
@@ -510,12 +752,22 @@ impl Scheduler {
         completed.clear();
         for (k, &i) in owner.iter().enumerate() {
             let s = &mut self.running[i];
-            if let Phase::Prefill { done } = &mut s.phase {
-                *done += plan[i];
-                if *done == s.req.prepared.info.prompt_ids.len() {
-                    s.phase = Phase::Decode;
-                    completed.push(i);
+            match &mut s.phase {
+                Phase::Prefill { done } => {
+                    *done += plan[i];
+                    if *done == s.req.prepared.info.prompt_ids.len() {
+                        s.phase = Phase::Decode;
+                        completed.push(i);
+                    }
                 }
+                Phase::Recompute { done } => {
+                    *done += plan[i];
+                    if *done == s.replay.len() {
+                        s.phase = Phase::Decode;
+                        s.replay = Vec::new();
+                    }
+                }
+                _ => {}
             }
             if nrows[k] > 0 {
                 row_of[i] = Some((r, nrows[k]));
@@ -657,15 +909,18 @@ impl Scheduler {
             }
             self.release(&req);
         }
-        self.inner
-            .running_seqs
-            .store(self.running.len(), Ordering::Relaxed);
+        self.publish();
         self.trim_prefix_cache();
         self.bufs = bufs;
     }
 
     fn shutdown(&mut self) {
-        let reqs: Vec<Arc<ReqCtx>> = self.running.iter().map(|s| s.req.clone()).collect();
+        let reqs: Vec<Arc<ReqCtx>> = self
+            .running
+            .iter()
+            .chain(self.preempted.iter().flatten())
+            .map(|s| s.req.clone())
+            .collect();
         for r in reqs {
             if self.progress.contains_key(&r.prepared.info.id) {
                 self.fail(
@@ -679,6 +934,18 @@ impl Scheduler {
 }
 
 impl Seq {
+    /// The blocks a preempted sequence needs to be admitted again: its prompt, or its prompt
+    /// and output so far (a forked one waits for the first).
+    fn blocks_to_resume(&self) -> usize {
+        match self.phase {
+            Phase::Prefill { .. } => {
+                KvGeometry::blocks_for(self.req.prepared.info.prompt_ids.len())
+            }
+            Phase::Recompute { .. } => KvGeometry::blocks_for(self.replay.len()),
+            Phase::Decode | Phase::AwaitFork => 0,
+        }
+    }
+
     /// Steps through `count` rows of logits (`count > 1`: the pending token and a draft were
     /// fed): each row's selection is an output; the next row is used only while the selection
     /// equals the drafted token that row was computed after. Then the cache keeps the

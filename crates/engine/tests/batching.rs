@@ -1,7 +1,8 @@
 //! Continuous batching on the real model (SmolLM2-135M-Instruct, from the test data): a
 //! request's tokens and step records are the same alone and in any batch, whenever it arrives;
-//! `n` sequences equal single runs; the prefix cache changes nothing but the time; bad input
-//! fails alone.
+//! `n` sequences equal single runs; the prefix cache changes nothing but the time; a preempted
+//! request recomputes its cache and changes no token; long streams take the cache as they
+//! grow; bad input fails alone.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -344,6 +345,21 @@ fn an_engine_config_that_cannot_schedule_is_refused_by_field() {
             },
             "kv_budget_bytes",
         ),
+        (
+            EngineConfig {
+                default_max_tokens: Some(0),
+                ..Default::default()
+            },
+            "default_max_tokens",
+        ),
+        (
+            EngineConfig {
+                default_max_tokens: Some(100),
+                max_tokens_limit: Some(10),
+                ..Default::default()
+            },
+            "default_max_tokens",
+        ),
     ];
     for (config, field) in bad {
         let Err(e) = Engine::new(m.clone(), config) else {
@@ -435,4 +451,133 @@ fn the_trace_header_records_the_schema_mode_and_report() {
     assert_eq!(Some(spec), req.constraint);
     assert_eq!(p.info.validate_output("[1, 2]").unwrap().valid, Some(true));
     assert_eq!(p.info.validate_output("[1, 1]").unwrap().valid, Some(false));
+}
+
+/// The bytes of one KV cache block of the test model.
+fn block_bytes(m: &Model) -> usize {
+    let c = &m.weights.config;
+    nextok_model::KvGeometry {
+        n_layer: c.n_layer,
+        n_kv_head: c.n_kv_head,
+        head_dim: c.head_dim,
+    }
+    .block_bytes()
+}
+
+/// With a KV budget that cannot hold every running sequence at its full length, the engine
+/// preempts (frees a request's cache and recomputes it when the request resumes) instead of
+/// stopping: every request, `n = 2` and a constrained one among them, still gives exactly its
+/// solo run's tokens and records.
+#[test]
+fn preempted_requests_recompute_and_change_no_token() {
+    let Some(m) = model() else { return };
+    let blocks = 14;
+    let engine = Engine::new(
+        m.clone(),
+        EngineConfig {
+            kv_budget_bytes: blocks * block_bytes(&m),
+            max_batch_tokens: 96,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let reqs: Vec<GenerateRequest> = (0..4)
+        .map(|i| {
+            let mut r = request(i, 300 + i as u64, 64, 0.9, i == 3);
+            r.params.ignore_eos = true;
+            if i == 1 {
+                r.n = 2;
+            }
+            r
+        })
+        .collect();
+    let alone: Vec<_> = reqs.iter().map(|r| solo(&engine, r)).collect();
+    assert_eq!(engine.stats().preemptions, 0, "a request alone always fits");
+    let batched = together(&engine, &reqs, &[0, 0, 1, 2]);
+    for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
+        assert_eq!(a, b, "request {i} differs after preemption");
+    }
+    let st = engine.stats();
+    assert!(st.preemptions > 0, "the budget never ran out: {st:?}");
+    assert_eq!(st.running_seqs, 0);
+    assert_eq!(st.kv_bytes_reserved, 0);
+    assert!(st.kv_bytes_in_use <= blocks * block_bytes(&m), "{st:?}");
+}
+
+/// Requests without `max_tokens` (to the end of the context) take cache blocks as they grow
+/// instead of reserving the whole context at admission, so they do not hold back a short
+/// request that arrives after them.
+#[test]
+fn long_streams_do_not_hold_back_a_short_request() {
+    let Some(m) = model() else { return };
+    let ctx = m.weights.config.context_length;
+    // room for two whole contexts and a little: the third stream (and the short request
+    // behind it) used to wait for one of the first two to end
+    let per_ctx = ctx.div_ceil(16);
+    let engine = Engine::new(
+        m.clone(),
+        EngineConfig {
+            kv_budget_bytes: (2 * per_ctx + per_ctx / 4) * block_bytes(&m),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut hogs = Vec::new();
+    for i in 0..3 {
+        let mut r = request(i, 400 + i as u64, 1, 0.9, false);
+        r.params.max_tokens = None;
+        r.params.ignore_eos = true;
+        r.records = None;
+        hogs.push(engine.submit(r).expect("a long stream is accepted"));
+    }
+    let mut short = request(2, 7, 4, 0.0, false);
+    short.records = None;
+    let t0 = Instant::now();
+    let mut h = engine.submit(short).expect("submit");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(h.collect_all());
+    });
+    let c = match rx.recv_timeout(Duration::from_secs(180)) {
+        Ok(c) => c.expect("the short request is answered"),
+        Err(_) => {
+            drop(hogs);
+            panic!("the short request got no answer in 180 s beside 3 long streams");
+        }
+    };
+    assert_eq!(c.sequences[0].tokens.len(), 4);
+    // ... while the three streams are still running
+    let st = engine.stats();
+    assert_eq!(st.running_seqs, 3, "{st:?}");
+    assert_eq!(st.waiting_requests, 0, "{st:?}");
+    eprintln!(
+        "the short request finished in {:.1} s beside 3 streams",
+        t0.elapsed().as_secs_f64()
+    );
+    drop(hogs);
+}
+
+/// A server's `max_tokens` default applies to requests that set none, and its limit refuses
+/// larger ones by field.
+#[test]
+fn the_max_tokens_default_and_limit_are_the_engines() {
+    let Some(m) = model() else { return };
+    let engine = Engine::new(
+        m,
+        EngineConfig {
+            default_max_tokens: Some(3),
+            max_tokens_limit: Some(5),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut r = request(0, 1, 1, 0.0, false);
+    r.params.max_tokens = None;
+    r.params.ignore_eos = true;
+    assert_eq!(engine.prepare(&r).unwrap().info.max_tokens, 3);
+    r.params.max_tokens = Some(5);
+    assert_eq!(engine.prepare(&r).unwrap().info.max_tokens, 5);
+    r.params.max_tokens = Some(6);
+    let e = engine.prepare(&r).unwrap_err();
+    assert_eq!(e.field(), Some("max_tokens"), "{e}");
 }

@@ -209,6 +209,20 @@ impl SeqKv {
         Ok(())
     }
 
+    /// The blocks [`prepare_write`](Self::prepare_write) would allocate to make `n` more
+    /// positions writable: the new ones, and a copy of each shared block among them.
+    pub fn blocks_to_write(&self, n: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        let first = self.len / BLOCK_POSITIONS;
+        let need = KvGeometry::blocks_for(self.len + n);
+        let copies = (first..need.min(self.blocks.len()))
+            .filter(|&b| Arc::strong_count(&self.blocks[b]) > 1)
+            .count();
+        need.saturating_sub(self.blocks.len()) + copies
+    }
+
     /// Makes positions `len..len + n` writable: allocates the blocks they need and copies any
     /// shared block among them. Nothing is written and the length does not change.
     pub(crate) fn prepare_write(&mut self, n: usize) -> Result<()> {
@@ -306,7 +320,12 @@ mod tests {
         let mut b = a.clone();
         assert_eq!(pool.blocks_in_use(), 2);
         assert!(a.same_block(&b, 0) && a.same_block(&b, 1));
+        assert_eq!(b.blocks_to_write(0), 0);
+        assert_eq!(b.blocks_to_write(1), 1);
+        assert_eq!(b.blocks_to_write(13), 2);
+        let before = pool.blocks_in_use();
         b.prepare_write(1).unwrap();
+        assert_eq!(pool.blocks_in_use() - before, 1);
         // the partially filled last block is copied, the full first one stays shared
         assert_eq!(pool.blocks_in_use(), 3);
         assert!(a.same_block(&b, 0) && !a.same_block(&b, 1));

@@ -169,6 +169,12 @@ impl Metrics {
             "Forward passes run.",
             e.iterations,
         );
+        counter(
+            &mut s,
+            "nextok_engine_preemptions_total",
+            "Requests preempted to make room in the KV cache (recomputed when resumed).",
+            e.preemptions,
+        );
         gauge(
             &mut s,
             "nextok_running_sequences",
@@ -190,7 +196,7 @@ impl Metrics {
         gauge(
             &mut s,
             "nextok_kv_bytes_reserved",
-            "Bytes of KV cache reserved by running requests.",
+            "Bytes of KV cache blocks the running sequences hold (shared blocks once per sequence).",
             e.kv_bytes_reserved,
         );
         i.ttft.write(

@@ -6,7 +6,8 @@ Usage: hostile_client.py NEXTOK_BINARY MODEL.gguf
 Starts the server on an ephemeral 127.0.0.1 port with two API keys and short read timeouts,
 then tries what a hostile client would: sequence counts that would size memory by the input,
 an `accepted` list longer than the context, control tokens written in a message, headers and bodies sent too slowly, storms of
-streams that disconnect, guessing another client's trace id. Throughout, `/health` answers, a
+streams that disconnect, streams that would hold the whole KV cache, guessing another client's
+trace id. Throughout, `/health` answers, a
 fixed greedy request returns the same text, and the server's resident memory stays under a
 bound. Every loop is bounded in count and time; all traffic goes to 127.0.0.1. Prints
 `N passed, M failed`.
@@ -28,6 +29,8 @@ KEY = "hostile-key-" + str(os.getpid())
 OTHER_KEY = "other-key-" + str(os.getpid())
 HEADER_TIMEOUT = 2
 BODY_TIMEOUT = 2
+# streams to the end of the context at once (the default KV budget held 22 such reservations)
+HOGS = 32
 # the server's resident memory may grow by at most this much over the whole run (MiB)
 RSS_GROWTH_MB = 512
 
@@ -234,6 +237,41 @@ def test_disconnect_storm_frees_every_sequence():
     still_serving()
 
 
+def test_long_streams_do_not_starve_a_normal_request():
+    # streams without max_tokens, to the end of the context: each used to reserve the whole
+    # context at admission, so a few of them held every later request back
+    body = json.dumps({"prompt": "Write a very long story.", "temperature": 0.8,
+                       "ignore_eos": True, "stream": True}).encode()
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {KEY}\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode()
+    hogs = []
+    try:
+        for _ in range(HOGS):
+            s = socket.create_connection(("127.0.0.1", SERVER.port), timeout=60)
+            s.sendall(head + body)
+            hogs.append(s)
+        for s in hogs:
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        t0 = time.time()
+        assert greedy_text() == STATE["greedy"]
+        took = time.time() - t0
+        running = SERVER.metric("nextok_running_sequences")
+        print(f"     a normal request answered in {took:.1f} s beside {HOGS} streams "
+              f"({running:.0f} sequences running)", file=sys.stderr)
+        assert running >= HOGS, running
+        assert took < 60, took
+    finally:
+        for s in hogs:
+            s.close()
+    deadline = time.time() + 60
+    while SERVER.metric("nextok_running_sequences") != 0:
+        assert time.time() < deadline, "the streams were not freed"
+        time.sleep(0.2)
+    still_serving()
+
+
 def test_memory_stayed_bounded():
     still_serving()
     rss0, peak = STATE.get("rss0"), STATE.get("peak_rss")
@@ -253,6 +291,7 @@ TESTS = [
     test_slow_body_is_a_408,
     test_trace_ids_are_unguessable_and_belong_to_their_key,
     test_disconnect_storm_frees_every_sequence,
+    test_long_streams_do_not_starve_a_normal_request,
     test_memory_stayed_bounded,
 ]
 test_reference_answer.always = True
