@@ -1,12 +1,12 @@
 // The decoding ledger page: five sections, each drawing what nextok answers.
-//  1. the distribution ledger      POST /v1/explain (a step request: logits given as data)
-//  2. constraints                  POST /v1/explain (the same vocabulary, four fixed cases)
+//  1. the distribution ledger      POST /v1/explain/cases (a step request: logits given as data)
+//  2. constraints                  POST /v1/explain/cases (the same vocabulary, four fixed cases)
 //  3. beam search                  POST /v1/explain/beam
 //  4. random streams               POST /v1/explain/streams
 //  5. the real model               POST /v1/explain (a prompt: the model's next step)
 
 import {
-  post, latest, prob, logit, num, showToken, h, probCell, yesNo, errorText, toast, slider,
+  post, explainCases, explainStep, latest, prob, logit, num, showToken, h, probCell, yesNo, errorText, toast, slider,
   debounce, stages,
 } from "./util.js";
 
@@ -94,14 +94,14 @@ const runDist = latest(async () => {
   const order = $("order").value;
   let note = null;
   try {
-    let out = await post("/v1/explain", req);
+    let out = await explainStep(req);
     if (order !== "reference") {
       const r = reorder(out.pipeline, order);
       if (r.why) {
         note = r.why;
       } else {
         const custom = { ...req, pipeline: r.pipeline, params: req.params.constraint ? { constraint: req.params.constraint } : {} };
-        out = await post("/v1/explain", custom);
+        out = await explainStep(custom);
       }
     }
     return { out, note };
@@ -261,7 +261,13 @@ const CON_CASES = [
 async function initConstraints() {
   const tbody = $("con-table").querySelector("tbody");
   const v = VOCABS.teach;
-  const results = await Promise.all(CON_CASES.map((c) => post("/v1/explain", c.req).then((out) => ({ out }), (error) => ({ error }))));
+  // one call: each case is answered as /v1/explain answers it, the designed failure included
+  let results;
+  try {
+    results = await explainCases(CON_CASES.map((c) => c.req));
+  } catch (error) {
+    results = CON_CASES.map(() => ({ error }));
+  }
   tbody.replaceChildren();
   CON_CASES.forEach((c, i) => {
     const r = results[i];

@@ -33,6 +33,24 @@ export async function post(path, body) {
   }
 }
 
+/**
+ * Step requests through `/v1/explain/cases`: one call, one answer per request, each what
+ * `/v1/explain` answers for it alone. Resolves to `[{out} | {error}]`: a step the engine refuses
+ * (a designed failure such as top-k before the grammar mask) is an ApiError in the list, not a
+ * failed request. Rejects only when the call itself fails.
+ */
+export async function explainCases(reqs) {
+  const res = await post("/v1/explain/cases", { cases: reqs });
+  return res.cases.map((c) => (c.status === 200 ? { out: c.answer } : { error: new ApiError(c.status, c) }));
+}
+
+/** One step request through `explainCases`: resolves to its answer, rejects with its error. */
+export async function explainStep(req) {
+  const [r] = await explainCases([req]);
+  if (r.error) throw r.error;
+  return r.out;
+}
+
 /** Runs `fn` for the latest call only: earlier answers that arrive late are dropped. */
 export function latest(fn) {
   let gen = 0;

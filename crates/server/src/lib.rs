@@ -10,8 +10,10 @@
 //! * `POST /v1/explain` — `nextok explain`'s request and `--json` response, or, given a
 //!   `prompt` or `messages`, the ledger of the model's next step (after the output tokens in
 //!   `accepted`, when given);
-//! * `POST /v1/explain/beam`, `POST /v1/explain/streams` — beam search on a probability tree,
-//!   random-stream scheduling (the ledger page's demonstrations, see [`page`]);
+//! * `POST /v1/explain/cases` — step requests, each answered as `/v1/explain` answers it (its
+//!   typed failure included) inside one 200 answer; `POST /v1/explain/beam`,
+//!   `POST /v1/explain/streams` — beam search on a probability tree, random-stream scheduling
+//!   (the ledger page's demonstrations, see [`page`]);
 //! * `GET /` — the decoding ledger page, `GET /assets/{file}` its files (see [`page`]);
 //! * `GET /v1/traces/{id}` — the JSON Lines trace of a request run with `nextok.trace: true`,
 //!   as `nextok replay` reads it.
@@ -195,6 +197,7 @@ pub fn router(engine: Arc<Engine>, config: ServerConfig) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/explain", post(explain))
+        .route("/v1/explain/cases", post(page::cases))
         .route("/v1/explain/beam", post(page::beam))
         .route("/v1/explain/streams", post(page::streams))
         .route("/v1/traces/{id}", get(trace))
@@ -293,6 +296,7 @@ fn endpoint_name(path: &str) -> &'static str {
         "/v1/completions" => "completions",
         "/v1/models" => "models",
         "/v1/explain" => "explain",
+        "/v1/explain/cases" => "explain_cases",
         "/v1/explain/beam" => "explain_beam",
         "/v1/explain/streams" => "explain_streams",
         "/" => "page",

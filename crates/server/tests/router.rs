@@ -877,3 +877,33 @@ async fn the_model_step_after_accepted_tokens_is_the_generations_step() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
     assert_eq!(out["error"]["param"], "accepted");
 }
+
+/// `/v1/explain/cases` answers every case as `/v1/explain` would, a case's failure included,
+/// inside one 200 answer (the ledger page's designed failures are answers, not failed requests).
+#[tokio::test]
+async fn explain_cases_answer_each_case_as_explain_does() {
+    let Some((app, _)) = app() else { return };
+    let good: Value =
+        serde_json::from_str(include_str!("../../../examples/hand_computation.json")).unwrap();
+    let mut bad = good.clone();
+    bad["params"]["temperature"] = json!(-1.0);
+    let (status, _, one) = call(&app, post("/v1/explain", &good)).await;
+    assert_eq!(status, StatusCode::OK);
+    let (bad_status, _, bad_alone) = call(&app, post("/v1/explain", &bad)).await;
+    assert_eq!(bad_status, StatusCode::BAD_REQUEST);
+    let (status, _, v) = call(
+        &app,
+        post("/v1/explain/cases", &json!({"cases": [good, bad]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["cases"][0]["status"], 200);
+    assert_eq!(v["cases"][0]["answer"], one);
+    assert_eq!(v["cases"][1]["status"], 400);
+    assert_eq!(v["cases"][1]["error"], bad_alone["error"]);
+    // the call itself: a list of at most 16
+    let many: Vec<Value> = (0..17).map(|_| json!({})).collect();
+    let (status, _, v) = call(&app, post("/v1/explain/cases", &json!({"cases": many}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["param"], "cases");
+}
