@@ -123,6 +123,18 @@ fn spec(a: &ConstrainArgs) -> Result<ConstraintSpec, CliError> {
     }
 }
 
+/// The flag that gives a constraint of `spec`'s kind.
+fn flag(spec: &ConstraintSpec) -> &'static str {
+    match spec {
+        ConstraintSpec::JsonSchema { .. } => "--json-schema",
+        ConstraintSpec::Regex { .. } => "--regex",
+        ConstraintSpec::Choice { .. } => "--choice",
+        ConstraintSpec::Grammar { .. } => "--grammar",
+        ConstraintSpec::Gbnf { .. } => "--gbnf",
+        ConstraintSpec::Json { .. } => "--json",
+    }
+}
+
 /// Runs `nextok constrain`; rejection exits with status 1 directly.
 pub fn run(a: ConstrainArgs) -> Result<(), CliError> {
     let spec = spec(&a)?;
@@ -130,7 +142,10 @@ pub fn run(a: ConstrainArgs) -> Result<(), CliError> {
     let enc = Encoder::from_tokenizer_json_file(&a.tokenizer)?;
     let cv = ConstraintVocab::new(&v.bytes, &v.info)?;
     let engine = ConstraintEngine::new(Arc::new(cv))?;
-    let compiled = engine.compile(&spec)?;
+    // the error names the flag that gave the constraint (and quotes only an excerpt of it)
+    let compiled = engine
+        .compile(&spec)
+        .map_err(|e| CliError::context(flag(&spec), e))?;
     // JSON: `\uXXXX` escapes of ordinary characters (as `json.dumps` writes them) are checked
     // as the characters themselves, the spelling the mask generates
     let text = match spec {

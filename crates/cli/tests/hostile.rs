@@ -347,3 +347,195 @@ fn field_paths_name_fields_not_internals() {
     let o = nextok_stdin(&["explain", "no-such-request.json"], b"");
     fails_with(&o, &["no-such-request.json"]);
 }
+
+/// A byte-level tokenizer whose tokens are the printable ASCII bytes, plus `</s>`.
+fn ascii_tokenizer_file() -> String {
+    let mut vocab = serde_json::Map::new();
+    for (id, b) in (0x20u8..0x7f).enumerate() {
+        // GPT-2's byte-to-unicode map for printable ASCII: space is `Ġ`
+        let c = if b == b' ' { 'Ġ' } else { b as char };
+        vocab.insert(c.to_string(), id.into());
+    }
+    let json = json!({
+        "version": "1.0",
+        "added_tokens": [{"id": 95, "content": "</s>", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+                          "use_regex": false},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+                    "use_regex": false},
+        "model": {"type": "BPE", "vocab": vocab, "merges": []}
+    });
+    scratch_file("ascii-tokenizer.json", &json.to_string())
+}
+
+fn scratch_file(name: &str, data: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("nextok-hostile-c-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, data).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+#[test]
+fn a_long_ref_chain_is_checked_without_overflowing_the_stack() {
+    // 1,500 definitions, each a `$ref` to the next: `nextok constrain` aborted (SIGABRT,
+    // stack overflow) building the validator for the check after generation on its main thread
+    let mut defs = serde_json::Map::new();
+    for i in 0..1_499 {
+        defs.insert(
+            format!("d{i}"),
+            json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+        );
+    }
+    defs.insert("d1499".into(), json!({"type": "integer"}));
+    let schema = json!({"$defs": defs, "$ref": "#/$defs/d0"});
+    let s = scratch_file("ref-chain.json", &schema.to_string());
+    let t = ascii_tokenizer_file();
+    for (input, code, said) in [
+        ("12", 0, "schema check: valid"),
+        ("\"x\"", 1, "is not of type \"integer\""),
+    ] {
+        let o = nextok_stdin(
+            &[
+                "constrain",
+                "--tokenizer",
+                &t,
+                "--json-schema",
+                &s,
+                "--text",
+                input,
+            ],
+            b"",
+        );
+        let (out, err) = (text(&o.stdout), text(&o.stderr));
+        assert_eq!(o.status.code(), Some(code), "{input}: {out}{err}");
+        assert!(out.contains(said), "{input}: {out}{err}");
+    }
+}
+
+/// `depth` levels of `key` around an integer.
+fn nested_schema(key: &str, depth: usize) -> Value {
+    let mut s = json!({"type": "integer"});
+    for _ in 0..depth {
+        s = match key {
+            "items" => json!({"type": "array", "items": s}),
+            "additionalProperties" => json!({"type": "object", "additionalProperties": s}),
+            _ => json!({"type": "object", "properties": {"a": s}, "required": ["a"]}),
+        };
+    }
+    s
+}
+
+#[test]
+fn deep_schemas_are_refused_naming_the_flag_and_the_limit() {
+    // these grew the process by 0.5 to 1 GB (the check after generation's validator), and a
+    // server by as much again for each differently shaped schema, never given back
+    let t = ascii_tokenizer_file();
+    for (key, depth) in [
+        ("properties", 60),
+        ("items", 100),
+        ("additionalProperties", 100),
+        ("items", 120),
+    ] {
+        let s = scratch_file("deep.json", &nested_schema(key, depth).to_string());
+        let o = nextok_stdin(
+            &[
+                "constrain",
+                "--tokenizer",
+                &t,
+                "--json-schema",
+                &s,
+                "--text",
+                "1",
+            ],
+            b"",
+        );
+        fails_with(&o, &["--json-schema", "max_schema_depth", "64"]);
+    }
+    // within the limit, a deep schema compiles and checks its text
+    let s = scratch_file("deep-ok.json", &nested_schema("items", 60).to_string());
+    let text_in = format!("{}1{}", "[".repeat(60), "]".repeat(60));
+    let o = nextok_stdin(
+        &[
+            "constrain",
+            "--tokenizer",
+            &t,
+            "--json-schema",
+            &s,
+            "--text",
+            &text_in,
+        ],
+        b"",
+    );
+    assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(text(&o.stdout).contains("schema check: valid"));
+}
+
+#[test]
+fn an_invalid_regex_is_quoted_as_a_bounded_excerpt() {
+    // 20,000 nested groups: the error line quoted the pattern whole, several times over
+    let pattern = "(".repeat(20_000);
+    let bounded = |o: &Output, needles: &[&str]| {
+        let err = text(&o.stderr);
+        let last = err.trim_end().lines().last().unwrap_or("").to_string();
+        assert_eq!(o.status.code(), Some(2), "{}", &err[..err.len().min(2_000)]);
+        assert!(
+            !err.contains("panicked"),
+            "{}",
+            &err[..err.len().min(2_000)]
+        );
+        assert!(
+            last.len() < 3_000,
+            "{} chars: {}",
+            last.len(),
+            &last[..2_000]
+        );
+        assert!(
+            last.contains("(20000 chars)") || last.contains("chars) …"),
+            "{last}"
+        );
+        for n in needles {
+            assert!(last.contains(n), "`{n}` not in: {last}");
+        }
+    };
+    let t = ascii_tokenizer_file();
+    let o = nextok_stdin(
+        &[
+            "constrain",
+            "--tokenizer",
+            &t,
+            "--regex",
+            &pattern,
+            "--text",
+            "a",
+        ],
+        b"",
+    );
+    fails_with(&o, &[]);
+    bounded(&o, &["--regex", "regex"]);
+    let req = json!({"logits": [1.0, 2.0, 0.5], "tokens": ["a", "b", "c"], "eos_token_ids": [2],
+                     "params": {"constraint": {"type": "regex", "pattern": pattern}}});
+    let o = explain(&req);
+    fails_with(&o, &[]);
+    bounded(&o, &["params.constraint"]);
+    if let Some(m) = nextok_testdata::require(nextok_testdata::SMOLLM2) {
+        let m = m.to_string_lossy().into_owned();
+        let o = nextok_stdin(
+            &[
+                "generate",
+                "hi",
+                "--regex",
+                &pattern,
+                "--max-tokens",
+                "2",
+                "--model",
+                &m,
+            ],
+            b"",
+        );
+        bounded(&o, &["constraint"]);
+    }
+}

@@ -16,7 +16,7 @@ pub(crate) enum Backend {
     /// nextok's own automaton (`choice`, small regexes).
     Own(Machine),
     /// llguidance's prototype matcher (every sequence clones it).
-    Llg(Box<llguidance::Matcher>),
+    Llg(Box<crate::llg::LlgProto>),
 }
 
 /// A compiled constraint: immutable, `Send + Sync`; share it with `Arc` and start a
@@ -61,6 +61,32 @@ impl CompiledConstraint {
         match &self.backend {
             Backend::Own(m) => Some(m.num_states()),
             Backend::Llg(_) => None,
+        }
+    }
+
+    /// An estimate of the heap memory this compiled constraint holds, in bytes, for a cache
+    /// to bound what it keeps: the automaton and its cached masks (nextok's own engine, at most
+    /// [`Limits::mask_cache_bytes`](crate::Limits::mask_cache_bytes) of masks), or llguidance's
+    /// lexer tables (its own estimate; they grow as sequences reach new lexer states, up to
+    /// [`Limits::max_lexer_states`](crate::Limits::max_lexer_states)), plus the schema kept for
+    /// the check after generation. Not counted: the vocabulary (shared by every constraint of
+    /// the engine) and the sequences' own states. It may grow while sequences run: read it
+    /// again before evicting.
+    pub fn estimated_bytes(&self) -> usize {
+        let backend = match &self.backend {
+            Backend::Own(m) => m.estimated_bytes(),
+            Backend::Llg(p) => p.lexer_bytes(),
+        };
+        backend + self.schema.as_ref().map_or(0, |c| c.estimated_bytes())
+    }
+
+    /// llguidance only: the lexer states built so far (shared by every sequence; at most
+    /// [`Limits::max_lexer_states`](crate::Limits::max_lexer_states)). `None` for nextok's own
+    /// engine.
+    pub fn lexer_states(&self) -> Option<usize> {
+        match &self.backend {
+            Backend::Own(_) => None,
+            Backend::Llg(p) => Some(p.lexer_states()),
         }
     }
 

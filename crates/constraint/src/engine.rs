@@ -23,8 +23,35 @@ use crate::{gbnf, ConstraintVocab};
 /// rules or 7,000 `$ref`s fits in a quarter of it). Only the pages touched are committed.
 pub const COMPILE_STACK_BYTES: usize = 256 << 20;
 
+/// Runs `f` on a thread with a [`COMPILE_STACK_BYTES`] stack (compiling a constraint, building
+/// and running the check after generation: all recursive), or here when no thread can be had
+/// (within the limits that bound the depth). `None` when `f` panicked.
+pub(crate) fn on_compile_stack<T: Send>(name: &str, f: impl Fn() -> T + Sync) -> Option<T> {
+    std::thread::scope(|s| {
+        match std::thread::Builder::new()
+            .name(name.into())
+            .stack_size(COMPILE_STACK_BYTES)
+            .spawn_scoped(s, &f)
+        {
+            Ok(h) => h.join().ok(),
+            Err(_) => Some(f()),
+        }
+    })
+}
+
 /// Checks the size limits that bound the recursion depth of compiling `spec`.
 fn check_depth(spec: &ConstraintSpec, limits: &Limits) -> Result<(), ConstraintError> {
+    if let ConstraintSpec::JsonSchema { schema, .. } = spec {
+        let max = limits.max_schema_depth;
+        if nesting_depth(schema, max + 1) > max {
+            return Err(ConstraintError::limit_exceeded(
+                LimitKind::SchemaDepth,
+                format!(
+                    "the schema nests objects and arrays more than {max} deep, the limit is {max}"
+                ),
+            ));
+        }
+    }
     let (count, max, kind, what) = match spec {
         ConstraintSpec::Grammar { lark } => (
             lark_rule_count(lark),
@@ -112,6 +139,28 @@ fn object_count(v: &Value, cap: usize) -> usize {
         }
     }
     n
+}
+
+/// The nesting depth of objects and arrays in `v` (a scalar is 0, `{}` and `[]` are 1),
+/// counting at most to `cap` (iterative: a deep value cannot overflow).
+fn nesting_depth(v: &Value, cap: usize) -> usize {
+    let mut max = 0usize;
+    let mut stack = vec![(v, 1usize)];
+    while let Some((v, d)) = stack.pop() {
+        if !(v.is_object() || v.is_array()) {
+            continue;
+        }
+        max = max.max(d);
+        if max >= cap {
+            return max;
+        }
+        match v {
+            Value::Object(m) => stack.extend(m.values().map(|c| (c, d + 1))),
+            Value::Array(a) => stack.extend(a.iter().map(|c| (c, d + 1))),
+            _ => {}
+        }
+    }
+    max
 }
 
 /// Compiles constraints for one vocabulary. Build once per tokenizer and share it.
@@ -204,26 +253,16 @@ impl ConstraintEngine {
 
     /// Compiles a constraint, on a thread with a [`COMPILE_STACK_BYTES`] stack after checking
     /// the limits that bound the depth of compilation ([`Limits::max_rules`],
-    /// [`Limits::max_schema_objects`]).
+    /// [`Limits::max_schema_objects`], [`Limits::max_schema_depth`]).
     pub fn compile(
         &self,
         spec: &ConstraintSpec,
     ) -> Result<Arc<CompiledConstraint>, ConstraintError> {
         check_depth(spec, &self.limits)?;
-        std::thread::scope(|s| {
-            match std::thread::Builder::new()
-                .name("nextok-compile".into())
-                .stack_size(COMPILE_STACK_BYTES)
-                .spawn_scoped(s, || self.compile_here(spec))
-            {
-                Ok(h) => h.join().unwrap_or_else(|_| {
-                    Err(ConstraintError::engine(
-                        "the constraint compiler failed (panicked)",
-                    ))
-                }),
-                // no thread to be had: compile here (within the limits above)
-                Err(_) => self.compile_here(spec),
-            }
+        on_compile_stack("nextok-compile", || self.compile_here(spec)).unwrap_or_else(|| {
+            Err(ConstraintError::engine(
+                "the constraint compiler failed (panicked)",
+            ))
         })
     }
 
@@ -298,7 +337,7 @@ impl ConstraintEngine {
         &self,
         original: &Value,
         o: &JsonOptions,
-    ) -> Result<(llguidance::Matcher, schema::SchemaCheck), ConstraintError> {
+    ) -> Result<(llg::LlgProto, schema::SchemaCheck), ConstraintError> {
         let mode = o.schema_mode;
         let mut p = schema::prepare(original, mode)?;
         let mut opts = o.clone();

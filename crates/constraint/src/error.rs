@@ -13,6 +13,55 @@ use std::sync::Arc;
 
 use nextok_core::ErrorKind;
 
+/// The most characters of one line of an error's text: a longer line (an input quoted in full,
+/// a caret under it) keeps only its first [`EXCERPT_HEAD_CHARS`] and last
+/// [`EXCERPT_TAIL_CHARS`] characters, around `… (N chars) …` naming its length, so an error
+/// never echoes unbounded input.
+pub const MAX_ERROR_LINE_CHARS: usize = 200;
+/// The characters a cut line keeps from its start (see [`MAX_ERROR_LINE_CHARS`]).
+pub const EXCERPT_HEAD_CHARS: usize = 150;
+/// The characters a cut line keeps from its end (see [`MAX_ERROR_LINE_CHARS`]).
+pub const EXCERPT_TAIL_CHARS: usize = 40;
+/// The most lines of an error's text; the rest is summarised as `… (N more lines)`.
+pub const MAX_ERROR_LINES: usize = 12;
+
+/// `s` as an error quotes it: control characters other than newlines escaped (`\u{1b}`,
+/// `\t`), each line cut to an excerpt of at most [`MAX_ERROR_LINE_CHARS`] characters, at most
+/// [`MAX_ERROR_LINES`] lines. Works in one pass over `s` and allocates only the excerpt.
+pub fn bounded_text(s: &str) -> String {
+    let mut out = String::new();
+    let mut lines = s.split('\n');
+    for (i, line) in lines.by_ref().enumerate() {
+        if i == MAX_ERROR_LINES {
+            let rest = 1 + s.split('\n').skip(MAX_ERROR_LINES + 1).count();
+            out.push_str(&format!("\n… ({rest} more lines)"));
+            break;
+        }
+        if i > 0 {
+            out.push('\n');
+        }
+        let n = line.chars().count();
+        if n <= MAX_ERROR_LINE_CHARS {
+            push_escaped(&mut out, line.chars());
+        } else {
+            push_escaped(&mut out, line.chars().take(EXCERPT_HEAD_CHARS));
+            out.push_str(&format!("… ({n} chars) …"));
+            push_escaped(&mut out, line.chars().skip(n - EXCERPT_TAIL_CHARS));
+        }
+    }
+    out
+}
+
+fn push_escaped(out: &mut String, chars: impl Iterator<Item = char>) {
+    for c in chars {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+}
+
 /// A limit of the engine (see [`crate::Limits`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -38,6 +87,9 @@ pub enum LimitKind {
     Rules,
     /// Number of objects in a JSON schema ([`crate::Limits::max_schema_objects`]).
     SchemaObjects,
+    /// Nesting depth of objects and arrays in a JSON schema
+    /// ([`crate::Limits::max_schema_depth`]).
+    SchemaDepth,
     /// Objects in a JSON schema for building the check after generation
     /// ([`crate::Limits::max_validator_objects`]).
     ValidatorObjects,
@@ -60,6 +112,7 @@ impl LimitKind {
             LimitKind::States => "max_states",
             LimitKind::Rules => "max_rules",
             LimitKind::SchemaObjects => "max_schema_objects",
+            LimitKind::SchemaDepth => "max_schema_depth",
             LimitKind::ValidatorObjects => "max_validator_objects",
             LimitKind::GroupNesting => "max_group_nesting",
         }
@@ -259,7 +312,34 @@ impl ConstraintError {
         .into()
     }
 
-    fn new(repr: Repr) -> Self {
+    /// Every error is made here: each text it holds is cut to a bounded excerpt
+    /// ([`bounded_text`]), so no front end echoes unbounded input.
+    fn new(mut repr: Repr) -> Self {
+        match &mut repr {
+            Repr::Invalid { what, message } => {
+                bound(what);
+                bound(message);
+            }
+            Repr::Syntax { place, message, .. } => {
+                bound(place);
+                bound(message);
+            }
+            Repr::Unsupported {
+                keyword,
+                pointer,
+                message,
+            } => {
+                bound(keyword);
+                if let Some(p) = pointer {
+                    bound(p);
+                }
+                bound(message);
+            }
+            Repr::Unsatisfiable { message }
+            | Repr::Limit { message, .. }
+            | Repr::Rejected { message, .. }
+            | Repr::Engine { message } => bound(message),
+        }
         ConstraintError { repr, source: None }
     }
 
@@ -313,7 +393,9 @@ impl ConstraintError {
     /// The same error, naming the JSON pointer of the unsupported keyword.
     pub(crate) fn at_pointer(mut self, at: impl Into<String>) -> Self {
         if let Repr::Unsupported { pointer, .. } = &mut self.repr {
-            *pointer = Some(at.into());
+            let mut p = at.into();
+            bound(&mut p);
+            *pointer = Some(p);
         }
         self
     }
@@ -342,6 +424,16 @@ impl ConstraintError {
         Self::new(Repr::Engine {
             message: message.into(),
         })
+    }
+}
+
+/// Replaces `s` by its bounded excerpt when it needs one.
+fn bound(s: &mut String) {
+    let needs = s.len() > MAX_ERROR_LINE_CHARS
+        || s.chars().any(|c| c.is_control() && c != '\n')
+        || s.bytes().filter(|&b| b == b'\n').count() >= MAX_ERROR_LINES;
+    if needs {
+        *s = bounded_text(s);
     }
 }
 
@@ -393,5 +485,67 @@ impl std::error::Error for ConstraintError {
 impl From<ConstraintError> for nextok_core::Error {
     fn from(e: ConstraintError) -> Self {
         e.to_core()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lines_are_cut_to_an_excerpt_naming_their_length() {
+        let input = "(".repeat(20_000);
+        let msg = format!(
+            "invalid regex \"{input}\"\n{}^\nerror: nest limit",
+            " ".repeat(20_010)
+        );
+        let e = ConstraintError::syntax("regex", "top level", msg);
+        let shown = e.to_string();
+        assert!(shown.chars().count() < 3 * MAX_ERROR_LINE_CHARS, "{shown}");
+        assert!(shown.contains("(20016 chars)"), "{shown}");
+        assert!(shown.contains("… (20011 chars) …"), "{shown}");
+        assert!(shown.ends_with("error: nest limit"), "{shown}");
+        assert!(
+            shown.starts_with("regex: top level: invalid regex \"((("),
+            "{shown}"
+        );
+        for line in shown.lines() {
+            // an excerpt, plus the prefix Display puts before the first line
+            assert!(line.chars().count() <= MAX_ERROR_LINE_CHARS + 40, "{line}");
+        }
+        // every kind and every text it holds, the pointer too
+        let long = "k".repeat(5_000);
+        let shown = [
+            ConstraintError::invalid(long.clone(), long.clone()),
+            ConstraintError::unsupported(long.clone(), long.clone()).at_pointer(long.clone()),
+            ConstraintError::unsatisfiable(long.clone()),
+            ConstraintError::limit_exceeded(LimitKind::Rules, long.clone()),
+            ConstraintError::rejected(1, long.clone()),
+            ConstraintError::engine(long.clone()),
+        ];
+        for e in shown {
+            assert!(e.to_string().len() < 3 * MAX_ERROR_LINE_CHARS, "{e}");
+            assert!(
+                e.pointer()
+                    .is_none_or(|p| p.chars().count() <= MAX_ERROR_LINE_CHARS + 30),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn many_lines_and_control_characters_are_bounded() {
+        let msg = "line\n".repeat(1_000);
+        let shown = ConstraintError::engine(msg).to_string();
+        assert_eq!(shown.lines().count(), MAX_ERROR_LINES + 1, "{shown}");
+        assert!(shown.ends_with("… (989 more lines)"), "{shown}");
+        let shown = ConstraintError::engine("red \u{1b}[31m\ttab").to_string();
+        assert_eq!(shown, "engine error: red \\u{1b}[31m\\ttab");
+        // short texts are kept as they are, multi-byte characters counted as characters
+        let s = "é".repeat(MAX_ERROR_LINE_CHARS);
+        assert_eq!(bounded_text(&s), s);
+        let cut = bounded_text(&"é".repeat(MAX_ERROR_LINE_CHARS + 1));
+        assert!(cut.starts_with(&"é".repeat(EXCERPT_HEAD_CHARS)), "{cut}");
+        assert!(cut.ends_with(&"é".repeat(EXCERPT_TAIL_CHARS)), "{cut}");
     }
 }

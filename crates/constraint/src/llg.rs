@@ -62,13 +62,34 @@ pub(crate) fn set_default_parser_limits(l: &mut Limits) {
     fuels.into_iter().for_each(|(n, t)| *n = *t);
 }
 
+/// A compiled llguidance grammar: the prototype matcher that every sequence clones, and a
+/// parser sharing its lexer, through which the size of llguidance's lexer caches is read.
+pub(crate) struct LlgProto {
+    pub(crate) matcher: Matcher,
+    lexer: llguidance::earley::Parser,
+}
+
+impl LlgProto {
+    /// llguidance's estimate of its lexer tables (regex terms, derivatives, DFA states and
+    /// transitions), shared by every clone of the matcher; they grow as sequences reach new
+    /// lexer states, up to [`Limits::max_lexer_states`].
+    pub(crate) fn lexer_bytes(&self) -> usize {
+        self.lexer.lexer_stats().num_bytes
+    }
+
+    /// The number of lexer states built so far.
+    pub(crate) fn lexer_states(&self) -> usize {
+        self.lexer.lexer_stats().num_states
+    }
+}
+
 /// Compiles `grammar` into a prototype matcher.
 pub(crate) fn compile(
     factory: &ParserFactory,
     grammar: TopLevelGrammar,
     limits: &Limits,
     input: &'static str,
-) -> Result<(Matcher, Duration), ConstraintError> {
+) -> Result<(LlgProto, Duration), ConstraintError> {
     let t0 = Instant::now();
     let parser = factory
         .create_parser_from_init_ext(
@@ -78,6 +99,7 @@ pub(crate) fn compile(
             parser_limits(limits),
         )
         .map_err(|e| classify(&format!("{e:#}"), input).with_source(e))?;
+    let lexer = parser.parser.clone();
     let mut m = Matcher::new(Ok(parser));
     // The first mask builds the initial lexer state; errors in the grammar that llguidance
     // finds only then surface here, at compile time.
@@ -94,7 +116,7 @@ pub(crate) fn compile(
         }
     }
     // Start sequences from a fresh prototype (the probe mask above is not state).
-    Ok((m, elapsed))
+    Ok((LlgProto { matcher: m, lexer }, elapsed))
 }
 
 /// Maps an llguidance error message to a typed error.

@@ -213,6 +213,29 @@ impl Machine {
         Machine { kind, cache }
     }
 
+    /// An estimate of the heap memory held: the automaton and the masks cached so far.
+    pub(crate) fn estimated_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let automaton = match &self.kind {
+            MachineKind::Trie(t) => {
+                t.edges
+                    .iter()
+                    .map(|e| size_of::<Vec<(u8, u32)>>() + e.capacity() * size_of::<(u8, u32)>())
+                    .sum::<usize>()
+                    + t.terminal.capacity()
+            }
+            MachineKind::Dfa(d) => d.trans.capacity() * size_of::<u32>() + d.accept.capacity(),
+        };
+        let cache = self.cache.as_ref().map_or(0, |c| {
+            c.len() * size_of::<OnceLock<Box<[u64]>>>()
+                + c.iter()
+                    .filter_map(|m| m.get())
+                    .map(|m| m.len() * size_of::<u64>())
+                    .sum::<usize>()
+        });
+        automaton + cache
+    }
+
     /// Number of states.
     pub(crate) fn num_states(&self) -> usize {
         match &self.kind {

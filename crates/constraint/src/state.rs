@@ -51,7 +51,7 @@ impl SequenceState {
                 history: Vec::new(),
             },
             Backend::Llg(m) => Inner::Llg(Box::new(LlgState {
-                matcher: (**m).clone(),
+                matcher: m.matcher.clone(),
                 last_mask: None,
             })),
         };

@@ -160,3 +160,71 @@ fn errors_say_what_is_wrong() {
     });
     assert!(t.elapsed().as_secs() < 10, "{:?}", t.elapsed());
 }
+
+/// `{"$defs": {"d0": {"$ref": "#/$defs/d1"}, …, "d{n-1}": {"type": "integer"}}, "$ref":
+/// "#/$defs/d0"}`: a chain of `n` definitions, each only a `$ref` to the next.
+fn ref_chain(n: usize) -> ConstraintSpec {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n - 1 {
+        defs.insert(
+            format!("d{i}"),
+            json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+        );
+    }
+    defs.insert(format!("d{}", n - 1), json!({"type": "integer"}));
+    ConstraintSpec::JsonSchema {
+        schema: json!({"$defs": defs, "$ref": "#/$defs/d0"}),
+        options: Default::default(),
+    }
+}
+
+#[test]
+fn a_long_ref_chain_is_checked_after_generation_without_overflowing() {
+    let e = engine();
+    // 1,500 overflowed the caller's stack when the check after generation built its validator
+    // (here: the test thread's 2 MiB; `nextok constrain`: the 8 MiB main thread)
+    for n in [1_500, 5_000] {
+        let c = e
+            .compile(&ref_chain(n))
+            .unwrap_or_else(|err| panic!("{err}"));
+        let v = c.validate_output(b"1").unwrap();
+        assert_eq!(v.valid, Some(true), "{n}: {:?}", v.errors);
+        let v = c.validate_output(b"\"x\"").unwrap();
+        assert_eq!(v.valid, Some(false), "{n}: {:?}", v.errors);
+        assert!(v.errors[0].contains("integer"), "{:?}", v.errors);
+    }
+}
+
+#[test]
+fn error_texts_quote_a_bounded_excerpt_of_the_input() {
+    let e = engine();
+    // 20,000 nested groups: the message quoted the pattern whole, three times (80,000 chars)
+    let err = e
+        .compile(&ConstraintSpec::Regex {
+            pattern: "(".repeat(20_000),
+        })
+        .unwrap_err();
+    let shown = err.to_string();
+    assert!(shown.starts_with("regex: "), "{shown}");
+    assert!(
+        shown.len() < 3_000,
+        "{} chars: {}",
+        shown.len(),
+        &shown[..3_000]
+    );
+    assert!(shown.contains("chars) …"), "{shown}");
+    assert!(err.to_core().to_string().len() < 3_100, "{}", err.to_core());
+    // an unsupported keyword under a huge property name: the pointer is an excerpt too
+    let name = "p".repeat(50_000);
+    let schema = json!({"type": "object", "properties": {name: {"not": {"type": "null"}}}});
+    let err = e
+        .compile(&ConstraintSpec::JsonSchema {
+            schema,
+            options: Default::default(),
+        })
+        .unwrap_err();
+    assert_eq!(err.keyword(), Some("not"), "{err}");
+    assert!(err.to_string().len() < 3_000, "{}", err.to_string().len());
+    let p = err.pointer().expect("the pointer is found");
+    assert!(p.len() < 300 && p.contains("(50012 chars)"), "{p}");
+}

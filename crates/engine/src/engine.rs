@@ -56,6 +56,9 @@ pub struct EngineConfig {
     /// The largest `max_tokens` a request may ask for (`None`: the context's room); a larger
     /// one is refused naming `max_tokens`.
     pub max_tokens_limit: Option<u64>,
+    /// Bytes the cache of compiled constraints may keep (least recently used go first; one
+    /// constraint larger than this is compiled for its request but not kept).
+    pub constraint_cache_bytes: usize,
 }
 
 impl Default for EngineConfig {
@@ -70,6 +73,7 @@ impl Default for EngineConfig {
             parse_special_in_messages: false,
             default_max_tokens: None,
             max_tokens_limit: None,
+            constraint_cache_bytes: 256 << 20,
         }
     }
 }
@@ -100,6 +104,10 @@ pub struct EngineStats {
     pub iterations: u64,
     /// Requests preempted (their cache freed, to be recomputed) to make room, since start.
     pub preemptions: u64,
+    /// Compiled constraints kept for reuse.
+    pub constraint_cache_entries: usize,
+    /// Their estimated bytes (at most [`EngineConfig::constraint_cache_bytes`] when kept).
+    pub constraint_cache_bytes: usize,
 }
 
 /// A request's fixed part, shared by its sequences.
@@ -283,6 +291,7 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         let i = &self.inner;
         let block = i.pool.geometry().block_bytes();
+        let cache = i.shared.cache_stats();
         EngineStats {
             running_seqs: i.running_seqs.load(Ordering::Relaxed),
             waiting_requests: i.lock().waiting.len(),
@@ -295,6 +304,8 @@ impl Engine {
             accepted_draft_tokens: i.accepted_draft_tokens.load(Ordering::Relaxed),
             iterations: i.iterations.load(Ordering::Relaxed),
             preemptions: i.preemptions.load(Ordering::Relaxed),
+            constraint_cache_entries: cache.0,
+            constraint_cache_bytes: cache.1,
         }
     }
 

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{EngineError, ErrorKind, Result};
 use crate::request::{GenerateRequest, LogprobOptions, PipelineChoice, Prompt, RequestInfo};
 
-/// Compiled constraints kept at most (the oldest half is dropped past this).
+/// Compiled constraints kept at most.
 const CONSTRAINT_CACHE: usize = 64;
 
 /// What the engine keeps per model.
@@ -76,8 +76,15 @@ impl ModelShared {
             .map_err(|e| EngineError::constraint(e.clone()).with_field("constraint"))
     }
 
-    /// Compiles `spec` once per distinct spec.
-    pub(crate) fn compile(&self, spec: &ConstraintSpec) -> Result<Arc<CompiledConstraint>> {
+    /// Compiles `spec` once per distinct spec. At most [`CONSTRAINT_CACHE`] compiled
+    /// constraints are kept, taking at most `max_bytes` in all (their own estimate, read again
+    /// at every insertion since it grows as sequences reach new lexer states); the least
+    /// recently used go first, and one larger than `max_bytes` alone is used but not kept.
+    pub(crate) fn compile(
+        &self,
+        spec: &ConstraintSpec,
+        max_bytes: usize,
+    ) -> Result<Arc<CompiledConstraint>> {
         let key = serde_json::to_string(spec)
             .map(|s| {
                 let d = Sha256::digest(s.as_bytes());
@@ -95,15 +102,34 @@ impl ModelShared {
         let compiled = engine
             .compile(spec)
             .map_err(|e| EngineError::constraint(e).with_field("constraint"))?;
+        let size = compiled.estimated_bytes();
+        if size > max_bytes {
+            return Ok(compiled);
+        }
         let mut cache = self.lock_cache();
-        if cache.len() >= CONSTRAINT_CACHE {
-            let mut ages: Vec<u64> = cache.values().map(|v| v.0).collect();
-            ages.sort_unstable();
-            let cut = ages[ages.len() / 2];
-            cache.retain(|_, v| v.0 > cut);
+        // least recently used first, until one more fits by count and by bytes
+        let mut total: usize = cache.values().map(|v| v.1.estimated_bytes()).sum();
+        while !cache.is_empty() && (cache.len() >= CONSTRAINT_CACHE || total + size > max_bytes) {
+            let Some(oldest) = cache
+                .iter()
+                .min_by_key(|(_, v)| v.0)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some((_, c)) = cache.remove(&oldest) {
+                total = total.saturating_sub(c.estimated_bytes());
+            }
         }
         cache.insert(key, (now, compiled.clone()));
         Ok(compiled)
+    }
+
+    /// The compiled constraints kept, and their estimated bytes.
+    pub(crate) fn cache_stats(&self) -> (usize, usize) {
+        let cache = self.lock_cache();
+        let bytes = cache.values().map(|v| v.1.estimated_bytes()).sum();
+        (cache.len(), bytes)
     }
 
     fn lock_cache(
@@ -289,7 +315,7 @@ impl ModelShared {
         )
         .map_err(EngineError::core)?;
         let constraint = match &spec {
-            Some(s) => Some(self.compile(s)?),
+            Some(s) => Some(self.compile(s, config.constraint_cache_bytes)?),
             None => None,
         };
         // a state for the prompt checks the prompt against the pipeline (ids, history limits)

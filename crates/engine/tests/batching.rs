@@ -581,3 +581,54 @@ fn the_max_tokens_default_and_limit_are_the_engines() {
     let e = engine.prepare(&r).unwrap_err();
     assert_eq!(e.field(), Some("max_tokens"), "{e}");
 }
+
+/// The cache of compiled constraints is bounded by count and by bytes: least recently used go
+/// first, and a constraint larger than the byte bound alone is used but not kept.
+#[test]
+fn the_constraint_cache_is_bounded_by_count_and_bytes() {
+    let Some(m) = model() else { return };
+    let schema = |i: usize| ConstraintSpec::JsonSchema {
+        schema: serde_json::json!({"type": "object", "properties": {format!("k{i}"): {"type": "integer"}}, "required": [format!("k{i}")]}),
+        options: Default::default(),
+    };
+    let req = |i: usize| {
+        let mut r = request(0, 1, 4, 0.0, false);
+        r.constraint = Some(schema(i));
+        r
+    };
+    let engine = Engine::new(m.clone(), EngineConfig::default()).unwrap();
+    for i in 0..70 {
+        engine.prepare(&req(i)).unwrap();
+    }
+    let st = engine.stats();
+    assert_eq!(st.constraint_cache_entries, 64, "{st:?}");
+    assert!(st.constraint_cache_bytes > 0);
+    let one = st.constraint_cache_bytes / 64;
+    // room for about three: never more bytes than the bound
+    let bound = 3 * one + one / 2;
+    let engine = Engine::new(
+        m.clone(),
+        EngineConfig {
+            constraint_cache_bytes: bound,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for i in 0..10 {
+        engine.prepare(&req(i)).unwrap();
+        let st = engine.stats();
+        assert!(st.constraint_cache_bytes <= bound, "{st:?}");
+        assert!(st.constraint_cache_entries <= 4, "{st:?}");
+    }
+    // too large to keep: compiled for its request, not kept
+    let engine = Engine::new(
+        m,
+        EngineConfig {
+            constraint_cache_bytes: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(engine.prepare(&req(0)).unwrap().constraint.is_some());
+    assert_eq!(engine.stats().constraint_cache_entries, 0);
+}

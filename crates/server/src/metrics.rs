@@ -195,6 +195,18 @@ impl Metrics {
         );
         gauge(
             &mut s,
+            "nextok_constraint_cache_entries",
+            "Compiled constraints kept for reuse.",
+            e.constraint_cache_entries,
+        );
+        gauge(
+            &mut s,
+            "nextok_constraint_cache_bytes",
+            "Estimated bytes of the compiled constraints kept.",
+            e.constraint_cache_bytes,
+        );
+        gauge(
+            &mut s,
             "nextok_kv_bytes_reserved",
             "Bytes of KV cache blocks the running sequences hold (shared blocks once per sequence).",
             e.kv_bytes_reserved,

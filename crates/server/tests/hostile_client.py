@@ -5,7 +5,7 @@ Usage: hostile_client.py NEXTOK_BINARY MODEL.gguf
 
 Starts the server on an ephemeral 127.0.0.1 port with two API keys and short read timeouts,
 then tries what a hostile client would: sequence counts that would size memory by the input,
-an `accepted` list longer than the context, control tokens written in a message, headers and bodies sent too slowly, storms of
+an `accepted` list longer than the context, control tokens written in a message, deeply nested JSON schemas and long `$ref` chains, headers and bodies sent too slowly, storms of
 streams that disconnect, streams that would hold the whole KV cache, guessing another client's
 trace id. Throughout, `/health` answers, a
 fixed greedy request returns the same text, and the server's resident memory stays under a
@@ -22,7 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_harness import Server, run_tests  # noqa: E402
+from serve_harness import Server, nested_schema, run_tests  # noqa: E402
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 KEY = "hostile-key-" + str(os.getpid())
@@ -129,6 +129,36 @@ def test_explain_accepted_longer_than_the_context_names_accepted():
     # a short accepted list explains the step after it
     status, _, text = http("POST", "/v1/explain", {"prompt": "Hi", "accepted": [28, 28]})
     assert status == 200, (status, text[:300])
+    still_serving()
+
+
+def test_pathological_schemas_are_refused_or_bounded():
+    def ask(schema):
+        return http("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 6,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}},
+            timeout=300)
+
+    # small schemas nested past the depth limit: refused by the limit's name, before compiling
+    for kind, depth in [("properties", 60), ("items", 100), ("additionalProperties", 100), ("items", 120)]:
+        status, _, text = ask(nested_schema(kind, depth))
+        assert status == 400, (kind, depth, status, text[:300])
+        err = json.loads(text)["error"]
+        assert err["param"] == "response_format.json_schema.schema", err
+        assert "max_schema_depth" in err["message"], err
+    # deep but within the limit, in several shapes: answered, and checked after generation
+    # without the validator's memory growing with every new shape
+    # (the limit counts the schema's own JSON nesting: `properties` takes two levels a step)
+    for kind, depths in [("items", [40, 50, 60]), ("additionalProperties", [40, 50, 60]),
+                         ("properties", [20, 25, 30])]:
+        for depth in depths:
+            status, _, text = ask(nested_schema(kind, depth))
+            assert status == 200, (kind, depth, status, text[:300])
+    # a chain of 1,500 $refs: no stack overflow anywhere
+    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(1499)}
+    defs["d1499"] = {"type": "integer"}
+    status, _, text = ask({"$defs": defs, "$ref": "#/$defs/d0"})
+    assert status in (200, 400), (status, text[:300])
     still_serving()
 
 
@@ -287,6 +317,7 @@ TESTS = [
     test_huge_n_is_a_400_naming_n_before_anything_is_sized,
     test_explain_accepted_longer_than_the_context_names_accepted,
     test_a_message_cannot_write_control_tokens,
+    test_pathological_schemas_are_refused_or_bounded,
     test_slow_headers_are_cut_off,
     test_slow_body_is_a_408,
     test_trace_ids_are_unguessable_and_belong_to_their_key,

@@ -101,6 +101,20 @@ class Server:
             pass
 
 
+def nested_schema(kind, depth):
+    """A JSON schema nesting `depth` levels of `items`, `additionalProperties` or `properties`
+    (each `properties` step is two levels of the schema's own JSON) around an integer."""
+    s = {"type": "integer"}
+    for i in range(depth):
+        if kind == "items":
+            s = {"type": "array", "items": s}
+        elif kind == "additionalProperties":
+            s = {"type": "object", "additionalProperties": s}
+        else:
+            s = {"type": "object", "properties": {f"k{i}": s}, "required": [f"k{i}"]}
+    return s
+
+
 def run_tests(tests, server, only_env):
     """Runs `tests` in order (all, or those whose name contains $`only_env`), then SIGTERM:
     prints one line per test and `N passed, M failed`; returns the exit code."""
