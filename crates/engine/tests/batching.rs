@@ -546,9 +546,9 @@ fn long_streams_do_not_hold_back_a_short_request() {
         }
     };
     assert_eq!(c.sequences[0].tokens.len(), 4);
-    // ... while the three streams are still running
+    // ... while the three streams are still running (the short one may not be counted out yet)
     let st = engine.stats();
-    assert_eq!(st.running_seqs, 3, "{st:?}");
+    assert!(st.running_seqs >= 3, "{st:?}");
     assert_eq!(st.waiting_requests, 0, "{st:?}");
     eprintln!(
         "the short request finished in {:.1} s beside 3 streams",
