@@ -303,7 +303,6 @@ impl Scheduler {
     /// An upper bound of the blocks the next pass's rows need, and the prompt rows it plans
     /// (none unless `prefill`), computed as [`Self::iteration`] plans.
     fn pass_bound(&self, prefill: bool) -> (usize, usize) {
-        let budget = self.inner.config.max_batch_tokens;
         let mut used = 0;
         let mut need = 0;
         for s in &self.running {
@@ -316,19 +315,11 @@ impl Scheduler {
         if !prefill {
             return (need, 0);
         }
-        let mut left_rows = if used > 0 {
-            budget
-                .saturating_sub(used)
-                .min(self.inner.config.prefill_chunk_tokens)
-        } else {
-            budget
-        };
+        let mut left_rows = self.prefill_share(used);
         let mut rows = 0;
         for s in &self.running {
-            let left = match s.phase {
-                Phase::Prefill { done } => s.req.prepared.info.prompt_ids.len() - done,
-                Phase::Recompute { done } => s.replay.len() - done,
-                _ => continue,
+            let Some(left) = s.rows_to_cache() else {
+                continue;
             };
             let take = left.min(left_rows);
             left_rows -= take;
@@ -336,6 +327,19 @@ impl Scheduler {
             need += s.kv.blocks_to_write(take);
         }
         (need, rows)
+    }
+
+    /// The prompt rows a pass may take beside `used` decode rows: a bounded share
+    /// (`prefill_chunk_tokens`) while sequences decode, the whole `max_batch_tokens` otherwise.
+    fn prefill_share(&self, used: usize) -> usize {
+        let budget = self.inner.config.max_batch_tokens;
+        if used > 0 {
+            budget
+                .saturating_sub(used)
+                .min(self.inner.config.prefill_chunk_tokens)
+        } else {
+            budget
+        }
     }
 
     /// Takes request `r`'s sequences out of the batch and frees their blocks; they wait in
@@ -642,19 +646,10 @@ impl Scheduler {
             used += sp.draft.len();
         }
         // prompt chunks: a bounded share while sequences decode, the whole budget otherwise
-        let mut prefill = if used > 0 {
-            budget
-                .saturating_sub(used)
-                .min(self.inner.config.prefill_chunk_tokens)
-        } else {
-            budget
-        }
-        .min(prefill_rows);
+        let mut prefill = self.prefill_share(used).min(prefill_rows);
         for (i, s) in self.running.iter().enumerate() {
-            let left = match s.phase {
-                Phase::Prefill { done } => s.req.prepared.info.prompt_ids.len() - done,
-                Phase::Recompute { done } => s.replay.len() - done,
-                _ => continue,
+            let Some(left) = s.rows_to_cache() else {
+                continue;
             };
             let take = left.min(prefill);
             prefill -= take;
@@ -934,6 +929,16 @@ impl Scheduler {
 }
 
 impl Seq {
+    /// The positions a prefilling or recomputing sequence has still to cache; `None` for the
+    /// others.
+    fn rows_to_cache(&self) -> Option<usize> {
+        match self.phase {
+            Phase::Prefill { done } => Some(self.req.prepared.info.prompt_ids.len() - done),
+            Phase::Recompute { done } => Some(self.replay.len() - done),
+            _ => None,
+        }
+    }
+
     /// The blocks a preempted sequence needs to be admitted again: its prompt, or its prompt
     /// and output so far (a forked one waits for the first).
     fn blocks_to_resume(&self) -> usize {
