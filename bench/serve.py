@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Serving benchmark: the same streaming workload against `nextok serve` and, optionally,
+r"""Serving benchmark: the same streaming workload against `nextok serve` and, optionally,
 llama.cpp's `llama-server` on the same GGUF file, in one run.
 
     python3 bench/serve.py --nextok target/release/nextok --model M.gguf \
         [--llama-server "$(bench/peers/llama_server.sh)"] [--levels 1,4,16,64] [--out FILE] \
-        [--nextok-args "--prefill-chunk-tokens 64"]
+        [--nextok-args "--prefill-chunk-tokens 64"] [--llama-args=--no-repack]
 
 For each server and each concurrency level C, C client threads send streaming
 `/v1/completions` requests (prompts of mixed lengths from a fixed generator, `max_tokens`
@@ -13,12 +13,15 @@ seed per request; no two requests share a prompt, so neither server's prompt cac
 until `--requests` (default max(2C, 32), so a p99 is not one request) have completed. Reported per level:
 requests/s, output tokens/s (completion tokens from the usage chunk, else counted chunks),
 p50/p99 time to first token and inter-token latency. Both servers run on 127.0.0.1 on free
-ports; every loop is bounded. Standard library only. Not run in CI.
+ports; every loop is bounded. Each server's standard error goes to a log beside `--out`
+(`<out>.<server>.log`). Progress goes to standard error; any failed request, or a server that
+does not start, makes the exit status non-zero. Standard library only. Not run in CI.
 """
 
 import argparse
 import http.client
 import json
+import os
 import random
 import re
 import select
@@ -28,6 +31,26 @@ import subprocess
 import sys
 import threading
 import time
+
+ME = "serve.py"
+
+
+def say(msg):
+    print(f"{ME}: {msg}", file=sys.stderr, flush=True)
+
+
+def die(msg):
+    print(f"{ME}: error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def log_tail(path, n=30):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+
 
 WORDS = ("the a of river mountain quiet city light old green story machine number seven "
          "under over bright slow garden window music letter morning evening paper stone").split()
@@ -60,28 +83,52 @@ def wait_health(port, deadline):
     return False
 
 
-def start_nextok(binary, model, max_seqs, extra):
-    p = subprocess.Popen([binary, "serve", "--model", model, "--port", "0", "--max-num-seqs", str(max_seqs)] + extra,
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def not_started(name, p, log, why):
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+    code, hint = "", ""
+    if p.returncode is not None and p.returncode < 0:
+        code = f", killed by signal {-p.returncode}"
+        if name == "llama-server":
+            # as with llama_cpp.sh --no-repack: on a CPU that advertises AMX, llama.cpp's repacked
+            # weights can crash at the first use
+            hint = "; retry with --llama-args=--no-repack"
+    elif p.returncode is not None:
+        code = f", exit status {p.returncode}"
+    print(log_tail(log), file=sys.stderr, end="")
+    die(f"{name} did not start: {why}{code} (log: {log}){hint}")
+
+
+def start_nextok(binary, model, max_seqs, extra, log):
+    cmd = [binary, "serve", "--model", model, "--port", "0", "--max-num-seqs", str(max_seqs)] + extra
+    say(f"starting: {' '.join(cmd)} (log: {log})")
+    with open(log, "w") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     deadline = time.time() + 300
     while time.time() < deadline and p.poll() is None:
         if select.select([p.stdout], [], [], 1.0)[0]:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", p.stdout.readline())
+            line = p.stdout.readline()
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
             if m:
+                # keep reading its standard output so that it never blocks on a full pipe
+                threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
                 return p, int(m.group(1))
-    p.kill()
-    sys.exit("nextok serve did not start")
+    not_started("nextok serve", p, log, "no `listening on` line within 300 s" if p.poll() is None else "it exited")
 
 
-def start_llama(binary, model, parallel, threads, ctx):
+def start_llama(binary, model, parallel, threads, ctx, extra, log):
     port = free_port()
-    p = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--parallel",
-                          str(parallel), "--cont-batching", "-t", str(threads), "-c", str(ctx)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if not wait_health(port, time.time() + 300):
-        p.kill()
-        sys.exit("llama-server did not start")
-    return p, port
+    cmd = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--parallel",
+           str(parallel), "--cont-batching", "-t", str(threads), "-c", str(ctx)] + extra
+    say(f"starting: {' '.join(cmd)} (log: {log})")
+    with open(log, "w") as err:
+        p = subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None:
+        if wait_health(port, min(deadline, time.time() + 5)):
+            return p, port
+    not_started("llama-server", p, log, "/health not 200 within 300 s" if p.poll() is None else "it exited")
 
 
 def one_request(port, i, max_tokens, model_name):
@@ -151,6 +198,9 @@ def run_level(port, level, total, max_tokens, model_name):
     for t in threads:
         t.join(timeout=3600)
     wall = time.perf_counter() - t0
+    if any(t.is_alive() for t in threads):
+        with lock:
+            errors.append("requests still running after 3600 s")
     tokens = sum(r[0] for r in results)
     ttfts = [r[1] for r in results]
     itls = [x for r in results for x in r[2]]
@@ -165,7 +215,26 @@ def run_level(port, level, total, max_tokens, model_name):
         "ttft_p99_s": pct(ttfts, 99),
         "itl_p50_s": pct(itls, 50),
         "itl_p99_s": pct(itls, 99),
-    }
+    }, errors
+
+
+def levels_arg(text):
+    try:
+        levels = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"levels must be positive: {text!r}")
+    return levels
+
+
+def executable(what, path):
+    if not path:
+        die(f"{what}: empty path (did the command that prints it fail?)")
+    if not os.path.isfile(path):
+        die(f"{what} {path}: no such file")
+    if not os.access(path, os.X_OK):
+        die(f"{what} {path}: not executable")
 
 
 def main():
@@ -174,43 +243,78 @@ def main():
     ap.add_argument("--model", required=True, help="the GGUF file both servers load")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (bench/peers/llama_server.sh)")
     ap.add_argument("--nextok-args", default="", help="more `nextok serve` arguments, space-separated")
-    ap.add_argument("--levels", default="1,4,16,64")
-    ap.add_argument("--requests", type=int, default=0, help="requests per level (default max(2C, 32))")
+    ap.add_argument("--llama-args", default="",
+                    help="more llama-server arguments, space-separated (e.g. --llama-args=--no-repack)")
+    ap.add_argument("--levels", type=levels_arg, default="1,4,16,64", help="concurrency levels (default 1,4,16,64)")
+    ap.add_argument("--requests", type=int, default=0, help="requests per level (default max(2C, 32); at least C)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2, help="llama-server threads")
     ap.add_argument("--parallel", type=int, default=16, help="llama-server --parallel")
     ap.add_argument("--out", default="target/serve-bench.json")
     a = ap.parse_args()
-    levels = [int(x) for x in a.levels.split(",")]
-    report = {"model": a.model, "max_tokens": a.max_tokens, "nextok_args": a.nextok_args, "servers": {}}
-    servers = [("nextok", lambda: start_nextok(a.nextok, a.model, max(levels), a.nextok_args.split()), None)]
-    if a.llama_server:
+    levels = a.levels
+    if a.requests < 0 or a.max_tokens < 1:
+        die("--requests must be >= 0 and --max-tokens >= 1")
+    executable("--nextok", a.nextok)
+    if not os.path.isfile(a.model):
+        die(f"--model {a.model}: no such file")
+    if a.llama_server is not None:
+        executable("--llama-server", a.llama_server)
+    out_dir = os.path.dirname(os.path.abspath(a.out))
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        die(f"cannot create {out_dir}: {e}")
+    logs = {name: f"{os.path.splitext(a.out)[0]}.{name}.log" for name in ("nextok", "llama.cpp")}
+    report = {"model": a.model, "max_tokens": a.max_tokens, "nextok_args": a.nextok_args,
+              "llama_args": a.llama_args, "servers": {}}
+    servers = [("nextok", lambda: start_nextok(a.nextok, a.model, max(levels), a.nextok_args.split(), logs["nextok"]),
+                None)]
+    if a.llama_server is not None:
         # each slot gets ctx / parallel tokens: room for the longest prompt and the output
         ctx = a.parallel * (900 + a.max_tokens)
-        servers.append(("llama.cpp", lambda: start_llama(a.llama_server, a.model, a.parallel, a.threads, ctx), None))
+        servers.append(("llama.cpp", lambda: start_llama(a.llama_server, a.model, a.parallel, a.threads, ctx,
+                                                         a.llama_args.split(), logs["llama.cpp"]), None))
+    failed = []
     for name, start, model_name in servers:
         proc, port = start()
         try:
-            one_request(port, 10**6, 4, model_name)  # warm-up, not counted
+            say(f"{name}: listening on 127.0.0.1:{port}; warm-up request")
+            try:
+                one_request(port, 10**6, 4, model_name)  # warm-up, not counted
+            except Exception as e:
+                print(log_tail(logs[name]), file=sys.stderr, end="")
+                die(f"{name}: the warm-up request failed: {e} (log: {logs[name]})")
             rows = []
             for level in levels:
-                total = a.requests or max(2 * level, 32)
-                row = run_level(port, level, total, a.max_tokens, model_name)
+                total = max(a.requests, level) if a.requests else max(2 * level, 32)
+                say(f"{name}: {total} requests, {level} at a time, {a.max_tokens} tokens each")
+                row, errors = run_level(port, level, total, a.max_tokens, model_name)
                 rows.append(row)
+                if errors:
+                    failed.append(f"{name} C={level}: {len(errors)} of {total} requests failed, first: {errors[0]}")
+                elif row["requests"] != total:
+                    failed.append(f"{name} C={level}: {row['requests']} of {total} requests finished within the time limit")
                 print(f"{name:10} C={level:3} {row['requests_per_s']:7.2f} req/s {row['output_tokens_per_s']:8.1f} tok/s "
                       f"TTFT p50 {row['ttft_p50_s'] or 0:.3f} p99 {row['ttft_p99_s'] or 0:.3f} s  "
                       f"ITL p50 {1000 * (row['itl_p50_s'] or 0):.1f} p99 {1000 * (row['itl_p99_s'] or 0):.1f} ms"
                       f"  errors {row['errors']}", flush=True)
             report["servers"][name] = rows
         finally:
+            say(f"{name}: stopping")
             proc.terminate()
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
     with open(a.out, "w") as f:
         json.dump(report, f, indent=1)
     print("wrote", a.out)
+    if failed:
+        for f in failed:
+            print(f"{ME}: error: {f}", file=sys.stderr)
+        die(f"{len(failed)} level(s) had failed requests (server logs: {', '.join(logs[n] for n, _, _ in servers)})")
 
 
 if __name__ == "__main__":

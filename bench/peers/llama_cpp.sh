@@ -16,6 +16,13 @@ set -euo pipefail
 # The llama-cpp-python release whose vendored llama.cpp is measured.
 LLAMA_CPP_PYTHON_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 
+ME="llama_cpp.sh"
+die() { echo "$ME: error: $*" >&2; exit 1; }
+say() { echo "$ME: $*" >&2; }
+# Any failure not handled below still says where it happened.
+set -E
+trap 'rc=$?; echo "$ME: error: line $LINENO: exit $rc from: $BASH_COMMAND" >&2; exit $rc' ERR
+
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 NEXTOK_CACHE="${NEXTOK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nextok}"
 PEERS="$NEXTOK_CACHE/peers"
@@ -50,22 +57,22 @@ LLAMA_CPP_PYTHON_VERSION (default $LLAMA_CPP_PYTHON_VERSION).
 EOF
 }
 
-die() { echo "llama_cpp.sh: $*" >&2; exit 1; }
-say() { echo "==> $*" >&2; }
+# need_value "$@": dies unless the option in $1 has a value in $2
+need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
-    --model) MODEL="${2:?--model needs a path}"; shift 2 ;;
+    --model) need_value "$@"; MODEL="$2"; shift 2 ;;
     --model=*) MODEL="${1#*=}"; shift ;;
-    --out) OUT="${2:?--out needs a path}"; shift 2 ;;
+    --out) need_value "$@"; OUT="$2"; shift 2 ;;
     --out=*) OUT="${1#*=}"; shift ;;
-    -r|--reps) REPS="${2:?$1 needs a number}"; shift 2 ;;
-    -t|--threads) THREADS="${2:?$1 needs a number}"; shift 2 ;;
+    -r|--reps) need_value "$@"; REPS="$2"; shift 2 ;;
+    -t|--threads) need_value "$@"; THREADS="$2"; shift 2 ;;
     --q8) Q8=1; shift ;;
     --no-q8) Q8=0; shift ;;
     --no-repack) REPACK=0; shift ;;
     -h|--help) usage; exit 0 ;;
-    *) usage >&2; die "unknown argument: $1" ;;
+    *) usage >&2; die "unknown argument: $1 (see --help)" ;;
   esac
 done
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "--reps must be a positive integer"
@@ -77,7 +84,9 @@ command -v python3 >/dev/null || die "python3 is needed (pip download, JSON)"
 # The model
 if [ -z "$MODEL" ]; then
   if [ -d "$NEXTOK_CACHE" ]; then
-    MODEL="$(find "$NEXTOK_CACHE" -path "$PEERS" -prune -o -type f -name "$DEFAULT_MODEL_FILE" -print 2>/dev/null | head -n 1)"
+    say "looking for $DEFAULT_MODEL_FILE in $NEXTOK_CACHE"
+    MODEL="$(find "$NEXTOK_CACHE" -path "$PEERS" -prune -o -type f -name "$DEFAULT_MODEL_FILE" -print -quit)" ||
+      die "cannot search $NEXTOK_CACHE for $DEFAULT_MODEL_FILE (pass --model PATH)"
   fi
   if [ -z "$MODEL" ] && [ -f "$REPO/.testdata/smollm2/$DEFAULT_MODEL_FILE" ]; then
     MODEL="$REPO/.testdata/smollm2/$DEFAULT_MODEL_FILE"
@@ -88,8 +97,9 @@ if [ -z "$MODEL" ]; then
 or pass --model PATH"
   fi
 fi
-[ -f "$MODEL" ] || die "$MODEL: no such file"
+[ -f "$MODEL" ] || die "model $MODEL: no such file"
 MODEL="$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")"
+say "model: $MODEL"
 
 # ---------------------------------------------------------------------------------------------
 # Build tools
@@ -98,31 +108,23 @@ ensure_build_tools
 
 # ---------------------------------------------------------------------------------------------
 # Source: the llama-cpp-python sdist
-mkdir -p "$PEERS"
 SRC="$PEERS/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
-if [ ! -f "$SRC/vendor/llama.cpp/CMakeLists.txt" ]; then
-  SDIST="$PEERS/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
-  if [ ! -f "$SDIST" ]; then
-    say "downloading the llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist"
-    python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
-      "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$PEERS"
-  fi
-  [ -f "$SDIST" ] || die "pip download left no $SDIST"
-  say "unpacking $(basename "$SDIST")"
-  rm -rf "$SRC.tmp" && mkdir -p "$SRC.tmp"
-  tar -xzf "$SDIST" -C "$SRC.tmp"
-  rm -rf "$SRC" && mv "$SRC.tmp/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION" "$SRC" && rm -rf "$SRC.tmp"
-fi
+ensure_llama_src "$PEERS" "$LLAMA_CPP_PYTHON_VERSION"
 LLAMA_SRC="$SRC/vendor/llama.cpp"
-[ -f "$LLAMA_SRC/CMakeLists.txt" ] || die "$LLAMA_SRC: not llama.cpp's source"
 
 # The sdist has no git history: take llama.cpp's commit from the release's changelog entry.
-LLAMA_COMMIT="$(awk -v v="## [$LLAMA_CPP_PYTHON_VERSION]" '
-  index($0, v) == 1 { on = 1; next }
-  on && /^## \[/ { exit }
-  on && match($0, /llama\.cpp@[0-9a-f]+/) { print substr($0, RSTART + 10, RLENGTH - 10); exit }
-' "$SRC/CHANGELOG.md" 2>/dev/null || true)"
-LLAMA_COMMIT="${LLAMA_COMMIT:-unknown}"
+LLAMA_COMMIT=""
+if [ -f "$SRC/CHANGELOG.md" ]; then
+  LLAMA_COMMIT="$(awk -v v="## [$LLAMA_CPP_PYTHON_VERSION]" '
+    index($0, v) == 1 { on = 1; next }
+    on && /^## \[/ { exit }
+    on && match($0, /llama\.cpp@[0-9a-f]+/) { print substr($0, RSTART + 10, RLENGTH - 10); exit }
+  ' "$SRC/CHANGELOG.md")" || die "cannot read $SRC/CHANGELOG.md"
+fi
+if [ -z "$LLAMA_COMMIT" ]; then
+  say "warning: no llama.cpp commit for $LLAMA_CPP_PYTHON_VERSION in $SRC/CHANGELOG.md: recording \"unknown\""
+  LLAMA_COMMIT="unknown"
+fi
 
 # ---------------------------------------------------------------------------------------------
 # Build
@@ -133,8 +135,9 @@ have_bins() { local t; for t in "${TARGETS[@]}"; do [ -x "$BIN/$t" ] || return 1
 if have_bins; then
   say "llama.cpp $LLAMA_COMMIT (llama-cpp-python $LLAMA_CPP_PYTHON_VERSION): binaries present in the cache"
 else
-  say "building llama.cpp $LLAMA_COMMIT (llama-cpp-python $LLAMA_CPP_PYTHON_VERSION); this takes a while"
   BUILD_LOG="$PEERS/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-build.log"
+  say "building ${TARGETS[*]} of llama.cpp $LLAMA_COMMIT (llama-cpp-python $LLAMA_CPP_PYTHON_VERSION) into $BUILD; this takes a while (log: $BUILD_LOG)"
+  start=$SECONDS
   {
     cmake -S "$LLAMA_SRC" -B "$BUILD" \
       -DCMAKE_BUILD_TYPE=Release \
@@ -149,26 +152,34 @@ else
     cmake --build "$BUILD" --config Release --target "${TARGETS[@]}" -j 2
   } >"$BUILD_LOG" 2>&1 || { tail -n 40 "$BUILD_LOG" >&2; die "build failed (log: $BUILD_LOG)"; }
   have_bins || die "build finished without ${TARGETS[*]} in $BIN (log: $BUILD_LOG)"
+  say "built in $(( SECONDS - start )) s"
 fi
 
 # ---------------------------------------------------------------------------------------------
 # Measurements
 OUT_DIR="$(dirname "$OUT")"
-mkdir -p "$OUT_DIR"
 WORK="$OUT_DIR/llama_cpp.d"
-rm -rf "$WORK" && mkdir -p "$WORK"
+rm -rf "$WORK" && mkdir -p "$WORK" || die "cannot create $WORK"
 
 # run LOG CMD...: run CMD with its stderr in LOG; on failure show the log's end and stop
+# (a crash names its signal and, with repacking on, suggests --no-repack: on a CPU that advertises
+# AMX the repacked weights' kernels can crash at the first use, with an empty log)
 run() {
-  local log="$1"; shift
-  if ! "$@" 2>"$log"; then
-    tail -n 30 "$log" >&2
-    die "failed: $* (log: $log)"
+  local log="$1" rc=0 why hint=""; shift
+  "$@" 2>"$log" || rc=$?
+  [ "$rc" -ne 0 ] || return 0
+  tail -n 30 "$log" >&2
+  why="exit status $rc"
+  if [ "$rc" -gt 128 ]; then
+    why="killed by SIG$(kill -l "$rc" 2>/dev/null || echo "$(( rc - 128 ))")"
+    [ "$REPACK" -eq 0 ] || hint="; retry with --no-repack"
   fi
+  die "$(basename "$1") failed ($why): $* (log: $log)$hint"
 }
 
 # (help text captured first: `grep -q` on a pipe would end the writer early, and pipefail fail it)
 BB_JSONL=0
+# (--help may exit non-zero: only its text matters)
 BB_HELP="$("$BIN/llama-batched-bench" --help 2>&1 || true)"
 case "$BB_HELP" in *--output-format*jsonl*) BB_JSONL=1 ;; esac
 
@@ -187,7 +198,7 @@ CTX=$(( MAX_NPL * ( (NPP + NTG + 255) / 256 * 256 ) ))
 LOAD_BEFORE="$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo unknown)"
 NCPU="$(nproc 2>/dev/null || echo 1)"
 if [ "$LOAD_BEFORE" != unknown ] && awk -v l="$LOAD_BEFORE" -v n="$NCPU" 'BEGIN { exit !(l > n / 2) }'; then
-  echo "llama_cpp.sh: warning: load average $LOAD_BEFORE on $NCPU CPUs: the numbers will be low and noisy" >&2
+  say "warning: load average $LOAD_BEFORE on $NCPU CPUs: the numbers will be low and noisy"
 fi
 
 VARIANTS=()
@@ -199,7 +210,7 @@ measure() { # NAME MODEL
     -r "$REPS" -o json "${bench_repack[@]}" >"$WORK/$name.bench.json"
   say "[$name] llama-batched-bench npl $NPL, pp $NPP, tg $NTG, ctx $CTX"
   local fmt=()
-  [ "$BB_JSONL" -eq 1 ] && fmt=(--output-format jsonl)
+  if [ "$BB_JSONL" -eq 1 ]; then fmt=(--output-format jsonl); fi
   run "$WORK/$name.batched.log" "$BIN/llama-batched-bench" -m "$model" -c "$CTX" \
     -b "$BATCH" -ub "$BATCH" -npp "$NPP" -ntg "$NTG" -npl "$NPL" -t "$THREADS" -tb "$THREADS" \
     "${fmt[@]}" "${bb_repack[@]}" >"$WORK/$name.batched.out"
@@ -211,16 +222,17 @@ if [ "$Q8" -eq 1 ]; then
   SRC_SHA="$(sha256sum "$MODEL" | cut -d' ' -f1)"
   Q8_MODEL="$PEERS/models/$(basename "$MODEL" .gguf).requant-Q8_0.${SRC_SHA:0:12}.gguf"
   if [ ! -f "$Q8_MODEL" ]; then
-    say "re-quantising to Q8_0 with llama-quantize"
-    mkdir -p "$(dirname "$Q8_MODEL")"
+    say "re-quantising to Q8_0 with llama-quantize into $Q8_MODEL"
+    mkdir -p "$(dirname "$Q8_MODEL")" || die "cannot create $(dirname "$Q8_MODEL")"
     run "$WORK/quantize.log" "$BIN/llama-quantize" --allow-requantize "$MODEL" "$Q8_MODEL.tmp" Q8_0 "$THREADS" >/dev/null
-    mv "$Q8_MODEL.tmp" "$Q8_MODEL"
+    mv "$Q8_MODEL.tmp" "$Q8_MODEL" || die "cannot move $Q8_MODEL.tmp to $Q8_MODEL"
   fi
   measure "requant-q8_0" "$Q8_MODEL"
 fi
 
 # ---------------------------------------------------------------------------------------------
 # Summary
+say "writing $OUT"
 python3 - "$OUT" "$WORK" "$LLAMA_CPP_PYTHON_VERSION" "$LLAMA_COMMIT" "$THREADS" "$REPS" \
   "$NPP" "$NTG" "$CTX" "$BATCH" "$REPACK" "$LOAD_BEFORE" "$NCPU" "$NPL" "${VARIANTS[@]}" <<'PY'
 import hashlib, json, os, re, sys

@@ -3,38 +3,49 @@
 # no CURL/SSL), from the llama-cpp-python sdist's vendor/llama.cpp (pinned as in llama_cpp.sh),
 # into <nextok cache>/peers/llama.cpp-<version>-server-build, and prints the binary's path.
 # A later run with the binary present only prints it. Used by bench/serve.py --llama-server.
+# Progress and errors go to standard error; standard output is the path alone.
 # Not run in CI.
 set -euo pipefail
 LLAMA_CPP_PYTHON_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+
+ME="llama_server.sh"
+die() { echo "$ME: error: $*" >&2; exit 1; }
+say() { echo "$ME: $*" >&2; }
+# Any failure not handled below still says where it happened.
+set -E
+trap 'rc=$?; echo "$ME: error: line $LINENO: exit $rc from: $BASH_COMMAND" >&2; exit $rc' ERR
+
+case "${1:-}" in
+  "") ;;
+  -h|--help)
+    sed -n '2,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    echo
+    echo "Environment: NEXTOK_CACHE_DIR / XDG_CACHE_HOME (cache: <nextok cache>/peers),"
+    echo "LLAMA_CPP_PYTHON_VERSION (default $LLAMA_CPP_PYTHON_VERSION)."
+    exit 0 ;;
+  *) die "unknown argument: $1 (it takes none; see --help)" ;;
+esac
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 NEXTOK_CACHE="${NEXTOK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nextok}"
 PEERS="$NEXTOK_CACHE/peers"
 SRC="$PEERS/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
 BUILD="$PEERS/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-server-build"
 BIN="$BUILD/bin/llama-server"
-die() { echo "llama_server.sh: $*" >&2; exit 1; }
-say() { echo "==> $*" >&2; }
 
 if [ -x "$BIN" ]; then
+  say "llama-server present in the cache"
   echo "$BIN"
   exit 0
 fi
-command -v cmake >/dev/null || die "cmake is needed (apt-get install cmake build-essential)"
-command -v c++ >/dev/null || die "a C++ compiler is needed (apt-get install build-essential)"
-mkdir -p "$PEERS"
-if [ ! -f "$SRC/vendor/llama.cpp/CMakeLists.txt" ]; then
-  SDIST="$PEERS/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
-  if [ ! -f "$SDIST" ]; then
-    say "downloading the llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist"
-    python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
-      "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$PEERS"
-  fi
-  [ -f "$SDIST" ] || die "pip download left no $SDIST"
-  rm -rf "$SRC.tmp" && mkdir -p "$SRC.tmp"
-  tar -xzf "$SDIST" -C "$SRC.tmp"
-  rm -rf "$SRC" && mv "$SRC.tmp/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION" "$SRC" && rm -rf "$SRC.tmp"
-fi
+say "no llama-server in $BUILD yet: building it"
+command -v python3 >/dev/null || die "python3 is needed (pip download)"
+. "$REPO/bench/peers/build_tools.sh"
+ensure_build_tools
+ensure_llama_src "$PEERS" "$LLAMA_CPP_PYTHON_VERSION"
 LOG="$PEERS/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-server-build.log"
-say "building llama-server (log: $LOG); this takes a while"
+say "building llama-server of llama-cpp-python $LLAMA_CPP_PYTHON_VERSION's llama.cpp; this takes a while (log: $LOG)"
+start=$SECONDS
 {
   cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" \
     -DCMAKE_BUILD_TYPE=Release \
@@ -48,4 +59,5 @@ say "building llama-server (log: $LOG); this takes a while"
   cmake --build "$BUILD" --config Release --target llama-server -j 2
 } >"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; die "build failed (log: $LOG)"; }
 [ -x "$BIN" ] || die "the build left no $BIN (log: $LOG)"
+say "built in $(( SECONDS - start )) s"
 echo "$BIN"
