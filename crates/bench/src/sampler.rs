@@ -28,7 +28,8 @@ pub struct BenchArgs {
     /// What to benchmark: `sampler` (synthetic rows, no model), `decode`, `engine` or
     /// `speculative` (the real model).
     pub what: String,
-    /// `decode`: a llama-architecture GGUF file (default: the default model, fetched once).
+    /// `decode`: a GGUF file of a supported family, or a model name (default: the default
+    /// model, fetched once).
     #[arg(long)]
     pub model: Option<std::path::PathBuf>,
     /// `decode`: tokens per run.

@@ -1,6 +1,6 @@
 //! `nextok generate` and `nextok replay`: decoding a real model end to end.
 //!
-//! `generate` loads a llama-architecture GGUF model (`--model PATH`, or the default model
+//! `generate` loads a GGUF model of a supported family (`--model PATH` or a model name, or the default model
 //! fetched once into the cache), tokenises the prompt (or renders the file's chat template with
 //! `--chat`), and streams the continuation to stdout through the sampler's text stream. The
 //! sampling flags carry vLLM / OpenAI names and build a preset pipeline (`--pipeline`, default
@@ -112,7 +112,8 @@ pub struct GenerateArgs {
     /// A system message for `--chat` (else the template's default, if any).
     #[arg(long)]
     pub system: Option<String>,
-    /// A llama-architecture GGUF file (default: SmolLM2-135M-Instruct Q4_1, fetched once).
+    /// A GGUF file (llama, qwen2, qwen3, gemma3 or phi3), or a model name fetched once
+    /// (`smollm2-135m-instruct`, the default; `gemma-3-270m`).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Re-quantise the weights at load.
@@ -284,8 +285,15 @@ fn engine_with(
     }
 }
 
+/// The model file `--model` names: a path, or a model name ([`fetch::NAMED_MODELS`]:
+/// `smollm2-135m-instruct`, `gemma-3-270m`) fetched into the cache once and hash-checked; the
+/// default model when absent. An existing file of that name wins over a model name.
 pub(crate) fn model_path(arg: Option<&Path>) -> Result<PathBuf, CliError> {
     match arg {
+        Some(p) if !p.exists() => match p.to_str().and_then(fetch::named_model) {
+            Some(r) => Ok(r?),
+            None => Ok(p.to_path_buf()),
+        },
         Some(p) => Ok(p.to_path_buf()),
         None => Ok(fetch::default_model()?),
     }

@@ -20,7 +20,8 @@ use crate::error::CliError;
 /// Arguments of `nextok serve`.
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// A llama-architecture GGUF file (default: SmolLM2-135M-Instruct Q4_1, fetched once).
+    /// A GGUF file (llama, qwen2, qwen3, gemma3 or phi3), or a model name fetched once
+    /// (`smollm2-135m-instruct`, the default; `gemma-3-270m`).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Re-quantise the weights at load.

@@ -24,7 +24,8 @@ pub struct SourceArgs {
     /// A Hugging Face tokenizer.json.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<String>,
-    /// A GGUF model file (only its metadata is read).
+    /// A GGUF model file (only its metadata is read), or a model name (`gemma-3-270m`,
+    /// `smollm2-135m-instruct`) fetched once into the cache.
     #[arg(long, value_name = "FILE.gguf")]
     pub model: Option<String>,
     /// EOS ids to use instead of the derived ones (repeat the flag or separate by commas).
@@ -114,9 +115,12 @@ impl SourceArgs {
                 Ok((v, p.to_string(), None))
             }
             Source::Gguf(p) => {
-                let g = Gguf::read_file(p)?;
-                let v = Vocabulary::from_gguf(&g, p, &opts)?;
-                Ok((v, p.to_string(), Some(g)))
+                // a path, or a model name fetched once (`--model gemma-3-270m`)
+                let path = crate::generate::model_path(Some(std::path::Path::new(p)))?;
+                let label = path.display().to_string();
+                let g = Gguf::read_file(&path)?;
+                let v = Vocabulary::from_gguf(&g, &label, &opts)?;
+                Ok((v, label, Some(g)))
             }
         }
     }

@@ -184,9 +184,10 @@ fn bad_input_is_one_line_and_exit_2() {
         ],
     );
     let sp = scratch("spm.gguf", &spm);
+    // a SentencePiece vocabulary without its 256 byte-fallback tokens
     fails(
         &["tokenize", "--model", &sp, "--text", "a"],
-        "tokenizer.ggml.model",
+        "field `tokenizer.ggml.tokens`",
     );
 }
 

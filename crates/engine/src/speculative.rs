@@ -83,7 +83,7 @@ impl Drafter for NgramDrafter {
 /// draft cuts it back to the longest prefix it shares with the context, feeds the rest, then
 /// decodes `k` tokens greedily (raw logits, lowest id on ties).
 pub struct ModelDrafter {
-    src: nextok_model::LlamaSource,
+    src: nextok_model::ModelSource,
     /// The tokens `src` has been fed, in order.
     fed: Vec<u32>,
 }

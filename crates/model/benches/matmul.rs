@@ -2,17 +2,21 @@
 //! `QMatMul::forward` on the same weights and inputs, on SmolLM2-135M's shapes (576→576,
 //! 576→1536 and 1536→576 Q4_1, the 576→49152 Q8_0 tied embedding), for B = 1, 4, 16, 64, 512
 //! activation rows. The weights come from the real model (`scripts/fetch-testdata.sh`) when it
-//! is present, else random blocks of the same shapes. Both sides include quantising the
+//! is present, else random blocks of the same shapes. Then every other weight format the kernels
+//! keep as it is (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, F32) on random 1536→576
+//! matrices (the feed-forward down projection's shape; 1536 is a multiple of the K-quants' 256);
+//! candle has no BF16 matrices, so that one runs alone. Both sides include quantising the
 //! activations; throughput is in multiply-accumulates (`rows · cols · B`) per second.
 //!
-//! Filter with e.g. `cargo bench -p nextok-model --bench matmul -- 'q4_1 576x576'`.
+//! Filter with e.g. `cargo bench -p nextok-model --bench matmul -- 'q4_1 576x576'` or
+//! `-- 'q4_k.*/(ours|candle)/(1|64)$'`.
 
 use candle_core::quantized::{
     ggml_file::qtensor_from_ggml, gguf_file, GgmlDType, QMatMul, QTensor,
 };
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use nextok_model::kernels::{matmul, Activations, QMatrix};
+use nextok_model::kernels::{matmul, Activations, MatFormat, QMatrix};
 
 const BATCHES: [usize; 5] = [1, 4, 16, 64, 512];
 
@@ -77,12 +81,46 @@ fn matrices() -> Vec<(String, QTensor)> {
         .collect()
 }
 
+/// The other formats: (label, our matrix, candle's when it has the format).
+fn other_formats() -> Vec<(String, QMatrix, Option<QTensor>)> {
+    let (rows, cols) = (576, 1536);
+    let mut rng = Rng(43);
+    let x: Vec<f32> = (0..rows * cols).map(|_| rng.unit() * 0.05).collect();
+    let t = Tensor::from_slice(&x, (rows, cols), &Device::Cpu).unwrap();
+    let mut out = Vec::new();
+    for (dtype, name) in [
+        (GgmlDType::Q4_0, "q4_0"),
+        (GgmlDType::Q5_0, "q5_0"),
+        (GgmlDType::Q5_1, "q5_1"),
+        (GgmlDType::Q4K, "q4_k"),
+        (GgmlDType::Q5K, "q5_k"),
+        (GgmlDType::Q6K, "q6_k"),
+        (GgmlDType::F16, "f16"),
+        (GgmlDType::F32, "f32"),
+    ] {
+        let q = QTensor::quantize(&t, dtype).unwrap();
+        let ours = QMatrix::from_qtensor(&q).unwrap();
+        assert_eq!(ours.format().ggml_dtype(), Some(dtype));
+        out.push((format!("{name} 1536->576"), ours, Some(q)));
+    }
+    let bf: Vec<u8> = x
+        .iter()
+        .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+        .collect();
+    let ours = QMatrix::from_ggml(MatFormat::BF16, rows, cols, &bf).unwrap();
+    out.push(("bf16 1536->576".to_string(), ours, None));
+    out
+}
+
 fn bench(c: &mut Criterion) {
     let mut rng = Rng(7);
-    for (label, qt) in matrices() {
-        let (rows, cols) = qt.shape().dims2().unwrap();
+    let first = matrices().into_iter().map(|(label, qt)| {
         let ours = QMatrix::from_qtensor(&qt).unwrap();
-        let candle = QMatMul::from_qtensor(qt).unwrap();
+        (label, ours, Some(qt))
+    });
+    for (label, ours, qt) in first.chain(other_formats()) {
+        let (rows, cols) = (ours.rows(), ours.cols());
+        let candle = qt.map(|qt| QMatMul::from_qtensor(qt).unwrap());
         let mut g = c.benchmark_group(format!("matmul/{label}"));
         g.sample_size(10);
         g.warm_up_time(std::time::Duration::from_millis(500));
@@ -91,9 +129,11 @@ fn bench(c: &mut Criterion) {
             let x: Vec<f32> = (0..b * cols).map(|_| rng.unit()).collect();
             let xt = Tensor::from_slice(&x, (b, cols), &Device::Cpu).unwrap();
             g.throughput(Throughput::Elements((rows * cols * b) as u64));
-            g.bench_with_input(BenchmarkId::new("candle", b), &b, |bench, _| {
-                bench.iter(|| candle.forward(&xt).unwrap())
-            });
+            if let Some(candle) = &candle {
+                g.bench_with_input(BenchmarkId::new("candle", b), &b, |bench, _| {
+                    bench.iter(|| candle.forward(&xt).unwrap())
+                });
+            }
             let mut a = Activations::new();
             let mut out = vec![0f32; b * rows];
             g.bench_with_input(BenchmarkId::new("ours", b), &b, |bench, _| {

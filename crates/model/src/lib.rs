@@ -6,9 +6,12 @@
 //! `-n` sequences from one prompt) and [`truncate`](LogitsSource::truncate) back to an accepted
 //! prefix (speculative decoding, replay).
 //!
-//! * [`llama`] — a llama-architecture GGUF model (CPU): one forward pass over a batch of
-//!   sequences at their own positions ([`LlamaWeights::forward_batch`]), batch-invariant, on
-//!   nextok's own quantised kernels; optional re-quantisation to Q8_0;
+//! * [`transformer`] — the forward pass every supported family shares (CPU): one pass over a
+//!   batch of sequences at their own positions ([`ModelWeights::forward_batch`]),
+//!   batch-invariant, on nextok's own quantised kernels; optional re-quantisation to Q8_0;
+//! * [`arch`] — the families (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`): what each one's
+//!   metadata means for the shared forward pass;
+//! * [`file`] — a GGUF file parsed once for the weights, vocabulary, tokenizer and template;
 //! * [`kv`] — the paged KV cache: blocks shared by forks and the prefix cache, copied on write;
 //! * [`Model`] — a loaded GGUF file: weights, its exact-bytes vocabulary, the tokenizer rebuilt
 //!   from GGUF metadata, the chat template, and the file's SHA-256;
@@ -21,23 +24,26 @@
 
 #![warn(missing_docs)]
 
+pub mod arch;
 pub mod beam;
 pub mod chat;
 mod error;
 pub mod fetch;
+pub mod file;
 pub mod kernels;
 pub mod kv;
-pub mod llama;
 pub mod scripted;
+pub mod transformer;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+pub use arch::{Arch, ArchConfig};
 pub use error::{ModelError, ModelErrorKind, Result};
 pub use kv::{KvGeometry, KvPool, SeqKv};
-pub use llama::{BatchSeq, LlamaSource, LlamaWeights, LogitRows, Requant, Scratch};
+pub use transformer::{BatchSeq, LogitRows, ModelSource, ModelWeights, Requant, Scratch};
 
 /// One sequence of a model: produces the raw logits after each id it is fed.
 pub trait LogitsSource: Sized {
@@ -75,10 +81,10 @@ pub trait LogitsSource: Sized {
     }
 }
 
-/// A loaded llama-architecture GGUF model with its vocabulary and tokenizer.
+/// A loaded GGUF model of a supported family with its vocabulary and tokenizer.
 pub struct Model {
     /// The shared weights.
-    pub weights: Arc<LlamaWeights>,
+    pub weights: Arc<ModelWeights>,
     /// Exact bytes, EOS and special ids of every token (sized to the logits row).
     pub vocab: nextok_vocab::Vocabulary,
     /// Text → ids, rebuilt from the GGUF metadata.
@@ -122,25 +128,9 @@ pub fn simd_features() -> String {
     }
 }
 
-/// The longest context (`llama.context_length`) a model may declare: the rotary tables are
+/// The longest context (`{arch}.context_length`) a model may declare: the rotary tables are
 /// computed for every position at load.
 pub const MAX_CONTEXT: usize = 1 << 20;
-
-/// Checks a GGUF file before a loader allocates from its sizes: the metadata and every tensor
-/// description against the file's length (see
-/// [`nextok_vocab::gguf::Gguf::read_file_with_tensors`]), and the byte order (the tensor reader
-/// reads little-endian files only).
-pub fn check_gguf(path: &Path) -> Result<()> {
-    let (g, _) = nextok_vocab::gguf::Gguf::read_file_with_tensors(path)?;
-    if g.big_endian {
-        return Err(ModelError::new(format!(
-            "{}: big-endian GGUF files are not supported for models",
-            path.display()
-        ))
-        .with_kind(ModelErrorKind::Format));
-    }
-    Ok(())
-}
 
 /// SHA-256 of a file, hex.
 pub fn sha256_file(path: &Path) -> Result<String> {
@@ -159,17 +149,33 @@ pub(crate) fn hex(b: &[u8]) -> String {
 }
 
 impl Model {
-    /// Loads `path` (a llama-architecture GGUF file) for the CPU.
+    /// Loads `path` (a GGUF file of a supported family, see [`Arch`]) for the CPU. The file
+    /// is parsed once; matrices in a format nextok has no kernel for are converted, and said so
+    /// once on standard error, naming them.
     pub fn load(path: &Path, requant: Requant) -> Result<Model> {
-        let weights = Arc::new(LlamaWeights::load(path, requant)?);
-        let g = nextok_vocab::gguf::Gguf::read_file(path)?;
+        let f = file::GgufFile::open(path)?;
+        let weights = Arc::new(ModelWeights::from_file(&f, requant)?);
+        if let Some(first) = weights.converted.first() {
+            let more = weights.converted.len() - 1;
+            eprintln!(
+                "nextok: {}: no kernel for the format of {} matri{} ({} is {}{}): converted to {} at load",
+                path.display(),
+                weights.converted.len(),
+                if more == 0 { "x" } else { "ces" },
+                first.tensor,
+                first.from,
+                if more == 0 { String::new() } else { format!(", and {more} more") },
+                first.to
+            );
+        }
+        let g = f.meta();
         let label = path.display().to_string();
         let opts = nextok_vocab::LoadOptions {
             vocab_size: Some(weights.config.vocab_size),
             ..Default::default()
         };
-        let vocab = nextok_vocab::Vocabulary::from_gguf(&g, &label, &opts)?;
-        let encoder = nextok_vocab::encode::Encoder::from_gguf(&g, &label)?;
+        let vocab = nextok_vocab::Vocabulary::from_gguf(g, &label, &opts)?;
+        let encoder = nextok_vocab::encode::Encoder::from_gguf(g, &label)?;
         let chat_template = g
             .get("tokenizer.chat_template")
             .and_then(|v| v.as_str())
@@ -185,8 +191,8 @@ impl Model {
     }
 
     /// A new, empty sequence.
-    pub fn source(&self) -> LlamaSource {
-        LlamaSource::new(self.weights.clone())
+    pub fn source(&self) -> ModelSource {
+        ModelSource::new(self.weights.clone())
     }
 
     /// The ids of `text` as a prompt: special tokens written in the text are recognised, and a

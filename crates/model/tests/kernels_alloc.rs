@@ -1,9 +1,10 @@
-//! `kernels::matmul` and `Activations::quantize` allocate nothing once the activation buffer is
-//! big enough: counted with a global allocator, single-threaded (inside a one-thread rayon pool)
-//! and, after a warm-up, on a two-thread pool. On two threads, rayon's own bookkeeping (a
-//! worker's deque growing the first time it steals a deeper job, which depends on timing on a
-//! loaded machine) may allocate once; an allocation of the kernels would recur in every pass,
-//! so the test counts three passes after the warm-up and asserts that one of them is zero.
+//! `kernels::matmul` and `Activations::quantize` allocate nothing once the activation buffers are
+//! big enough (every activation format: Q8_1, Q8_K, F16, BF16): counted with a global allocator,
+//! single-threaded (inside a one-thread rayon pool) and, after a warm-up, on a two-thread pool.
+//! On two threads, rayon's own bookkeeping (a worker's deque growing the first time it steals a
+//! deeper job, which depends on timing on a loaded machine) may allocate once; an allocation of
+//! the kernels would recur in every pass, so the test counts three passes after the warm-up and
+//! asserts that one of them is zero.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -42,14 +43,13 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 fn matrix(format: MatFormat, rows: usize, cols: usize) -> QMatrix {
-    let block = match format {
-        MatFormat::Q4_1 => 20,
-        MatFormat::Q8_0 => 34,
-    };
-    let bytes: Vec<u8> = (0..rows * cols / 32 * block)
+    let block = format.block_bytes();
+    let bytes: Vec<u8> = (0..rows * cols / format.block_values() * block)
         .map(|i| match i % block {
-            1 | 3 => 0x1c, // small positive f16 scales
-            _ => (i * 37 % 251) as u8,
+            // small positive f16 scales of Q4_1 / Q8_0; values of 0..0x3f elsewhere (finite
+            // whatever they encode)
+            1 | 3 if matches!(format, MatFormat::Q4_1 | MatFormat::Q8_0) => 0x1c,
+            _ => (i * 37 % 251) as u8 & 0x3f,
         })
         .collect();
     QMatrix::from_ggml(format, rows, cols, &bytes).unwrap()
@@ -61,10 +61,15 @@ fn count(threads: usize) -> Vec<usize> {
         .num_threads(threads)
         .build()
         .unwrap();
-    let cols = 576;
+    let cols = 768;
     let mats = [
         matrix(MatFormat::Q4_1, 300, cols),
         matrix(MatFormat::Q8_0, 1000, cols),
+        matrix(MatFormat::Q4_K, 200, cols),
+        matrix(MatFormat::Q6_K, 100, cols),
+        matrix(MatFormat::Q5_0, 100, cols),
+        matrix(MatFormat::F16, 50, cols),
+        matrix(MatFormat::BF16, 50, cols),
     ];
     let x: Vec<f32> = (0..70 * cols)
         .map(|i| (i % 97) as f32 / 50.0 - 1.0)

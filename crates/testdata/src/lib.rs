@@ -20,6 +20,8 @@ pub mod vectors;
 pub const SMOLLM2: &str = "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The Llama-3 `tokenizer.json`, relative to [`dir`].
 pub const LLAMA3: &str = "llama3/tokenizer.json";
+/// Gemma 3 270M Q4_K_M (assembled from its four part packages).
+pub const GEMMA3_270M: &str = "gemma3/gemma-3-270m-q4_k_m.gguf";
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {

@@ -15,8 +15,11 @@
 //! * [`gguf`] — a small reader of GGUF v2/v3 metadata (header and key–value pairs, stopping
 //!   before tensor data), and [`Vocabulary::from_gguf`] for `tokenizer.ggml.*` vocabularies
 //!   (`gpt2` and `llama` models);
-//! * [`encode`] (feature `encode`, on by default) — text → ids through the `tokenizers` crate,
-//!   from a `tokenizer.json` or rebuilt from GGUF metadata.
+//! * [`encode`] (feature `encode`, on by default) — text → ids: a `tokenizer.json` through the
+//!   `tokenizers` crate; GGUF metadata with llama.cpp's ids — byte-level BPE vocabularies
+//!   (Llama 3, Qwen 2/3, GPT-2, SmolLM, …) rebuilt for the `tokenizers` crate with llama.cpp's
+//!   pre-tokenizer regexes, SentencePiece vocabularies (Llama 2, Phi-3, Gemma 3) by llama.cpp's
+//!   score-driven merge algorithm implemented here.
 //!
 //! ```
 //! use nextok_vocab::{LoadOptions, Vocabulary};
@@ -94,6 +97,8 @@ pub mod error;
 pub mod gguf;
 mod gguf_vocab;
 pub mod hf;
+#[cfg(feature = "encode")]
+mod spm;
 
 use std::path::Path;
 

@@ -12,7 +12,7 @@ pub(super) use fallback::*;
 
 #[cfg(not(target_arch = "x86_64"))]
 mod fallback {
-    use super::super::{scalar, Activations, QMatrix, BLOCK};
+    use super::super::{scalar, Acts, QMatrix, BLOCK};
 
     /// Never on this architecture.
     pub(in super::super) fn available() -> bool {
@@ -47,7 +47,7 @@ mod fallback {
         w: &QMatrix,
         r0: usize,
         nr: usize,
-        a: &Activations,
+        a: &Acts<'_>,
         b0: usize,
         n: usize,
     ) -> [[f32; 4]; 4] {
@@ -61,7 +61,7 @@ mod fallback {
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::{Activations, Chunk, MatFormat, QMatrix, BLOCK};
+    use super::super::{Acts, Chunk, MatFormat, QMatrix, BLOCK};
 
     /// Whether this CPU has AVX2, FMA and F16C.
     pub(in super::super) fn available() -> bool {
@@ -84,7 +84,11 @@ mod imp {
                 _mm256_loadu_ps(p.add(24)),
             ]
         };
-        let a = v.map(|v| _mm256_andnot_ps(sign, v));
+        // NaN lanes count as zero, as in the scalar fold (a NaN never compares greater).
+        let a = v.map(|v| {
+            let a = _mm256_andnot_ps(sign, v);
+            _mm256_and_ps(a, _mm256_cmp_ps::<_CMP_ORD_Q>(a, a))
+        });
         let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
         let h = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
         let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
@@ -147,7 +151,7 @@ mod imp {
         w: &QMatrix,
         r0: usize,
         nr: usize,
-        a: &Activations,
+        a: &Acts<'_>,
         b0: usize,
         n: usize,
     ) -> [[f32; 4]; 4] {
@@ -166,6 +170,7 @@ mod imp {
             MatFormat::Q8_0 => {
                 go!(q8_0; (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 1), (2, 2), (2, 3), (2, 4))
             }
+            _ => return super::super::avx2k::dot_tile(w, r0, nr, a, b0, n),
         }
         let mut res = [[0f32; 4]; 4];
         for (ri, res) in res.iter_mut().enumerate().take(nr.min(4)) {
@@ -187,7 +192,7 @@ mod imp {
     fn tile<'a, const R: usize, const N: usize>(
         w: &'a QMatrix,
         r0: usize,
-        a: &'a Activations,
+        a: &'a Acts<'_>,
         b0: usize,
     ) -> Tile<'a, R, N> {
         Tile {
@@ -254,7 +259,7 @@ mod imp {
     fn q4_1<const R: usize, const N: usize>(
         w: &QMatrix,
         r0: usize,
-        a: &Activations,
+        a: &Acts<'_>,
         b0: usize,
     ) -> [[f32; 4]; 4] {
         let nb = w.nb;
@@ -352,7 +357,7 @@ mod imp {
     fn q8_0<const R: usize, const N: usize>(
         w: &QMatrix,
         r0: usize,
-        a: &Activations,
+        a: &Acts<'_>,
         b0: usize,
     ) -> [[f32; 4]; 4] {
         let nb = w.nb;

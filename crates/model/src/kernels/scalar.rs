@@ -5,11 +5,12 @@
 
 use half::f16;
 
-use super::{Activations, MatFormat, QMatrix, BLOCK};
+use super::{Acts, MatFormat, QMatrix, BLOCK};
 
-/// `max |x_i|` over one block.
+/// `max |x_i|` over one block, NaNs ignored (0 when every value is NaN or zero).
 pub(super) fn amax(x: &[f32; BLOCK]) -> f32 {
-    // Same result as `_mm256_max_ps` in any order for non-NaN input (max is exact).
+    // The AVX2 code zeroes NaN lanes, then takes `_mm256_max_ps` in another order: the same
+    // result (max is exact).
     x.iter()
         .fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m })
 }
@@ -52,7 +53,7 @@ pub(super) fn dot_tile(
     w: &QMatrix,
     r0: usize,
     nr: usize,
-    a: &Activations,
+    a: &Acts<'_>,
     b0: usize,
     n: usize,
 ) -> [[f32; 4]; 4] {
@@ -66,9 +67,19 @@ pub(super) fn dot_tile(
 }
 
 /// The dot of weight row `r` with activation row `b`, in the order of the module docs.
-fn dot(w: &QMatrix, r: usize, a: &Activations, b: usize) -> f32 {
+pub(super) fn dot(w: &QMatrix, r: usize, a: &Acts<'_>, b: usize) -> f32 {
+    match w.format {
+        MatFormat::Q4_K | MatFormat::Q5_K | MatFormat::Q6_K => dot_k(w, r, a, b),
+        MatFormat::F16 | MatFormat::BF16 | MatFormat::F32 => dot_float(w, r, a, b),
+        _ => dot32(w, r, a, b),
+    }
+}
+
+/// Q8_0, Q4_0, Q5_0 × Q8_0 and Q4_1, Q5_1 × Q8_1.
+fn dot32(w: &QMatrix, r: usize, a: &Acts<'_>, b: usize) -> f32 {
     let mut acc = [0f32; 8];
     let mut summ = 0f32;
+    let has_min = matches!(w.format, MatFormat::Q4_1 | MatFormat::Q5_1);
     for k in 0..w.nb {
         let dw = f16::from_bits(w.d[r * w.nbp + k]).to_f32();
         let sc = dw * a.d[b * a.nbp + k];
@@ -79,19 +90,113 @@ fn dot(w: &QMatrix, r: usize, a: &Activations, b: usize) -> f32 {
                 .sum();
             *acc = sc.mul_add(p as f32, *acc);
         }
-        if w.format == MatFormat::Q4_1 {
+        if has_min {
             let m = f16::from_bits(w.m[r * w.nbp + k]).to_f32();
             summ = m.mul_add(a.s[k * a.np4 + b], summ);
         }
     }
     let h = hsum8(&acc);
+    if has_min {
+        h + summ
+    } else {
+        h
+    }
+}
+
+/// Q4_K, Q5_K, Q6_K × Q8_K.
+fn dot_k(w: &QMatrix, r: usize, a: &Acts<'_>, b: usize) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut accm = [0f32; 4];
+    let mut summs = 0f32;
+    for k in 0..w.nb {
+        let blk = b * a.knb + k;
+        let da = a.kd[blk];
+        let dw = f16::from_bits(w.d[r * w.nbp + k]).to_f32();
+        let sc = &w.sc[r * w.nb + k];
+        let aq = &a.kq[blk * 8..(blk + 1) * 8];
+        let mut isum = [0i32; 8];
+        for (g, aq) in aq.iter().enumerate() {
+            for (l, isum) in isum.iter_mut().enumerate() {
+                let scale = match w.format {
+                    MatFormat::Q6_K => sc[2 * g + l / 4] as i8 as i32,
+                    _ => sc[g] as i32,
+                };
+                let offset = if w.format == MatFormat::Q6_K { 32 } else { 0 };
+                let p: i32 = (4 * l..4 * l + 4)
+                    .map(|e| (w.kquant(r, k, 32 * g + e) - offset) * (aq.0[e] as i8 as i32))
+                    .sum();
+                *isum += scale * p;
+            }
+        }
+        let d = da * dw;
+        for (acc, &isum) in acc.iter_mut().zip(&isum) {
+            *acc = d.mul_add(isum as f32, *acc);
+        }
+        if w.format != MatFormat::Q6_K {
+            let bs = &a.kbs[blk];
+            let prod: [i32; 4] = std::array::from_fn(|t| {
+                let s0 = bs[4 * t] as i32 + bs[4 * t + 1] as i32;
+                let s1 = bs[4 * t + 2] as i32 + bs[4 * t + 3] as i32;
+                sc[8 + 2 * t] as i32 * s0 + sc[8 + 2 * t + 1] as i32 * s1
+            });
+            let dmin = -(da * f16::from_bits(w.m[r * w.nbp + k]).to_f32());
+            if w.format == MatFormat::Q4_K {
+                for (accm, &p) in accm.iter_mut().zip(&prod) {
+                    *accm = dmin.mul_add(p as f32, *accm);
+                }
+            } else {
+                summs = dmin.mul_add(prod.iter().sum::<i32>() as f32, summs);
+            }
+        }
+    }
+    let h = hsum8(&acc);
     match w.format {
-        MatFormat::Q4_1 => h + summ,
-        MatFormat::Q8_0 => h,
+        MatFormat::Q4_K => h + ((accm[0] + accm[2]) + (accm[1] + accm[3])),
+        MatFormat::Q5_K => h + summs,
+        _ => h,
+    }
+}
+
+/// Activation value `e` of row `b` in the format float weights of `format` multiply.
+#[inline]
+fn act_val(a: &Acts<'_>, format: MatFormat, b: usize, e: usize) -> f32 {
+    let i = b * a.cols + e;
+    match format {
+        MatFormat::F16 => f16::from_bits(a.h[i]).to_f32(),
+        MatFormat::BF16 => half::bf16::from_bits(a.bh[i]).to_f32(),
+        _ => a.x[i],
+    }
+}
+
+/// F32, F16, BF16.
+fn dot_float(w: &QMatrix, r: usize, a: &Acts<'_>, b: usize) -> f32 {
+    let bf = w.format == MatFormat::BF16;
+    let mut acc = [[0f32; 8]; 4];
+    for s in 0..w.cols / 32 {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            for (l, acc) in acc.iter_mut().enumerate() {
+                let e = 32 * s + 8 * j + l;
+                let (x, y) = (w.fval(r, e), act_val(a, w.format, b, e));
+                *acc = if bf { x * y + *acc } else { x.mul_add(y, *acc) };
+            }
+        }
+    }
+    let c: [f32; 8] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    if bf {
+        hsum8(&c)
+    } else {
+        reduce8(&c)
     }
 }
 
 /// llama.cpp's `hsum_float_8` tree: `((x4 + x0) + (x6 + x2)) + ((x5 + x1) + (x7 + x3))`.
 pub(super) fn hsum8(x: &[f32; 8]) -> f32 {
     ((x[4] + x[0]) + (x[6] + x[2])) + ((x[5] + x[1]) + (x[7] + x[3]))
+}
+
+/// The last step of llama.cpp's `GGML_F32_VEC_REDUCE` (AVX): `t_l = x_l + x_{l+4}`, then
+/// `(t_0 + t_1) + (t_2 + t_3)`.
+pub(super) fn reduce8(x: &[f32; 8]) -> f32 {
+    let t: [f32; 4] = std::array::from_fn(|l| x[l] + x[l + 4]);
+    (t[0] + t[1]) + (t[2] + t[3])
 }

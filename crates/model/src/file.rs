@@ -1,0 +1,274 @@
+//! A GGUF model file, parsed once.
+//!
+//! [`GgufFile::open`] reads the metadata and the tensor descriptions with the vocabulary
+//! crate's parser ([`nextok_vocab::gguf`]), which checks every size against the file's length
+//! before anything is allocated from it. The same parsed metadata then serves the weights, the
+//! vocabulary, the tokenizer and the chat template; each tensor's bytes are read when its loader
+//! asks for them.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use nextok_vocab::gguf::{ggml_type_size, Gguf, GgufTensors, TensorInfo, Value};
+
+use crate::error::{ModelError, ModelErrorKind, Result};
+
+/// GGML type ids (the `ggml_type` of a tensor description).
+pub mod ggml_type {
+    /// 32-bit float.
+    pub const F32: u32 = 0;
+    /// IEEE half.
+    pub const F16: u32 = 1;
+    /// 4-bit, scale per 32.
+    pub const Q4_0: u32 = 2;
+    /// 4-bit, scale and minimum per 32.
+    pub const Q4_1: u32 = 3;
+    /// 5-bit, scale per 32.
+    pub const Q5_0: u32 = 6;
+    /// 5-bit, scale and minimum per 32.
+    pub const Q5_1: u32 = 7;
+    /// 8-bit, scale per 32.
+    pub const Q8_0: u32 = 8;
+    /// 2-bit K-quant (256 per super-block).
+    pub const Q2_K: u32 = 10;
+    /// 3-bit K-quant.
+    pub const Q3_K: u32 = 11;
+    /// 4-bit K-quant.
+    pub const Q4_K: u32 = 12;
+    /// 5-bit K-quant.
+    pub const Q5_K: u32 = 13;
+    /// 6-bit K-quant.
+    pub const Q6_K: u32 = 14;
+    /// brain float 16.
+    pub const BF16: u32 = 30;
+
+    /// GGML's name of a type id.
+    pub fn name(t: u32) -> String {
+        match t {
+            F32 => "F32".into(),
+            F16 => "F16".into(),
+            Q4_0 => "Q4_0".into(),
+            Q4_1 => "Q4_1".into(),
+            Q5_0 => "Q5_0".into(),
+            Q5_1 => "Q5_1".into(),
+            Q8_0 => "Q8_0".into(),
+            9 => "Q8_1".into(),
+            Q2_K => "Q2_K".into(),
+            Q3_K => "Q3_K".into(),
+            Q4_K => "Q4_K".into(),
+            Q5_K => "Q5_K".into(),
+            Q6_K => "Q6_K".into(),
+            15 => "Q8_K".into(),
+            16 => "IQ2_XXS".into(),
+            17 => "IQ2_XS".into(),
+            18 => "IQ3_XXS".into(),
+            19 => "IQ1_S".into(),
+            20 => "IQ4_NL".into(),
+            21 => "IQ3_S".into(),
+            22 => "IQ2_S".into(),
+            23 => "IQ4_XS".into(),
+            29 => "IQ1_M".into(),
+            BF16 => "BF16".into(),
+            other => format!("type {other}"),
+        }
+    }
+}
+
+/// A GGUF file: its metadata and tensor descriptions (parsed once), and the open file for
+/// reading tensor data.
+pub struct GgufFile {
+    path: PathBuf,
+    meta: Gguf,
+    tensors: GgufTensors,
+    index: HashMap<String, usize>,
+    file: File,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("tensors", &self.tensors.infos.len())
+            .finish()
+    }
+}
+
+fn format_err(msg: String) -> ModelError {
+    ModelError::new(msg).with_kind(ModelErrorKind::Format)
+}
+
+impl GgufFile {
+    /// Parses `path`'s metadata and tensor descriptions (every size checked against the file)
+    /// and keeps the file open. Big-endian files are refused (tensor data is read
+    /// little-endian); a tensor name that appears twice is an error naming it.
+    pub fn open(path: &Path) -> Result<GgufFile> {
+        let (meta, tensors) = nextok_vocab::gguf::Gguf::read_file_with_tensors(path)?;
+        if meta.big_endian {
+            return Err(format_err(format!(
+                "{}: big-endian GGUF files are not supported for models",
+                path.display()
+            )));
+        }
+        let mut index = HashMap::with_capacity(tensors.infos.len());
+        for (i, t) in tensors.infos.iter().enumerate() {
+            if index.insert(t.name.clone(), i).is_some() {
+                return Err(format_err(format!(
+                    "{}: tensor `{}` is described twice",
+                    path.display(),
+                    t.name
+                )));
+            }
+        }
+        let file = File::open(path).map_err(|e| {
+            ModelError::new(format!("{}: cannot open: {e}", path.display()))
+                .with_kind(ModelErrorKind::Io)
+                .with_source(e)
+        })?;
+        Ok(GgufFile {
+            path: path.to_path_buf(),
+            meta,
+            tensors,
+            index,
+            file,
+        })
+    }
+
+    /// Where the file was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The metadata.
+    pub fn meta(&self) -> &Gguf {
+        &self.meta
+    }
+
+    /// The metadata value of `key`.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.meta.get(key)
+    }
+
+    /// Number of tensors the file describes.
+    pub fn tensor_count(&self) -> usize {
+        self.tensors.infos.len()
+    }
+
+    /// The description of tensor `name`.
+    pub fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.index.get(name).map(|&i| &self.tensors.infos[i])
+    }
+
+    /// The description of tensor `name`, or an error naming it.
+    pub fn require(&self, name: &str) -> Result<&TensorInfo> {
+        self.info(name).ok_or_else(|| {
+            format_err(format!(
+                "{}: tensor `{name}` is missing",
+                self.path.display()
+            ))
+        })
+    }
+
+    /// The raw bytes of tensor `t` (its size was checked against the file at open).
+    pub fn bytes(&self, t: &TensorInfo) -> Result<Vec<u8>> {
+        let (block, size) = ggml_type_size(t.ggml_type).ok_or_else(|| {
+            format_err(format!(
+                "tensor `{}`: unknown format {}",
+                t.name,
+                ggml_type::name(t.ggml_type)
+            ))
+        })?;
+        let elems: u64 = t.dims.iter().product();
+        let n = usize::try_from(elems / block * size)
+            .map_err(|_| format_err(format!("tensor `{}`: too large", t.name)))?;
+        let mut out = vec![0u8; n];
+        let mut f = &self.file;
+        f.seek(SeekFrom::Start(self.tensors.data_offset + t.offset))
+            .and_then(|_| f.read_exact(&mut out))
+            .map_err(|e| {
+                ModelError::new(format!("tensor `{}`: cannot read: {e}", t.name))
+                    .with_kind(ModelErrorKind::Io)
+                    .with_source(e)
+            })?;
+        Ok(out)
+    }
+
+    /// Tensor `name` as `f32` values (F32, F16 or BF16 tensors read directly, any other format
+    /// dequantised), checked to hold `len` finite values.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let t = self.require(name)?;
+        let elems: u64 = t.dims.iter().product();
+        if elems != len as u64 {
+            return Err(format_err(format!(
+                "tensor `{name}`: {elems} values, expected {len}"
+            )));
+        }
+        let b = self.bytes(t)?;
+        let v: Vec<f32> = match t.ggml_type {
+            ggml_type::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            ggml_type::F16 => b
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            ggml_type::BF16 => b
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => dequantize(
+                name,
+                other,
+                &b,
+                t.dims.iter().map(|&d| d as usize).collect(),
+            )?,
+        };
+        if v.iter().any(|x| !x.is_finite()) {
+            return Err(format_err(format!(
+                "tensor `{name}` holds non-finite values"
+            )));
+        }
+        Ok(v)
+    }
+}
+
+/// Dequantises GGML blocks of type `t` with candle's reference code (the formats nextok has no
+/// kernel of its own for). `dims` in GGUF order (first varies fastest).
+pub(crate) fn dequantize(
+    name: &str,
+    t: u32,
+    bytes: &[u8],
+    mut dims: Vec<usize>,
+) -> Result<Vec<f32>> {
+    use candle_core::quantized::GgmlDType;
+    let dt = match t {
+        ggml_type::Q4_0 => GgmlDType::Q4_0,
+        ggml_type::Q4_1 => GgmlDType::Q4_1,
+        ggml_type::Q5_0 => GgmlDType::Q5_0,
+        ggml_type::Q5_1 => GgmlDType::Q5_1,
+        ggml_type::Q8_0 => GgmlDType::Q8_0,
+        ggml_type::Q2_K => GgmlDType::Q2K,
+        ggml_type::Q3_K => GgmlDType::Q3K,
+        ggml_type::Q4_K => GgmlDType::Q4K,
+        ggml_type::Q5_K => GgmlDType::Q5K,
+        ggml_type::Q6_K => GgmlDType::Q6K,
+        other => {
+            return Err(format_err(format!(
+                "tensor `{name}`: format {} is not supported",
+                ggml_type::name(other)
+            )))
+        }
+    };
+    dims.reverse();
+    let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
+        dt,
+        bytes,
+        dims,
+        &candle_core::Device::Cpu,
+    )?;
+    Ok(q.dequantize(&candle_core::Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?)
+}

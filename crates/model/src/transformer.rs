@@ -1,0 +1,1127 @@
+//! The forward pass every supported family shares: many sequences in one batch, on nextok's
+//! own kernels.
+//!
+//! The weights ([`ModelWeights`]) are read from a GGUF file once and shared (behind an `Arc`)
+//! by every sequence. [`ModelWeights::forward_batch`] runs one forward pass over a batch of
+//! sequences, each contributing any number of new tokens at its own position — a decode step
+//! (one token), a chunk of a prompt, or a speculative draft — against its own paged KV cache
+//! ([`SeqKv`]). All the rows of the batch go through each weight matrix together
+//! ([`kernels::matmul`] reads every weight block once for all rows).
+//!
+//! **Batch invariance.** Every value a row produces is computed by the same sequence of
+//! floating-point operations whatever else is in the batch, how the prompt was split into
+//! chunks, and how many threads run it: the matrix kernels fix each output's reduction order,
+//! attention runs per query row over that row's own keys in position order, and the norms,
+//! rotary embeddings and activations are per row. A sequence's logits are therefore
+//! bit-identical alone or in any batch, and a prefix computed once can be reused by another
+//! sequence (the prefix cache) with the very values it would have computed itself.
+//!
+//! **The block.** What differs between families is described by an [`ArchConfig`] (see
+//! [`crate::arch`]); one layer is
+//!
+//! ```text
+//! h = RMSNorm(x) · attn_norm
+//! q, k, v = h·Wq (+bq), h·Wk (+bk), h·Wv (+bv)        (or one fused h·Wqkv)
+//! q, k = RMSNorm_head(q) · q_norm, RMSNorm_head(k) · k_norm   (Qwen 3, Gemma 3)
+//! q, k = rope(q), rope(k)                               (adjacent pairs or halves)
+//! q = q · query_scale                                   (Gemma 3, Phi-3)
+//! a = attention(q, K, V) over the layer's window        (Gemma 3's local layers)
+//! x = x + [RMSNorm](a·Wo)                               (post-norm: Gemma 3)
+//! h = RMSNorm(x) · ffn_norm
+//! x = x + [RMSNorm](act(h·Wgate) ⊙ (h·Wup) · Wdown)     (SiLU or GELU; fused gate/up: Phi-3)
+//! ```
+//!
+//! and the logits are `RMSNorm(x) · output_norm · Wout` (`Wout` = the token embedding when
+//! the file has no `output.weight`). As in llama.cpp, matrices stay quantised and multiply
+//! activations quantised to 8 bits per block, queries, keys, values and attention weights are
+//! rounded to half precision (the KV cache is `f16`), the rotary angles are computed as GGML
+//! computes them (`θ_{i+1} = θ_i · base^(−2/n_rot)` in `f32` from `θ_0 = position`, divided
+//! by the file's frequency factors, times the linear scale), and GELU is GGML's: the input
+//! rounded to `f16`, the tanh approximation evaluated in `f32` and rounded to `f16`.
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use half::f16;
+use rayon::prelude::*;
+
+use crate::arch::{Arch, ArchConfig, FfnAct, RopeSpec, RopeStyle};
+use crate::error::{ModelError, ModelErrorKind, Result};
+use crate::file::{ggml_type, GgufFile};
+use crate::kernels::attn::{self, dot};
+use crate::kernels::{self, Activations, MatFormat, QMatrix};
+use crate::kv::{KvGeometry, KvPool, SeqKv, BLOCK_POSITIONS};
+use crate::LogitsSource;
+
+/// What to do with the quantised matrices at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Requant {
+    /// Keep every matrix in the file's format (nextok has kernels for Q4_0, Q4_1, Q5_0, Q5_1,
+    /// Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16 and F32; other formats are converted to Q8_0 and
+    /// reported).
+    #[default]
+    Keep,
+    /// Re-quantise every matrix that is not Q8_0 to Q8_0 (the fastest kernels on x86; more
+    /// memory, and logits that are no longer the file's).
+    Q8_0,
+}
+
+impl Requant {
+    /// `keep` or `q8_0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Requant::Keep => "keep",
+            Requant::Q8_0 => "q8_0",
+        }
+    }
+}
+
+/// The query/key/value projections of a layer.
+enum Qkv {
+    Separate(Box<[QMatrix; 3]>),
+    /// One matrix whose rows are the query, key and value rows in that order.
+    Fused(QMatrix),
+}
+
+/// The gate and up projections of a layer.
+enum GateUp {
+    Separate(Box<[QMatrix; 2]>),
+    /// One matrix: the gate rows, then the up rows.
+    Fused(QMatrix),
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    qkv: Qkv,
+    /// Query, key and value biases (Qwen 2).
+    bias: Option<[Vec<f32>; 3]>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    wo: QMatrix,
+    post_attn_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    gate_up: GateUp,
+    w_down: QMatrix,
+    post_ffn_norm: Option<Vec<f32>>,
+    /// Index into the rotary tables.
+    rope: usize,
+}
+
+/// `cos` and `sin` of every (position, pair) for one [`RopeSpec`], `[context_length][n_rot / 2]`.
+struct RopeTable {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+/// A matrix the loader could not keep in the file's format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Converted {
+    /// The tensor.
+    pub tensor: String,
+    /// Its format in the file.
+    pub from: String,
+    /// What it runs as.
+    pub to: String,
+}
+
+/// The weights of a GGUF model of a supported family ([`Arch`]), loaded for the CPU.
+pub struct ModelWeights {
+    /// Hyper-parameters and features.
+    pub config: ArchConfig,
+    embed: QMatrix,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    /// `None`: tied to the embedding.
+    output: Option<QMatrix>,
+    ropes: Vec<RopeTable>,
+    pool: KvPool,
+    /// The quantisation of the output matrix after load (for reports).
+    pub output_dtype: String,
+    /// The re-quantisation applied at load.
+    pub requant: Requant,
+    /// Matrices converted at load because nextok has no kernel for their format (reported once
+    /// at load).
+    pub converted: Vec<Converted>,
+}
+
+impl std::fmt::Debug for ModelWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelWeights")
+            .field("config", &self.config)
+            .field("output_dtype", &self.output_dtype)
+            .field("requant", &self.requant)
+            .finish()
+    }
+}
+
+/// Which rows of a sequence's new tokens need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    /// None (a prompt chunk that is not the prompt's last).
+    None,
+    /// After the last new token (a decode step, the last prompt chunk).
+    Last,
+    /// After every new token (verifying a speculative draft).
+    All,
+}
+
+/// One sequence's part of a batch: its cache and the tokens fed after it.
+#[derive(Debug)]
+pub struct BatchSeq<'a> {
+    /// The sequence's cache; its length is the position of the first new token, and grows by
+    /// `tokens.len()`.
+    pub kv: &'a mut SeqKv,
+    /// The new tokens (at least one).
+    pub tokens: &'a [u32],
+    /// Which of them need logits.
+    pub logits: LogitRows,
+}
+
+/// Buffers a forward pass reuses from call to call (one per caller; nothing in it carries
+/// over between calls).
+#[derive(Default)]
+pub struct Scratch {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    tmp: Vec<f32>,
+    fused: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    acts: Activations,
+    /// Per row: (sequence index, absolute position).
+    rows: Vec<(usize, usize)>,
+    /// Rows whose logits are returned, in order.
+    logit_rows: Vec<usize>,
+    /// The kernels' implementation (`None`: the best this CPU has; all give the same bits).
+    level: Option<kernels::Level>,
+}
+
+impl Scratch {
+    /// Buffers whose forward passes run the kernels at `level` (tests: every level gives the
+    /// same bits).
+    pub fn with_level(level: kernels::Level) -> Scratch {
+        Scratch {
+            level: Some(level),
+            ..Scratch::default()
+        }
+    }
+}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch")
+            .field("rows", &self.rows.len())
+            .finish()
+    }
+}
+
+fn resize(v: &mut Vec<f32>, n: usize) {
+    v.clear();
+    v.resize(n, 0.0);
+}
+
+fn format_err(msg: String) -> ModelError {
+    ModelError::new(msg).with_kind(ModelErrorKind::Format)
+}
+
+/// Reads the matrices of a file, keeping each in its own format where a kernel exists.
+struct MatrixLoader<'f> {
+    f: &'f GgufFile,
+    requant: Requant,
+    converted: Vec<Converted>,
+}
+
+impl MatrixLoader<'_> {
+    /// Matrix `name` as `[rows, cols]` (GGUF dims `[cols, rows]`); `rows`/`cols` of `None`
+    /// are taken from the file, given ones are checked.
+    fn load(&mut self, name: &str, rows: Option<usize>, cols: Option<usize>) -> Result<QMatrix> {
+        let t = self.f.require(name)?;
+        let (fc, fr) = match t.dims.as_slice() {
+            &[c, r] => (c as usize, r as usize),
+            &[c] if rows == Some(1) => (c as usize, 1),
+            d => {
+                return Err(format_err(format!(
+                    "tensor `{name}`: dimensions {d:?}, expected a matrix"
+                )))
+            }
+        };
+        if rows.is_some_and(|r| r != fr) || cols.is_some_and(|c| c != fc) {
+            return Err(format_err(format!(
+                "tensor `{name}`: {fr}x{fc}, expected {}x{}",
+                rows.map_or("?".to_string(), |r| r.to_string()),
+                cols.map_or("?".to_string(), |c| c.to_string()),
+            )));
+        }
+        let kernel_err = |e: kernels::KernelError| {
+            ModelError::new(format!("tensor `{name}`: {e}"))
+                .with_kind(ModelErrorKind::Format)
+                .with_source(e)
+        };
+        let bytes = self.f.bytes(t)?;
+        let ty = t.ggml_type;
+        // the file's own format wherever a kernel exists (all but Q2_K, Q3_K and the IQ types)
+        let native = MatFormat::from_ggml_type(ty).filter(|f| fc % f.cols_multiple() == 0);
+        let own = match (native, self.requant) {
+            (Some(MatFormat::Q8_0), _) => Some(MatFormat::Q8_0),
+            (Some(f), Requant::Keep) => Some(f),
+            _ => None,
+        };
+        if let Some(fmt) = own {
+            return QMatrix::from_ggml(fmt, fr, fc, &bytes).map_err(kernel_err);
+        }
+        // no kernel for this format (or a re-quantisation was asked for): dequantise, then Q8_0
+        let values = match ty {
+            ggml_type::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            ggml_type::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            ggml_type::BF16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            _ => crate::file::dequantize(name, ty, &bytes, vec![fc, fr])?,
+        };
+        drop(bytes);
+        let asked = self.requant == Requant::Q8_0 && native.is_some();
+        if !asked {
+            self.converted.push(Converted {
+                tensor: name.to_string(),
+                from: ggml_type::name(ty),
+                to: "Q8_0".into(),
+            });
+        }
+        QMatrix::quantize_q8_0(fr, fc, &values).map_err(kernel_err)
+    }
+}
+
+impl ModelWeights {
+    /// Loads a GGUF file of a supported family (`general.architecture`: see [`Arch`]).
+    pub fn load(path: &Path, requant: Requant) -> Result<ModelWeights> {
+        let f = GgufFile::open(path)?;
+        ModelWeights::from_file(&f, requant)
+    }
+
+    /// Loads the weights of an opened GGUF file.
+    pub fn from_file(f: &GgufFile, requant: Requant) -> Result<ModelWeights> {
+        let arch = Arch::of(f)?;
+        let mut cfg = arch.config(f)?;
+        let (d, qd, kvd, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let mut ml = MatrixLoader {
+            f,
+            requant,
+            converted: Vec::new(),
+        };
+        let embed = ml.load("token_embd.weight", None, Some(d))?;
+        let norm = f.vector("output_norm.weight", d)?;
+        let output = match f.info("output.weight") {
+            Some(_) => Some(ml.load("output.weight", None, Some(d))?),
+            None => None, // tied to the embedding
+        };
+        let vocab_size = output.as_ref().unwrap_or(&embed).rows();
+        if output.is_some() && embed.rows() < vocab_size {
+            return Err(format_err(format!(
+                "tensor `token_embd.weight`: {} rows for {vocab_size} output rows",
+                embed.rows()
+            )));
+        }
+        let output_dtype = format!("{:?}", output.as_ref().unwrap_or(&embed).format());
+        let n_ff_md = f
+            .get(&format!("{}.feed_forward_length", arch.name()))
+            .and_then(|v| v.as_int())
+            .and_then(|v| usize::try_from(v).ok());
+        let (ropes_spec, rope_idx) = cfg.rope_tables();
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        let mut n_ff = 0usize;
+        for (i, &rope) in rope_idx.iter().enumerate() {
+            let p = format!("blk.{i}");
+            let t = |s: &str| format!("{p}.{s}.weight");
+            let has = |s: &str| f.info(&t(s)).is_some();
+            let qkv = if has("attn_qkv") {
+                Qkv::Fused(ml.load(&t("attn_qkv"), Some(qd + 2 * kvd), Some(d))?)
+            } else {
+                Qkv::Separate(Box::new([
+                    ml.load(&t("attn_q"), Some(qd), Some(d))?,
+                    ml.load(&t("attn_k"), Some(kvd), Some(d))?,
+                    ml.load(&t("attn_v"), Some(kvd), Some(d))?,
+                ]))
+            };
+            let bias = if f.info(&format!("{p}.attn_q.bias")).is_some() {
+                Some([
+                    f.vector(&format!("{p}.attn_q.bias"), qd)?,
+                    f.vector(&format!("{p}.attn_k.bias"), kvd)?,
+                    f.vector(&format!("{p}.attn_v.bias"), kvd)?,
+                ])
+            } else {
+                None
+            };
+            let (q_norm, k_norm) = if cfg.qk_norm {
+                (
+                    Some(f.vector(&t("attn_q_norm"), hd)?),
+                    Some(f.vector(&t("attn_k_norm"), hd)?),
+                )
+            } else {
+                (None, None)
+            };
+            let wo = ml.load(&t("attn_output"), Some(d), Some(qd))?;
+            let (post_attn_norm, post_ffn_norm) = if cfg.post_norms {
+                (
+                    Some(f.vector(&t("post_attention_norm"), d)?),
+                    Some(f.vector(&t("post_ffw_norm"), d)?),
+                )
+            } else {
+                (None, None)
+            };
+            let gate_up = if has("ffn_gate") {
+                let gate = ml.load(&t("ffn_gate"), None, Some(d))?;
+                let up = ml.load(&t("ffn_up"), Some(gate.rows()), Some(d))?;
+                GateUp::Separate(Box::new([gate, up]))
+            } else {
+                let up = ml.load(&t("ffn_up"), None, Some(d))?;
+                if !up.rows().is_multiple_of(2) {
+                    return Err(format_err(format!(
+                        "tensor `{}`: {} rows cannot hold the gate and up halves",
+                        t("ffn_up"),
+                        up.rows()
+                    )));
+                }
+                GateUp::Fused(up)
+            };
+            let ff = match &gate_up {
+                GateUp::Separate(m) => m[0].rows(),
+                GateUp::Fused(m) => m.rows() / 2,
+            };
+            if i == 0 {
+                n_ff = ff;
+            }
+            if ff != n_ff || ff == 0 || n_ff_md.is_some_and(|m| m != ff) {
+                return Err(format_err(format!(
+                    "tensor `{}`: feed-forward width {ff}, expected {}",
+                    t("ffn_down"),
+                    n_ff_md.unwrap_or(n_ff)
+                )));
+            }
+            let w_down = ml.load(&t("ffn_down"), Some(d), Some(ff))?;
+            layers.push(Layer {
+                attn_norm: f.vector(&t("attn_norm"), d)?,
+                qkv,
+                bias,
+                q_norm,
+                k_norm,
+                wo,
+                post_attn_norm,
+                ffn_norm: f.vector(&t("ffn_norm"), d)?,
+                gate_up,
+                w_down,
+                post_ffn_norm,
+                rope,
+            });
+        }
+        cfg.n_ff = n_ff;
+        cfg.vocab_size = vocab_size;
+        let factors = if ropes_spec.iter().any(|s| s.freq_factors) {
+            let v = f.vector("rope_freqs.weight", cfg.n_rot / 2)?;
+            if v.iter().any(|&x| x <= 0.0) {
+                return Err(format_err(
+                    "tensor `rope_freqs.weight`: frequency factors must be positive".into(),
+                ));
+            }
+            Some(v)
+        } else {
+            None
+        };
+        let ropes = ropes_spec
+            .iter()
+            .map(|s| rope_table(s, cfg.n_rot, cfg.context_length, factors.as_deref()))
+            .collect();
+        let pool = KvPool::new(
+            KvGeometry {
+                n_layer: cfg.n_layer,
+                n_kv_head: cfg.n_kv_head,
+                head_dim: hd,
+            },
+            None,
+        );
+        Ok(ModelWeights {
+            config: cfg,
+            embed,
+            layers,
+            norm,
+            output,
+            ropes,
+            pool,
+            output_dtype,
+            requant,
+            converted: ml.converted,
+        })
+    }
+
+    /// The shape of this model's KV cache.
+    pub fn kv_geometry(&self) -> KvGeometry {
+        self.pool.geometry()
+    }
+
+    /// The unlimited pool that [`ModelSource::new`] takes its caches from.
+    pub fn default_pool(&self) -> &KvPool {
+        &self.pool
+    }
+
+    /// Runs one forward pass over `seqs`: each sequence's `tokens` at positions
+    /// `kv.len()..kv.len() + tokens.len()`, appended to its cache. `logits` receives, sequence
+    /// after sequence, the logits rows each asked for (`vocab_size` values each).
+    ///
+    /// Every input is checked before anything is computed (at least one token per sequence,
+    /// ids inside the vocabulary, the context length); on an error no sequence's length
+    /// changes.
+    pub fn forward_batch(
+        &self,
+        seqs: &mut [BatchSeq<'_>],
+        s: &mut Scratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        let cfg = &self.config;
+        let vocab = self.embed.rows() as u32;
+        for (i, q) in seqs.iter().enumerate() {
+            if q.tokens.is_empty() {
+                return Err(ModelError::new(format!(
+                    "sequence {i} of the batch has no tokens"
+                )));
+            }
+            if let Some(&t) = q.tokens.iter().find(|&&t| t >= vocab) {
+                return Err(ModelError::new(format!(
+                    "token id {t} is outside the vocabulary ({vocab} tokens)"
+                )));
+            }
+            let end = q.kv.len() + q.tokens.len();
+            if end > cfg.context_length {
+                return Err(ModelError::new(format!(
+                    "context full: {end} positions of {}",
+                    cfg.context_length
+                )));
+            }
+        }
+        for i in 0..seqs.len() {
+            let n = seqs[i].tokens.len();
+            if let Err(e) = seqs[i].kv.prepare_write(n) {
+                for q in seqs[..=i].iter_mut() {
+                    let len = q.kv.len();
+                    let _ = q.kv.truncate(len); // drop the blocks allocated for this pass
+                }
+                return Err(e);
+            }
+        }
+        rayon::scope(|_| self.forward_inner(seqs, s, logits))
+    }
+
+    fn forward_inner(
+        &self,
+        seqs: &mut [BatchSeq<'_>],
+        s: &mut Scratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        let cfg = &self.config;
+        let (d, hd, nh, nkv) = (cfg.n_embd, cfg.head_dim, cfg.n_head, cfg.n_kv_head);
+        let (qd, kvd, ff) = (cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        s.rows.clear();
+        s.logit_rows.clear();
+        for (si, q) in seqs.iter().enumerate() {
+            let start = s.rows.len();
+            let pos = q.kv.len();
+            s.rows.extend((0..q.tokens.len()).map(|i| (si, pos + i)));
+            match q.logits {
+                LogitRows::None => {}
+                LogitRows::Last => s.logit_rows.push(s.rows.len() - 1),
+                LogitRows::All => s.logit_rows.extend(start..s.rows.len()),
+            }
+        }
+        let n = s.rows.len();
+        resize(&mut s.x, n * d);
+        let mut r = 0;
+        for q in seqs.iter() {
+            for &t in q.tokens {
+                let row = &mut s.x[r * d..(r + 1) * d];
+                self.embed.dequantize_row(t as usize, row)?;
+                if let Some(k) = cfg.embed_scale {
+                    for v in row.iter_mut() {
+                        *v *= k;
+                    }
+                }
+                r += 1;
+            }
+        }
+        resize(&mut s.h, n * d);
+        resize(&mut s.q, n * qd);
+        resize(&mut s.k, n * kvd);
+        resize(&mut s.v, n * kvd);
+        resize(&mut s.att, n * qd);
+        resize(&mut s.tmp, n * d);
+        resize(&mut s.gate, n * ff);
+        resize(&mut s.up, n * ff);
+        let level = s.level.unwrap_or_else(kernels::Level::detect);
+        let eps = cfg.rms_eps;
+        // scores are scaled here unless the queries were scaled before attention
+        let score_scale = match cfg.query_scale {
+            Some(_) => 1.0,
+            None => 1.0 / (hd as f32).sqrt(),
+        };
+        let gelu = matches!(cfg.act, FfnAct::GeluTanh).then(gelu_table);
+        for (li, layer) in self.layers.iter().enumerate() {
+            rms_norm_rows(&s.x, &layer.attn_norm, eps, &mut s.h, d);
+            s.acts.quantize_with(level, &s.h, n, d)?;
+            match &layer.qkv {
+                Qkv::Separate(m) => {
+                    let [wq, wk, wv] = &**m;
+                    kernels::matmul_with(level, wq, &s.acts, &mut s.q)?;
+                    kernels::matmul_with(level, wk, &s.acts, &mut s.k)?;
+                    kernels::matmul_with(level, wv, &s.acts, &mut s.v)?;
+                }
+                Qkv::Fused(w) => {
+                    let width = qd + 2 * kvd;
+                    resize(&mut s.fused, n * width);
+                    kernels::matmul_with(level, w, &s.acts, &mut s.fused)?;
+                    for (row, src) in s.fused.chunks_exact(width).enumerate() {
+                        s.q[row * qd..(row + 1) * qd].copy_from_slice(&src[..qd]);
+                        s.k[row * kvd..(row + 1) * kvd].copy_from_slice(&src[qd..qd + kvd]);
+                        s.v[row * kvd..(row + 1) * kvd].copy_from_slice(&src[qd + kvd..]);
+                    }
+                }
+            }
+            if let Some([bq, bk, bv]) = &layer.bias {
+                add_rows(&mut s.q, bq);
+                add_rows(&mut s.k, bk);
+                add_rows(&mut s.v, bv);
+            }
+            let table = &self.ropes[layer.rope];
+            let half = cfg.n_rot / 2;
+            for (row, &(_, pos)) in s.rows.iter().enumerate() {
+                let (c, sn) = (
+                    &table.cos[pos * half..(pos + 1) * half],
+                    &table.sin[pos * half..(pos + 1) * half],
+                );
+                for head in s.q[row * qd..(row + 1) * qd].chunks_exact_mut(hd) {
+                    if let Some(w) = &layer.q_norm {
+                        rms_norm_in_place(head, w, eps);
+                    }
+                    rope(cfg.rope_style, head, c, sn);
+                    if let Some(k) = cfg.query_scale {
+                        for v in head.iter_mut() {
+                            *v *= k;
+                        }
+                    }
+                    f16_round(head);
+                }
+                for head in s.k[row * kvd..(row + 1) * kvd].chunks_exact_mut(hd) {
+                    if let Some(w) = &layer.k_norm {
+                        rms_norm_in_place(head, w, eps);
+                    }
+                    rope(cfg.rope_style, head, c, sn);
+                    f16_round(head);
+                }
+                f16_round(&mut s.v[row * kvd..(row + 1) * kvd]);
+            }
+            for (row, &(si, pos)) in s.rows.iter().enumerate() {
+                seqs[si].kv.write(
+                    li,
+                    pos,
+                    &s.k[row * kvd..(row + 1) * kvd],
+                    &s.v[row * kvd..(row + 1) * kvd],
+                )?;
+            }
+            {
+                let seqs: &[BatchSeq<'_>] = seqs;
+                let rows = &s.rows;
+                let qs = &s.q;
+                let rep = nh / nkv;
+                let window = cfg.layers[li].window;
+                // A task per (row, key/value head), its query heads together: each key and
+                // value block is converted once for all of them.
+                s.att
+                    .par_chunks_mut(rep * hd)
+                    .enumerate()
+                    .for_each(|(task, out)| {
+                        let (row, g) = (task / nkv, task % nkv);
+                        let (si, pos) = rows[row];
+                        let q = &qs[row * qd + g * rep * hd..row * qd + (g + 1) * rep * hd];
+                        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                        attend(
+                            level,
+                            seqs[si].kv,
+                            li,
+                            g,
+                            first..pos + 1,
+                            q,
+                            hd,
+                            score_scale,
+                            out,
+                        );
+                    });
+            }
+            s.acts.quantize_with(level, &s.att, n, qd)?;
+            kernels::matmul_with(level, &layer.wo, &s.acts, &mut s.tmp)?;
+            if let Some(w) = &layer.post_attn_norm {
+                rms_norm_rows_in_place(&mut s.tmp, w, eps, d);
+            }
+            add_in_place(&mut s.x, &s.tmp);
+            rms_norm_rows(&s.x, &layer.ffn_norm, eps, &mut s.h, d);
+            s.acts.quantize_with(level, &s.h, n, d)?;
+            match &layer.gate_up {
+                GateUp::Separate(m) => {
+                    let [gate, up] = &**m;
+                    kernels::matmul_with(level, gate, &s.acts, &mut s.gate)?;
+                    kernels::matmul_with(level, up, &s.acts, &mut s.up)?;
+                }
+                GateUp::Fused(w) => {
+                    resize(&mut s.fused, n * 2 * ff);
+                    kernels::matmul_with(level, w, &s.acts, &mut s.fused)?;
+                    for (row, src) in s.fused.chunks_exact(2 * ff).enumerate() {
+                        s.gate[row * ff..(row + 1) * ff].copy_from_slice(&src[..ff]);
+                        s.up[row * ff..(row + 1) * ff].copy_from_slice(&src[ff..]);
+                    }
+                }
+            }
+            match gelu {
+                None => {
+                    for (g, u) in s.gate.iter_mut().zip(&s.up) {
+                        *g = silu(*g) * *u;
+                    }
+                }
+                Some(table) => {
+                    for (g, u) in s.gate.iter_mut().zip(&s.up) {
+                        *g = gelu_f16(table, *g) * *u;
+                    }
+                }
+            }
+            s.acts.quantize_with(level, &s.gate, n, ff)?;
+            kernels::matmul_with(level, &layer.w_down, &s.acts, &mut s.tmp)?;
+            if let Some(w) = &layer.post_ffn_norm {
+                rms_norm_rows_in_place(&mut s.tmp, w, eps, d);
+            }
+            add_in_place(&mut s.x, &s.tmp);
+        }
+        for q in seqs.iter_mut() {
+            let len = q.kv.len() + q.tokens.len();
+            q.kv.set_len(len);
+        }
+        let nl = s.logit_rows.len();
+        if nl == 0 {
+            logits.clear();
+            return Ok(());
+        }
+        // the final norm and the output matrix, only for the rows that need logits
+        resize(&mut s.tmp, nl * d);
+        for (i, &row) in s.logit_rows.iter().enumerate() {
+            rms_norm_rows(
+                &s.x[row * d..(row + 1) * d],
+                &self.norm,
+                eps,
+                &mut s.tmp[i * d..(i + 1) * d],
+                d,
+            );
+        }
+        s.acts.quantize_with(level, &s.tmp, nl, d)?;
+        let out = self.output.as_ref().unwrap_or(&self.embed);
+        logits.clear();
+        logits.resize(nl * out.rows(), 0.0);
+        kernels::matmul_with(level, out, &s.acts, logits)?;
+        Ok(())
+    }
+}
+
+/// The rotary table of `spec` for every position below `ctx`, as GGML's `rope_cache_init`
+/// computes it: `θ_0 = position`, `θ_{i+1} = θ_i · base^(−2/n_rot)` in `f32`, angle
+/// `scale · θ_i / factor_i`.
+fn rope_table(spec: &RopeSpec, n_rot: usize, ctx: usize, factors: Option<&[f32]>) -> RopeTable {
+    let half = n_rot / 2;
+    let theta_scale = spec.base.powf(-2.0 / n_rot as f32);
+    let mut cos = Vec::with_capacity(ctx * half);
+    let mut sin = Vec::with_capacity(ctx * half);
+    for p in 0..ctx {
+        let mut theta = p as f32;
+        for i in 0..half {
+            let ff = match (spec.freq_factors, factors) {
+                (true, Some(f)) => f[i],
+                _ => 1.0,
+            };
+            let a = spec.scale * (theta / ff);
+            cos.push(a.cos());
+            sin.push(a.sin());
+            theta *= theta_scale;
+        }
+    }
+    RopeTable { cos, sin }
+}
+
+/// GGML's GELU table: for every `f16` input, the tanh approximation evaluated in `f32`, as
+/// `f16` bits.
+fn gelu_table() -> &'static [u16] {
+    static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        const COEF_A: f32 = 0.044_715;
+        (0..=u16::MAX)
+            .map(|b| {
+                let x = f16::from_bits(b).to_f32();
+                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+                f16::from_f32(y).to_bits()
+            })
+            .collect()
+    })
+}
+
+/// GELU of `x` as GGML's `ggml_vec_gelu_f32` computes it with its `f16` table.
+#[inline]
+fn gelu_f16(table: &[u16], x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        f16::from_bits(table[f16::from_f32(x).to_bits() as usize]).to_f32()
+    }
+}
+
+thread_local! {
+    /// Per thread: attention scores, their weights, one block of keys or values in `f32`, and
+    /// an `f16` buffer for rounding.
+    static ATTN_SCRATCH: RefCell<AttnScratch> = RefCell::new(AttnScratch::default());
+}
+
+#[derive(Default)]
+struct AttnScratch {
+    scores: Vec<f32>,
+    weights: Vec<f32>,
+    block: Vec<f32>,
+    half: Vec<f16>,
+}
+
+/// Attention of the query heads `q` (`rep` heads of `head_dim`, sharing key/value head `g`)
+/// over the sequence's keys at positions `keys` (`first..=pos`) of `layer`; writes the `rep`
+/// outputs. Each block of keys and values is converted to `f32` once for all `rep` heads.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    level: kernels::Level,
+    kv: &SeqKv,
+    layer: usize,
+    g: usize,
+    keys: std::ops::Range<usize>,
+    q: &[f32],
+    hd: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    ATTN_SCRATCH.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let AttnScratch {
+            scores,
+            weights,
+            block,
+            half,
+        } = &mut *cell;
+        let rep = q.len() / hd;
+        let len = keys.len();
+        scores.resize(rep * len, 0.0);
+        weights.resize(rep * len, 0.0);
+        half.resize(len, f16::ZERO);
+        block.resize(BLOCK_POSITIONS * hd, 0.0);
+        let (b0, b1) = (
+            keys.start / BLOCK_POSITIONS,
+            keys.end.div_ceil(BLOCK_POSITIONS),
+        );
+        // the part of cache block `b` inside `keys`, as offsets into the block
+        let span = |b: usize| {
+            let lo = keys.start.max(b * BLOCK_POSITIONS);
+            let hi = keys.end.min((b + 1) * BLOCK_POSITIONS);
+            (
+                lo - b * BLOCK_POSITIONS,
+                hi - b * BLOCK_POSITIONS,
+                lo - keys.start,
+            )
+        };
+        for b in b0..b1 {
+            let (lo, hi, off) = span(b);
+            if b + 1 < b1 {
+                attn::prefetch(kv.slab(b + 1, layer, 0, g));
+            }
+            f16_to_f32(
+                &kv.slab(b, layer, 0, g)[lo * hd..hi * hd],
+                &mut block[..(hi - lo) * hd],
+            );
+            attn::scores(
+                level,
+                q,
+                &block[..(hi - lo) * hd],
+                hd,
+                scale,
+                scores,
+                len,
+                off,
+            );
+        }
+        // softmax with nextok's exp (vectorised, the same bits at every SIMD level), the
+        // weights rounded to f16 as llama.cpp multiplies them with the f16 values
+        for h in 0..rep {
+            let sc = &scores[h * len..(h + 1) * len];
+            let w = &mut weights[h * len..(h + 1) * len];
+            let m = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let sum = nextok_core::math::exp_weights(sc, m, w) as f32;
+            for x in w.iter_mut() {
+                *x /= sum;
+            }
+            use half::slice::HalfFloatSliceExt;
+            half.convert_from_f32_slice(w);
+            half.convert_to_f32_slice(w);
+        }
+        out.fill(0.0);
+        for b in b0..b1 {
+            let (lo, hi, off) = span(b);
+            if b + 1 < b1 {
+                attn::prefetch(kv.slab(b + 1, layer, 1, g));
+            }
+            f16_to_f32(
+                &kv.slab(b, layer, 1, g)[lo * hd..hi * hd],
+                &mut block[..(hi - lo) * hd],
+            );
+            attn::accumulate(level, weights, len, off, &block[..(hi - lo) * hd], hd, out);
+        }
+    })
+}
+
+fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    src.convert_to_f32_slice(dst);
+}
+
+/// RMSNorm of each `d`-wide row of `x` into `out`, scaled by `w`.
+fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss = dot(xr, xr);
+        let m = (ss / d as f32 + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = (v / m) * g;
+        }
+    }
+}
+
+/// RMSNorm of each `d`-wide row of `x` in place, scaled by `w`.
+fn rms_norm_rows_in_place(x: &mut [f32], w: &[f32], eps: f32, d: usize) {
+    for row in x.chunks_exact_mut(d) {
+        rms_norm_in_place(row, w, eps);
+    }
+}
+
+/// RMSNorm of one vector in place (the same operations as [`rms_norm_rows`]).
+fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let ss = dot(x, x);
+    let m = (ss / x.len() as f32 + eps).sqrt();
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = (*v / m) * g;
+    }
+}
+
+/// Rotary embedding of one head's first `2 · cos.len()` dimensions (the rest pass through).
+#[inline]
+fn rope(style: RopeStyle, x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    match style {
+        RopeStyle::Adjacent => {
+            for ((p, &c), &s) in x.chunks_exact_mut(2).zip(cos).zip(sin) {
+                let (a, b) = (p[0], p[1]);
+                p[0] = a * c - b * s;
+                p[1] = a * s + b * c;
+            }
+        }
+        RopeStyle::Halves => {
+            let half = cos.len();
+            let (lo, hi) = x[..2 * half].split_at_mut(half);
+            for (((a, b), &c), &s) in lo.iter_mut().zip(hi.iter_mut()).zip(cos).zip(sin) {
+                let (x0, x1) = (*a, *b);
+                *a = x0 * c - x1 * s;
+                *b = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+/// Rounds to half precision and back (llama.cpp keeps the KV cache in `f16` and multiplies the
+/// attention in `f16`).
+#[inline]
+fn f16_round(x: &mut [f32]) {
+    for v in x {
+        *v = f16::from_f32(*v).to_f32();
+    }
+}
+
+#[inline]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + nextok_core::math::exp_f32(-x))
+}
+
+fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += *b;
+    }
+}
+
+/// Adds `b` to every `b.len()`-wide row of `x`.
+fn add_rows(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len()) {
+        add_in_place(row, b);
+    }
+}
+
+/// One sequence of a model: shared weights plus this branch's KV cache.
+pub struct ModelSource {
+    weights: Arc<ModelWeights>,
+    kv: SeqKv,
+    scratch: Scratch,
+    logits: Vec<f32>,
+}
+
+impl Clone for ModelSource {
+    fn clone(&self) -> Self {
+        ModelSource {
+            weights: self.weights.clone(),
+            kv: self.kv.clone(),
+            scratch: Scratch::default(),
+            logits: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ModelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelSource")
+            .field("len", &self.kv.len())
+            .finish()
+    }
+}
+
+impl ModelSource {
+    /// An empty sequence over `weights` (its cache from the weights' default pool).
+    pub fn new(weights: Arc<ModelWeights>) -> ModelSource {
+        let kv = weights.default_pool().sequence();
+        ModelSource {
+            weights,
+            kv,
+            scratch: Scratch::default(),
+            logits: Vec::new(),
+        }
+    }
+
+    /// The shared weights.
+    pub fn weights(&self) -> &Arc<ModelWeights> {
+        &self.weights
+    }
+
+    /// This sequence's cache.
+    pub fn kv(&self) -> &SeqKv {
+        &self.kv
+    }
+
+    /// Feeds `ids` and returns the logits after every one of them (`ids.len()` rows).
+    pub fn prefill_all(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.run(ids, LogitRows::All)
+    }
+
+    fn run(&mut self, ids: &[u32], rows: LogitRows) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(
+                ModelError::new("prefill needs at least one id").with_kind(ModelErrorKind::Invalid)
+            );
+        }
+        let mut batch = [BatchSeq {
+            kv: &mut self.kv,
+            tokens: ids,
+            logits: rows,
+        }];
+        self.weights
+            .forward_batch(&mut batch, &mut self.scratch, &mut self.logits)?;
+        Ok(self.logits.clone())
+    }
+}
+
+impl LogitsSource for ModelSource {
+    fn vocab_size(&self) -> usize {
+        self.weights.config.vocab_size
+    }
+
+    fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.run(ids, LogitRows::Last)
+    }
+
+    fn decode_one(&mut self, token: u32) -> Result<Vec<f32>> {
+        self.run(&[token], LogitRows::Last)
+    }
+
+    fn extend_all(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.run(ids, LogitRows::All)
+    }
+
+    fn fork(&self) -> Result<Self> {
+        Ok(self.clone())
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.kv.truncate(len)
+    }
+
+    fn len(&self) -> usize {
+        self.kv.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gelu_matches_the_formula_within_f16_rounding() {
+        let t = gelu_table();
+        for &x in &[-9.5f32, -3.0, -0.5, 0.0, 0.25, 1.0, 2.5, 9.9] {
+            let exact = 0.5 * x * (1.0 + (0.797_884_6 * x * (1.0 + 0.044_715 * x * x)).tanh());
+            let got = gelu_f16(t, x);
+            assert!(
+                (got - exact).abs() <= 2e-3 * exact.abs().max(1.0),
+                "{x}: {got} vs {exact}"
+            );
+        }
+        assert_eq!(gelu_f16(t, -11.0), 0.0);
+        assert_eq!(gelu_f16(t, 12.0), 12.0);
+    }
+
+    #[test]
+    fn rope_halves_rotates_pairs_across_the_two_halves() {
+        // one pair rotated by 90°: (1, 0) → (0, 1) at dims 0 and 2 of a 4-wide head
+        let mut x = [1.0f32, 5.0, 0.0, 7.0];
+        rope(RopeStyle::Halves, &mut x[..], &[0.0, 1.0], &[1.0, 0.0]);
+        assert_eq!(x, [0.0, 5.0, 1.0, 7.0]);
+        let mut y = [1.0f32, 0.0, 5.0, 7.0];
+        rope(RopeStyle::Adjacent, &mut y[..], &[0.0, 1.0], &[1.0, 0.0]);
+        assert_eq!(y, [0.0, 1.0, 5.0, 7.0]);
+    }
+
+    #[test]
+    fn rope_table_follows_ggml_recurrence() {
+        let spec = RopeSpec {
+            base: 10_000.0,
+            scale: 0.5,
+            freq_factors: true,
+        };
+        let t = rope_table(&spec, 8, 3, Some(&[1.0, 2.0, 4.0, 8.0]));
+        let ts = 10_000f32.powf(-2.0 / 8.0);
+        let mut theta = 2.0f32;
+        for i in 0..4 {
+            let a = 0.5 * (theta / [1.0, 2.0, 4.0, 8.0][i]);
+            assert_eq!(t.cos[2 * 4 + i], a.cos());
+            assert_eq!(t.sin[2 * 4 + i], a.sin());
+            theta *= ts;
+        }
+    }
+}

@@ -1,0 +1,228 @@
+"""The engine level, shaped like vLLM's offline API: ``LLM``, ``SamplingParams``,
+``RequestOutput`` and ``CompletionOutput``.
+
+>>> import nextok                                                  # doctest: +SKIP
+>>> llm = nextok.LLM("model.gguf", max_num_seqs=16)                # doctest: +SKIP
+>>> params = nextok.SamplingParams(temperature=0.8, seed=7)        # doctest: +SKIP
+>>> outs = llm.generate(["Once upon a time"], params)              # doctest: +SKIP
+>>> outs[0].outputs[0].text                                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import InvalidArgument
+from ._nextok import Pipeline, _Engine
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+
+# parameters that are not sampling parameters of the request (``SamplingParams`` keeps them
+# apart)
+_OWN = ("n", "logprobs", "logprob_layer", "pipeline", "constraint")
+
+
+class SamplingParams:
+    """A request's sampling parameters under vLLM's names, checked when made.
+
+    ``n`` sequences (sequence ``i`` uses ``seed + i``); ``logprobs=N`` reports the selected
+    token's and the ``N`` best final candidates' logprobs in ``logprob_layer`` (``"raw"``,
+    ``"processed"`` or ``"selection"``); ``pipeline`` is a preset name (default
+    ``"reference"``), a ``Pipeline`` or pipeline JSON; ``constraint`` a structured-output
+    constraint (``{"type": "json_schema", "schema": {...}}``, ...). Everything else is a
+    sampling parameter (``temperature``, ``top_p``, ``top_k``, ``min_p``, ``max_tokens``,
+    ``stop``, ``stop_token_ids``, ``seed``, ``presence_penalty``, ...). As in vLLM,
+    ``max_tokens`` defaults to 16. Parameters are readable as attributes.
+    """
+
+    def __init__(
+        self,
+        n: int = 1,
+        *,
+        logprobs: int | None = None,
+        logprob_layer: str = "raw",
+        pipeline: str | Pipeline | dict[str, Any] = "reference",
+        constraint: dict[str, Any] | None = None,
+        **params: Any,
+    ) -> None:
+        params.setdefault("max_tokens", 16)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise InvalidArgument(f"invalid `n`: {n!r} must be an integer >= 1", code="invalid_argument", field="n")
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
+            raise InvalidArgument(
+                f"invalid `logprobs`: {logprobs!r} must be an integer >= 0", code="invalid_argument", field="logprobs"
+            )
+        if logprob_layer not in ("raw", "processed", "selection"):
+            raise InvalidArgument(
+                f"invalid `logprob_layer`: {logprob_layer!r} is not raw, processed or selection",
+                code="invalid_argument",
+                field="logprob_layer",
+            )
+        # checked now, as the engine will build it
+        if isinstance(pipeline, str):
+            checked = Pipeline(pipeline, **params)
+            pipeline_spec: Any = pipeline
+        else:
+            checked = pipeline if isinstance(pipeline, Pipeline) else Pipeline.from_json(pipeline)
+            pipeline_spec = checked.to_json() if isinstance(pipeline, Pipeline) else pipeline
+            if isinstance(pipeline_spec, str):
+                import json
+
+                pipeline_spec = json.loads(pipeline_spec)
+        self.n = n
+        self.logprobs = logprobs
+        self.logprob_layer = logprob_layer
+        self.pipeline = pipeline_spec
+        self.constraint = constraint
+        self.params = dict(params)
+        self.pipeline_hash = None if constraint is not None else checked.hash
+
+    def __getattr__(self, name: str) -> Any:
+        params = self.__dict__.get("params", {})
+        if name in params:
+            return params[name]
+        raise AttributeError(name)
+
+    def _spec(self) -> dict[str, Any]:
+        return {
+            "params": self.params,
+            "n": self.n,
+            "logprobs": self.logprobs,
+            "logprob_layer": self.logprob_layer,
+            "pipeline": self.pipeline,
+            "constraint": self.constraint,
+        }
+
+    def __repr__(self) -> str:
+        extra = {k: getattr(self, k) for k in _OWN if getattr(self, k) not in (None, 1, "raw", "reference")}
+        inner = ", ".join(f"{k}={v!r}" for k, v in {**extra, **self.params}.items())
+        return f"SamplingParams({inner})"
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence (vLLM's ``CompletionOutput``)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+    logprob_layer: str | None = None
+    """The layer of ``logprobs`` and ``cumulative_logprob`` (nextok labels every logprob)."""
+
+
+@dataclass
+class RequestOutput:
+    """A finished request (vLLM's ``RequestOutput``), with nextok's ``pipeline_hash``,
+    ``seeds``, ``usage`` and ``metrics``."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+    pipeline_hash: str = ""
+    seeds: list[int] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _prompts(prompts: Any) -> list[tuple[Any, str | None]]:
+    """(prompt for the engine, prompt text) for each of ``prompts``."""
+
+    def one(p: Any, where: str) -> tuple[Any, str | None]:
+        if isinstance(p, str):
+            return p, p
+        if isinstance(p, dict):
+            if "prompt_token_ids" in p:
+                return list(p["prompt_token_ids"]), None
+            if "prompt" in p and isinstance(p["prompt"], str):
+                return p["prompt"], p["prompt"]
+        raise InvalidArgument(
+            f"invalid `{where}`: a prompt is a string, {{'prompt': str}} or {{'prompt_token_ids': [...]}}, "
+            f"got {type(p).__name__}",
+            code="invalid_argument",
+            field=where,
+        )
+
+    if isinstance(prompts, (str, dict)):
+        return [one(prompts, "prompts")]
+    if isinstance(prompts, Sequence):
+        return [one(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
+    raise InvalidArgument(
+        f"invalid `prompts`: expected a prompt or a list of prompts, got {type(prompts).__name__}",
+        code="invalid_argument",
+        field="prompts",
+    )
+
+
+class LLM:
+    """A model and nextok's engine (continuous batching, prefix cache, forks for ``n``), shaped
+    like ``vllm.LLM``.
+
+    ``model`` is ``None`` (the default model, SmolLM2-135M-Instruct, fetched once), a GGUF
+    file's path, or a model name nextok knows. ``requant="q8_0"`` re-quantises 4/5-bit
+    matrices at load. Other keywords set the engine (``max_num_seqs``, ``max_batch_tokens``,
+    ``prefill_chunk_tokens``, ``kv_budget_bytes``, ``max_waiting``, ``prefix_cache_entries``,
+    ``default_max_tokens``, ``max_tokens_limit``, ``constraint_cache_bytes``,
+    ``parse_special_in_messages``).
+    """
+
+    def __init__(self, model: str | os.PathLike[str] | None = None, *, requant: str | None = None, **engine_config: Any) -> None:
+        self._engine = _Engine(None if model is None else os.fspath(model), requant, engine_config)
+
+    @property
+    def model_path(self) -> str:
+        """The model file."""
+        return self._engine.model_path
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size."""
+        return self._engine.vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        """Text → token ids, as a text prompt is tokenised."""
+        return self._engine.encode(text)
+
+    def generate(
+        self,
+        prompts: Any,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Runs every prompt (a string, ``{"prompt": str}`` or ``{"prompt_token_ids": [...]}``,
+        or a list of them) with ``sampling_params`` (one for all, or one per prompt) as one
+        batch, the GIL released while the engine works; returns one ``RequestOutput`` per
+        prompt, in order. A request's tokens do not depend on what else runs beside it."""
+        items = _prompts(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            per = [sampling_params] * len(items)
+        else:
+            per = list(sampling_params)
+            if len(per) != len(items):
+                raise InvalidArgument(
+                    f"invalid `sampling_params`: {len(per)} for {len(items)} prompts",
+                    code="invalid_argument",
+                    field="sampling_params",
+                )
+        for i, sp in enumerate(per):
+            if not isinstance(sp, SamplingParams):
+                raise InvalidArgument(
+                    f"invalid `sampling_params[{i}]`: expected nextok.SamplingParams, got {type(sp).__name__}",
+                    code="invalid_argument",
+                    field=f"sampling_params[{i}]",
+                )
+        raw = self._engine.generate([(p, sp._spec()) for (p, _), sp in zip(items, per)])
+        out = []
+        for (_, text), r in zip(items, raw):
+            outputs = [CompletionOutput(**o) for o in r.pop("outputs")]
+            out.append(RequestOutput(prompt=text, outputs=outputs, **r))
+        return out

@@ -1,0 +1,133 @@
+"""The engine level (``nextok.LLM``, vLLM-shaped) on the real default model from the test
+data: outputs, batch invariance, ``n`` and seeds, logprobs by layer, stop strings,
+constraints, errors, and the GIL released while the engine works."""
+
+from __future__ import annotations
+
+import pytest
+
+import nextok
+
+from conftest import require_data, share_while
+
+PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
+
+
+@pytest.fixture(scope="module")
+def llm() -> nextok.LLM:
+    path = require_data("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    return nextok.LLM(path, max_num_seqs=8)
+
+
+def tokens(outs: list[nextok.RequestOutput]) -> list[list[list[int]]]:
+    return [[o.token_ids for o in r.outputs] for r in outs]
+
+
+def test_request_outputs_are_vllm_shaped(llm: nextok.LLM) -> None:
+    params = nextok.SamplingParams(temperature=0.0, max_tokens=8)
+    (r,) = llm.generate(PROMPTS[0], params)
+    assert isinstance(r, nextok.RequestOutput) and r.finished
+    assert r.prompt == PROMPTS[0] and r.prompt_token_ids == llm.encode(PROMPTS[0])
+    assert r.pipeline_hash.startswith("sha256:") and r.usage["prompt_tokens"] == len(r.prompt_token_ids)
+    (o,) = r.outputs
+    assert isinstance(o, nextok.CompletionOutput) and o.index == 0
+    assert 1 <= len(o.token_ids) <= 8 and r.usage["completion_tokens"] == len(o.token_ids)
+    assert o.text and o.finish_reason in ("stop", "length")
+    assert (o.finish_reason == "length") == (len(o.token_ids) == 8)
+    assert o.logprobs is None and o.cumulative_logprob is None
+    # greedy decoding is deterministic, and token ids are a prompt too
+    (again,) = llm.generate({"prompt_token_ids": r.prompt_token_ids}, params)
+    assert again.outputs[0].token_ids == o.token_ids and again.prompt is None
+
+
+def test_a_requests_tokens_do_not_depend_on_its_batch(llm: nextok.LLM) -> None:
+    params = nextok.SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=10)
+    together = llm.generate(PROMPTS, params)
+    alone = [llm.generate(p, params)[0] for p in PROMPTS]
+    assert tokens(together) == tokens(alone)
+    reordered = llm.generate(PROMPTS[::-1], params)
+    assert tokens(reordered) == tokens(alone)[::-1]
+
+
+def test_n_sequences_use_consecutive_seeds(llm: nextok.LLM) -> None:
+    (r,) = llm.generate(PROMPTS[1], nextok.SamplingParams(n=3, temperature=1.0, seed=40, max_tokens=8))
+    assert r.seeds == [40, 41, 42] and [o.index for o in r.outputs] == [0, 1, 2]
+    (single,) = llm.generate(PROMPTS[1], nextok.SamplingParams(temperature=1.0, seed=41, max_tokens=8))
+    assert r.outputs[1].token_ids == single.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("layer", ["raw", "processed", "selection"])
+def test_logprobs_carry_their_layer(llm: nextok.LLM, layer: str) -> None:
+    params = nextok.SamplingParams(temperature=0.8, top_k=20, seed=3, max_tokens=6, logprobs=3, logprob_layer=layer)
+    (o,) = llm.generate(PROMPTS[0], params)[0].outputs
+    assert o.logprob_layer == layer and len(o.logprobs) == len(o.token_ids)
+    total = 0.0
+    for t, lp in zip(o.token_ids, o.logprobs):
+        assert t in lp and 1 <= len(lp) <= 4 and all(v <= 0.0 for v in lp.values())
+        total += lp[t]
+    assert o.cumulative_logprob == pytest.approx(total)
+
+
+def test_stop_strings(llm: nextok.LLM) -> None:
+    greedy = nextok.SamplingParams(temperature=0.0, max_tokens=16)
+    (full,) = llm.generate(PROMPTS[2], greedy)[0].outputs
+    assert len(full.text) > 4
+    stop = full.text[2:4]
+    (cut,) = llm.generate(PROMPTS[2], nextok.SamplingParams(temperature=0.0, max_tokens=16, stop=[stop]))[0].outputs
+    assert cut.finish_reason == "stop" and cut.stop_reason == stop
+    assert stop not in cut.text and full.text.startswith(cut.text)
+
+
+def test_a_constraint(llm: nextok.LLM) -> None:
+    choices = ["yes", "no"]
+    params = nextok.SamplingParams(
+        temperature=0.7, seed=5, max_tokens=8, constraint={"type": "choice", "choices": choices}
+    )
+    for r in llm.generate(["Is the sky blue? Answer:", "Is fire cold? Answer:"], params):
+        (o,) = r.outputs
+        assert o.text in choices and o.finish_reason == "stop"
+
+
+def test_bad_requests_name_their_field(llm: nextok.LLM) -> None:
+    with pytest.raises(nextok.InvalidParameter) as e:
+        nextok.SamplingParams(top_p=2.0)
+    assert e.value.field == "top_p"
+    with pytest.raises(nextok.ParseError) as e:
+        nextok.SamplingParams(temprature=0.5)
+    assert e.value.field == "temprature"
+    with pytest.raises(nextok.InvalidArgument) as e:
+        nextok.SamplingParams(n=0)
+    assert e.value.field == "n"
+    with pytest.raises(nextok.InvalidArgument) as e:
+        llm.generate(42)
+    assert e.value.field == "prompts"
+    with pytest.raises(nextok.InvalidArgument) as e:
+        llm.generate(["a", "b"], [nextok.SamplingParams()])
+    assert e.value.field == "sampling_params"
+    with pytest.raises(nextok.NextokError) as e:
+        llm.generate({"prompt_token_ids": [llm.vocab_size + 5]})
+    assert e.value.field is not None and "prompt" in e.value.field
+    with pytest.raises(nextok.ConstraintError):
+        llm.generate("x", nextok.SamplingParams(constraint={"type": "regex", "pattern": "(open"}))
+
+
+def test_bad_engines() -> None:
+    path = require_data("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    with pytest.raises(nextok.InvalidArgument) as e:
+        nextok.LLM(path, max_num_sequences=4)
+    assert e.value.field == "max_num_sequences"
+    with pytest.raises(nextok.InvalidParameter) as e:
+        nextok.LLM(path, max_num_seqs=0)
+    assert e.value.field == "max_num_seqs"
+    with pytest.raises(nextok.InvalidArgument) as e:
+        nextok.LLM(str(path) + ".missing")
+    assert e.value.field == "model"
+    with pytest.raises(nextok.InvalidArgument) as e:
+        nextok.LLM(path, requant="q2")
+    assert e.value.field == "requant"
+
+
+def test_the_gil_is_released_while_the_engine_works(llm: nextok.LLM) -> None:
+    params = nextok.SamplingParams(temperature=0.0, max_tokens=24)
+    share = share_while(lambda: llm.generate(PROMPTS, params))
+    assert share > 0.1, f"the counting thread ran {share:.1%} of the time"
