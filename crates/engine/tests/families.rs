@@ -1,0 +1,129 @@
+//! The engine on every supported family (the tiny seeded models of `crates/model/tests`, each
+//! with a small SentencePiece vocabulary): a request's tokens and step records are the same
+//! alone and batched with others arriving at different iterations, `n` sequences fork the
+//! prompt and equal single runs, the prefix cache changes no token, and a KV budget too small
+//! for everyone preempts and recomputes without changing a token.
+
+#[path = "../../model/tests/common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::tiny::{Tiny, SEED};
+use nextok_core::SamplingParams;
+use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
+use nextok_model::{KvGeometry, Model, Requant};
+
+fn model(tiny: &Tiny) -> Arc<Model> {
+    let dir = std::env::temp_dir().join(format!("nextok-engine-families-{}", std::process::id()));
+    let path = tiny.write_to(&dir, &tiny.tensors(SEED));
+    Arc::new(Model::load(&path, Requant::Keep).expect("tiny model loads"))
+}
+
+fn request(salt: u32, seed: u64, n: usize) -> GenerateRequest {
+    let ids: Vec<u32> = (0..9).map(|i| 3 + (i * 29 + salt * 13) % 300).collect();
+    let mut r = GenerateRequest::new(Prompt::Ids(ids));
+    r.params = SamplingParams {
+        temperature: Some(0.9),
+        top_p: Some(0.95),
+        seed: Some(seed),
+        max_tokens: Some(20),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    r.n = n;
+    r.records = Some(3);
+    r
+}
+
+type Outcome = Vec<(Vec<u32>, String)>;
+
+fn outcome(c: &nextok_engine::Completion) -> Outcome {
+    c.sequences
+        .iter()
+        .map(|s| (s.tokens.clone(), serde_json::to_string(&s.records).unwrap()))
+        .collect()
+}
+
+/// Submits `reqs[i]` once the engine has run `arrive[i]` iterations; every request's outcome.
+fn together(engine: &Engine, reqs: &[GenerateRequest], arrive: &[u64]) -> Vec<Outcome> {
+    let start = engine.stats().iterations;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut handles = Vec::new();
+    for (r, &at) in reqs.iter().zip(arrive) {
+        while engine.stats().iterations < start + at && engine.stats().running_seqs > 0 {
+            assert!(Instant::now() < deadline, "engine stalled");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        handles.push(engine.submit(r.clone()).expect("submit"));
+    }
+    handles
+        .into_iter()
+        .map(|mut h| outcome(&h.collect_all().expect("batched run")))
+        .collect()
+}
+
+#[test]
+fn every_family_batches_forks_caches_and_preempts_without_changing_a_token() {
+    for tiny in Tiny::all() {
+        let name = tiny.arch.name();
+        let m = model(&tiny);
+        let reqs: Vec<GenerateRequest> = (0..4)
+            .map(|i| request(i, 40 + i as u64, if i == 1 { 2 } else { 1 }))
+            .collect();
+        let engine = Engine::new(
+            m.clone(),
+            EngineConfig {
+                max_batch_tokens: 16,
+                max_num_seqs: 8,
+                prefill_chunk_tokens: 4,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let alone: Vec<Outcome> = reqs
+            .iter()
+            .map(|r| outcome(&engine.generate(r.clone()).unwrap()))
+            .collect();
+        // n = 2: the second sequence is the single run with the next seed
+        let mut second = reqs[1].clone();
+        second.n = 1;
+        second.params.seed = Some(42);
+        assert_eq!(
+            outcome(&engine.generate(second).unwrap())[0],
+            alone[1][1],
+            "{name}: n = 2"
+        );
+        // the prompts are cached now: the same tokens from cached prefixes
+        let again = engine.generate(reqs[0].clone()).unwrap();
+        assert!(again.usage.cached_tokens > 0, "{name}: nothing cached");
+        assert_eq!(outcome(&again), alone[0], "{name}: prefix cache");
+        let batched = together(&engine, &reqs, &[0, 0, 2, 5]);
+        assert_eq!(alone, batched, "{name}: batched");
+        // a budget of a few blocks: sequences are preempted and recomputed
+        let c = &m.weights.config;
+        let block = KvGeometry {
+            n_layer: c.n_layer,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+        }
+        .block_bytes();
+        let tight = Engine::new(
+            m.clone(),
+            EngineConfig {
+                kv_budget_bytes: 6 * block,
+                max_batch_tokens: 16,
+                max_num_seqs: 8,
+                prefill_chunk_tokens: 4,
+                prefix_cache_entries: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let preempted = together(&tight, &reqs, &[0, 0, 1, 1]);
+        assert_eq!(alone, preempted, "{name}: preempted");
+        assert!(tight.stats().preemptions > 0, "{name}: {:?}", tight.stats());
+        eprintln!("{name}: batched, forked, cached and preempted runs equal the solo runs");
+    }
+}

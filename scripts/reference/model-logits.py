@@ -1,0 +1,95 @@
+"""Runs llama.cpp (through llama-cpp-python) on GGUF models and writes what it computed: for
+each prompt, the token ids, the ten highest raw logits after every prompt position, and the
+greedy continuation (argmax at every step, EOS not stopped). Called by model-logits.sh with the
+virtual environment that holds llama-cpp-python; never run in CI.
+
+    python model-logits.py OUT.json LLAMA_CPP_PYTHON_VERSION MODEL.gguf[=PROMPTS.json] ...
+
+A model given alone gets the tiny models' prompt (token ids); PROMPTS.json is a list of texts,
+tokenized by llama.cpp itself (BOS added, special tokens parsed).
+"""
+
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+from llama_cpp import Llama
+
+TOP = 10
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tiny_prompt(n, salt, vocab):
+    # the prompt of crates/model/tests/families.rs
+    return [(i * 37 + salt * 11 + 3) % vocab for i in range(n)]
+
+
+def top(row):
+    idx = np.argsort(-row, kind="stable")[:TOP]
+    return [[int(i), float(row[i])] for i in idx]
+
+
+def run(llm, ids, greedy_steps):
+    llm.reset()
+    llm.eval(ids)
+    n_vocab = llm.n_vocab()
+    scores = np.array(llm.scores[: len(ids)], dtype=np.float32).reshape(len(ids), n_vocab)
+    rows = [top(r) for r in scores]
+    greedy = []
+    last = scores[-1]
+    for _ in range(greedy_steps):
+        t = int(np.argmax(last))
+        greedy.append(t)
+        llm.eval([t])
+        last = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+    return {"ids": ids, "top": rows, "greedy": greedy}
+
+
+def main():
+    out, version, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
+    models = []
+    for spec in specs:
+        path, _, prompts = spec.partition("=")
+        llm = Llama(
+            model_path=path,
+            n_ctx=512,
+            n_batch=512,
+            n_ubatch=512,
+            logits_all=True,
+            n_threads=1,
+            verbose=False,
+        )
+        entry = {"file": os.path.basename(path), "sha256": sha256(path), "prompts": []}
+        if prompts:
+            for text in json.load(open(prompts)):
+                ids = llm.tokenize(text.encode(), add_bos=True, special=True)
+                r = run(llm, ids, 16)
+                r["text"] = text
+                entry["prompts"].append(r)
+        else:
+            for n, salt in [(11, 1), (23, 5)]:
+                entry["prompts"].append(run(llm, tiny_prompt(n, salt, llm.n_vocab()), 8))
+        models.append(entry)
+        del llm
+        print(f"model-logits: {path}: {len(entry['prompts'])} prompt(s)", file=sys.stderr)
+    doc = {
+        "producer": f"llama.cpp (CPU) through llama-cpp-python {version}",
+        "logits": "raw logits; `top` holds the ten highest after every prompt position, as [id, logit]",
+        "greedy": "argmax continuation after the prompt, EOS not stopped",
+        "models": models,
+    }
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
+main()

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Writes the llama.cpp references for the model families:
+#
+# * testdata/reference/families.llamacpp.json — the tiny seeded model of every family
+#   (llama, qwen2, qwen3, gemma3, phi3; written by `cargo run -p nextok-model --example
+#   tiny_models`, the same files crates/model/tests/families.rs builds, identified by SHA-256):
+#   the ten highest raw logits after every position of two prompts and an 8-token greedy
+#   continuation;
+# * testdata/reference/gemma-3-270m.llamacpp.json — the real Gemma 3 270M Q4_K_M file
+#   (scripts/fetch-testdata.sh): the prompts of testdata/reference/gemma-prompts.json tokenized
+#   by llama.cpp, the ten highest raw logits after every position, a 16-token greedy continuation.
+#
+# llama.cpp runs through llama-cpp-python (pinned below), built from source by pip into a
+# virtual environment in the nextok cache (<cache>/peers, the one bench/peers/llama_sampler.sh
+# uses). Not run in CI: the tests compare against the committed files.
+#
+#   scripts/reference/model-logits.sh
+set -euo pipefail
+
+LLAMA_CPP_PYTHON_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+ME="model-logits.sh"
+die() { echo "$ME: error: $*" >&2; exit 1; }
+say() { echo "$ME: $*" >&2; }
+set -E
+trap 'rc=$?; echo "$ME: error: line $LINENO: exit $rc from: $BASH_COMMAND" >&2; exit $rc' ERR
+
+case "${1:-}" in
+  -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  "") ;;
+  *) die "unknown argument: $1 (see --help)" ;;
+esac
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DEST="${NEXTOK_TESTDATA:-$REPO/.testdata}"
+NEXTOK_CACHE="${NEXTOK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nextok}"
+VENV="$NEXTOK_CACHE/peers/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION-venv"
+
+command -v python3 >/dev/null || die "python3 is needed"
+command -v cargo >/dev/null || die "cargo is needed (to write the tiny models)"
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import llama_cpp, numpy" 2>/dev/null; then
+  say "installing llama-cpp-python $LLAMA_CPP_PYTHON_VERSION into $VENV (builds llama.cpp from source; this takes a while)"
+  mkdir -p "$(dirname "$VENV")"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check numpy \
+    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" >&2 || die "pip install llama-cpp-python failed"
+fi
+
+say "fetching the test data (scripts/fetch-testdata.sh)"
+NEXTOK_TESTDATA="$DEST" bash "$REPO/scripts/fetch-testdata.sh" >&2
+
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+say "writing the tiny models"
+(cd "$REPO" && cargo run --quiet -p nextok-model --example tiny_models -- "$TMP") >"$TMP/list"
+mapfile -t TINY <"$TMP/list"
+[ "${#TINY[@]}" -gt 0 ] || die "no tiny model was written"
+
+say "running llama.cpp on ${#TINY[@]} tiny models"
+"$VENV/bin/python" "$REPO/scripts/reference/model-logits.py" \
+  "$REPO/testdata/reference/families.llamacpp.json" "$LLAMA_CPP_PYTHON_VERSION" "${TINY[@]}"
+say "running llama.cpp on Gemma 3 270M"
+"$VENV/bin/python" "$REPO/scripts/reference/model-logits.py" \
+  "$REPO/testdata/reference/gemma-3-270m.llamacpp.json" "$LLAMA_CPP_PYTHON_VERSION" \
+  "$DEST/gemma3/gemma-3-270m-q4_k_m.gguf=$REPO/testdata/reference/gemma-prompts.json"
+say "wrote testdata/reference/families.llamacpp.json and gemma-3-270m.llamacpp.json"
