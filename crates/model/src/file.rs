@@ -205,26 +205,12 @@ impl GgufFile {
             )));
         }
         let b = self.bytes(t)?;
-        let v: Vec<f32> = match t.ggml_type {
-            ggml_type::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            ggml_type::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            ggml_type::BF16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => dequantize(
-                name,
-                other,
-                &b,
-                t.dims.iter().map(|&d| d as usize).collect(),
-            )?,
-        };
+        let v = to_f32(
+            name,
+            t.ggml_type,
+            &b,
+            t.dims.iter().map(|&d| d as usize).collect(),
+        )?;
         if v.iter().any(|x| !x.is_finite()) {
             return Err(format_err(format!(
                 "tensor `{name}` holds non-finite values"
@@ -232,6 +218,26 @@ impl GgufFile {
         }
         Ok(v)
     }
+}
+
+/// The values of a tensor of GGML type `t` as `f32`: F32, F16 and BF16 read directly, any other
+/// format dequantised ([`dequantize`]). `dims` in GGUF order.
+pub(crate) fn to_f32(name: &str, t: u32, b: &[u8], dims: Vec<usize>) -> Result<Vec<f32>> {
+    Ok(match t {
+        ggml_type::F32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        ggml_type::F16 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        ggml_type::BF16 => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        other => dequantize(name, other, b, dims)?,
+    })
 }
 
 /// Dequantises GGML blocks of type `t` with candle's reference code (the formats nextok has no

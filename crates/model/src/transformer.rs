@@ -275,21 +275,7 @@ impl MatrixLoader<'_> {
             return QMatrix::from_ggml(fmt, fr, fc, &bytes).map_err(kernel_err);
         }
         // no kernel for this format (or a re-quantisation was asked for): dequantise, then Q8_0
-        let values = match ty {
-            ggml_type::F32 => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            ggml_type::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            ggml_type::BF16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            _ => crate::file::dequantize(name, ty, &bytes, vec![fc, fr])?,
-        };
+        let values = crate::file::to_f32(name, ty, &bytes, vec![fc, fr])?;
         drop(bytes);
         let asked = self.requant == Requant::Q8_0 && native.is_some();
         if !asked {

@@ -149,8 +149,13 @@ impl Tiny {
     /// Writes this model with `tensors` into `dir`.
     pub fn write_to(&self, dir: &Path, tensors: &[T]) -> PathBuf {
         std::fs::create_dir_all(dir).unwrap();
+        // tests running in parallel write the same model: write aside, then rename in place
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let p = dir.join(self.name());
-        std::fs::write(&p, gguf(&self.metadata(), tensors)).unwrap();
+        let tmp = dir.join(format!("{}.{n}.part", self.name()));
+        std::fs::write(&tmp, gguf(&self.metadata(), tensors)).unwrap();
+        std::fs::rename(&tmp, &p).unwrap();
         p
     }
 
