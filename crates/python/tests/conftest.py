@@ -82,3 +82,11 @@ def share_while(call: Callable[[], object]) -> float:
         stop.set()
         t.join()
     return during / (rate * elapsed)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "torch: runs transformers and torch for real (skipped where not installed)")
+    config.addinivalue_line(
+        "markers", "llama_cpp: runs llama-cpp-python for real (skipped where not installed; see bench/llama_cpp_adapter.sh)"
+    )
+    config.addinivalue_line("markers", "vllm: builds the vLLM classes on vLLM's own types (skipped where not installed)")
