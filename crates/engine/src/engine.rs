@@ -414,8 +414,33 @@ impl RequestHandle {
         self.cancel.store(true, Ordering::Relaxed);
     }
 
+    /// The next event, waiting at most `timeout` (blocking: not from an async task).
+    pub fn recv_timeout(&mut self, timeout: std::time::Duration) -> Recv {
+        let Some(rt) = timer_runtime() else {
+            // no timer thread could be started: wait without a bound
+            return match self.recv() {
+                Some(e) => Recv::Event(e),
+                None => Recv::Closed,
+            };
+        };
+        let rx = &mut self.rx;
+        match rt.block_on(async { tokio::time::timeout(timeout, rx.recv()).await }) {
+            Ok(Some(e)) => Recv::Event(e),
+            Ok(None) => Recv::Closed,
+            Err(_) => Recv::Timeout,
+        }
+    }
+
     /// Waits for every event and gathers them (blocking).
     pub fn collect_all(&mut self) -> Result<Completion> {
+        self.collect_until(|| false)
+    }
+
+    /// Like [`collect_all`](Self::collect_all), asking `stop` at least every 100 ms while it
+    /// waits: when `stop` says so, the request is cancelled (its sequences stop at the next
+    /// iteration and free their cache) and the result is an [`ErrorKind::Cancelled`] error. A
+    /// caller that must notice an interrupt (Ctrl-C in Python) waits this way.
+    pub fn collect_until(&mut self, mut stop: impl FnMut() -> bool) -> Result<Completion> {
         let n = self.info.seeds.len();
         let mut c = Completion {
             info: self.info.clone(),
@@ -423,7 +448,25 @@ impl RequestHandle {
             usage: Usage::default(),
             timing: Default::default(),
         };
-        while let Some(e) = self.recv() {
+        let every = std::time::Duration::from_millis(100);
+        let mut asked = std::time::Instant::now();
+        loop {
+            let got = self.recv_timeout(every);
+            if asked.elapsed() >= every {
+                if stop() {
+                    self.cancel();
+                    return Err(EngineError::new(
+                        ErrorKind::Cancelled,
+                        "the request was cancelled while its caller waited",
+                    ));
+                }
+                asked = std::time::Instant::now();
+            }
+            let e = match got {
+                Recv::Event(e) => e,
+                Recv::Closed => break,
+                Recv::Timeout => continue,
+            };
             match e {
                 Event::Token {
                     seq,
@@ -470,6 +513,33 @@ impl RequestHandle {
             "the engine stopped before the request finished",
         ))
     }
+}
+
+/// What [`RequestHandle::recv_timeout`] got.
+#[derive(Debug)]
+pub enum Recv {
+    /// The next event.
+    Event(Event),
+    /// The request's events are over.
+    Closed,
+    /// Nothing arrived in time.
+    Timeout,
+}
+
+/// The runtime whose timer bounds [`RequestHandle::recv_timeout`]'s waits: one worker
+/// thread drives the timer; each waiting thread runs its own wait. `None` when the thread
+/// could not be started.
+fn timer_runtime() -> Option<&'static tokio::runtime::Runtime> {
+    static RT: std::sync::OnceLock<Option<tokio::runtime::Runtime>> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("nextok-timer")
+            .enable_time()
+            .build()
+            .ok()
+    })
+    .as_ref()
 }
 
 impl Iterator for RequestHandle {

@@ -25,6 +25,9 @@ pub enum ErrorKind {
     Sampling,
     /// The engine is shutting down.
     Shutdown,
+    /// The caller stopped waiting and cancelled the request
+    /// ([`RequestHandle::collect_until`](crate::RequestHandle::collect_until)).
+    Cancelled,
 }
 
 /// The library error underneath an engine error.

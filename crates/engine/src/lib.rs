@@ -50,7 +50,7 @@ pub mod teaching;
 pub mod trace;
 
 pub use engine::{
-    Completion, Engine, EngineConfig, EngineStats, RequestHandle, SequenceOutput,
+    Completion, Engine, EngineConfig, EngineStats, Recv, RequestHandle, SequenceOutput,
     PREFILL_CHUNK_TOKENS,
 };
 pub use error::{EngineError, ErrorKind, Result};

@@ -1,16 +1,20 @@
 //! `nextok._Engine`: the engine behind `nextok.LLM` — a model and the continuous-batching
 //! engine of `nextok generate` and `nextok serve`; requests run with the GIL released.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use nextok_constraint::ConstraintSpec;
 use nextok_core::{FinishReason, Layer, Preset, SamplingParams};
+use nextok_engine::trace::{self, TraceHeader};
 use nextok_engine::{
-    Completion, Engine, EngineConfig, GenerateRequest, LogprobOptions, PipelineChoice, Prompt,
+    Completion, Engine, EngineConfig, Event, GenerateRequest, LogprobOptions, PipelineChoice,
+    Prompt, Recv, RequestHandle, RequestInfo,
 };
+use nextok_model::chat::Message;
 use nextok_model::{fetch, Model, Requant};
 
 use crate::convert::{from_json, to_json, token_ids, type_name, NonFinite};
@@ -79,7 +83,14 @@ fn request(
     spec: &Bound<'_, PyDict>,
     index: usize,
 ) -> Result<GenerateRequest, Failure> {
-    let prompt = if let Ok(s) = prompt.cast::<PyString>() {
+    let get = |k: &str| spec.get_item(k).ok().flatten().filter(|v| !v.is_none());
+    let chat = match get("chat") {
+        None => false,
+        Some(v) => v.is_truthy().unwrap_or(false),
+    };
+    let prompt = if chat {
+        Prompt::Chat(messages(prompt, index)?)
+    } else if let Ok(s) = prompt.cast::<PyString>() {
         Prompt::Text(
             s.to_str()
                 .map_err(|e| Failure::argument(format!("prompts[{index}]"), e.to_string()))?
@@ -88,7 +99,6 @@ fn request(
     } else {
         Prompt::Ids(token_ids(&format!("prompts[{index}]"), prompt)?)
     };
-    let get = |k: &str| spec.get_item(k).ok().flatten().filter(|v| !v.is_none());
     let params: SamplingParams = match get("params") {
         None => SamplingParams::default(),
         Some(p) => from_json(to_json(&p, "", NonFinite::Refuse)?, "")?,
@@ -143,6 +153,20 @@ fn request(
             "constraint",
         )?),
     };
+    let records = match get("trace") {
+        None => None,
+        Some(v) => Some(
+            v.extract::<usize>()
+                .ok()
+                .filter(|&k| k <= MAX_TRACE_CANDIDATES)
+                .ok_or_else(|| {
+                    Failure::argument(
+                        "trace",
+                        format!("must be an integer in 0..={MAX_TRACE_CANDIDATES} (candidates per step record)"),
+                    )
+                })?,
+        ),
+    };
     Ok(GenerateRequest {
         prompt,
         params,
@@ -150,8 +174,104 @@ fn request(
         pipeline,
         n,
         logprobs,
+        records,
         ..Default::default()
     })
+}
+
+/// The most candidates a step record of a Python trace carries.
+const MAX_TRACE_CANDIDATES: usize = 1024;
+
+/// The most messages a chat prompt may have (the engine bounds their text).
+const MAX_MESSAGES: usize = 4096;
+
+/// Chat messages: a sequence of `{"role": str, "content": str}`.
+fn messages(v: &Bound<'_, PyAny>, index: usize) -> Result<Vec<Message>, Failure> {
+    let field = format!("messages[{index}]");
+    let bad = |what: String| Failure::argument(field.clone(), what);
+    let items = v
+        .try_iter()
+        .map_err(|_| bad(format!("must be a list of messages, got {}", type_name(v))))?;
+    let mut out = Vec::new();
+    for (i, m) in items.enumerate() {
+        if i >= MAX_MESSAGES {
+            return Err(bad(format!("has more than {MAX_MESSAGES} messages")));
+        }
+        let m = m.map_err(|e| bad(e.to_string()))?;
+        let d = m.cast::<PyDict>().map_err(|_| {
+            bad(format!(
+                "[{i}] must be a dict with `role` and `content`, got {}",
+                type_name(&m)
+            ))
+        })?;
+        let text = |k: &str| -> Result<String, Failure> {
+            let v = d
+                .get_item(k)
+                .ok()
+                .flatten()
+                .ok_or_else(|| bad(format!("[{i}] has no `{k}`")))?;
+            v.extract::<String>()
+                .map_err(|_| bad(format!("[{i}].{k} must be a string, got {}", type_name(&v))))
+        };
+        out.push(Message {
+            role: text("role")?,
+            content: text("content")?,
+        });
+    }
+    Ok(out)
+}
+
+/// How the request's pipeline was given, as a trace header names it.
+fn pipeline_source(spec: &Bound<'_, PyDict>) -> String {
+    match spec.get_item("pipeline").ok().flatten() {
+        Some(p) => match p.cast::<PyString>() {
+            Ok(s) => s.to_str().unwrap_or("reference").to_string(),
+            Err(_) => "json".to_string(),
+        },
+        None => "reference".to_string(),
+    }
+}
+
+/// Waits for `handle`'s completion with the GIL released, checking for Python signals (Ctrl-C)
+/// every 100 ms: on one, the request is cancelled and the signal's exception raised.
+fn wait(py: Python<'_>, handle: &mut RequestHandle) -> PyResult<Completion> {
+    let interrupt: Mutex<Option<PyErr>> = Mutex::new(None);
+    let done = py.detach(|| {
+        handle.collect_until(|| {
+            Python::attach(|py| match py.check_signals() {
+                Ok(()) => false,
+                Err(e) => {
+                    if let Ok(mut slot) = interrupt.lock() {
+                        *slot = Some(e);
+                    }
+                    true
+                }
+            })
+        })
+    });
+    if let Some(e) = interrupt.lock().ok().and_then(|mut s| s.take()) {
+        return Err(e);
+    }
+    Ok(done.map_err(Failure::from)?)
+}
+
+/// The trace of a completion as `nextok generate --trace` writes it: the header line, then
+/// every step record, sequence by sequence.
+fn trace_text(model: &Model, c: &Completion, source: &str, candidates: usize) -> PyResult<String> {
+    let header = TraceHeader::new(&c.info, model, source, candidates);
+    let mut out = serde_json::to_string(&header).map_err(|e| internal_err(&e.to_string()))?;
+    out.push('\n');
+    for s in &c.sequences {
+        for r in &s.records {
+            out.push_str(&serde_json::to_string(r).map_err(|e| internal_err(&e.to_string()))?);
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+fn internal_err(what: &str) -> PyErr {
+    crate::errors::internal(what)
 }
 
 /// `vLLM`'s finish reason (`"stop"` or `"length"`) and stop reason (the stop token id or the
@@ -316,23 +436,94 @@ impl PyEngine {
         requests: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<Bound<'py, PyDict>>> {
         let mut reqs = Vec::new();
+        let mut traces = Vec::new();
         for (i, item) in requests.try_iter()?.enumerate() {
             let item = item?;
             let (prompt, spec): (Bound<'py, PyAny>, Bound<'py, PyDict>) = item.extract()?;
-            reqs.push(request(&prompt, &spec, i)?);
+            let r = request(&prompt, &spec, i)?;
+            traces.push(r.records.map(|k| (pipeline_source(&spec), k)));
+            reqs.push(r);
         }
         // every request is submitted before any is waited for: they run as one batch
         let mut handles = Vec::with_capacity(reqs.len());
         for r in reqs {
             handles.push(self.engine.submit(r).map_err(Failure::from)?);
         }
-        let done: Vec<nextok_engine::Result<Completion>> =
-            py.detach(|| handles.iter_mut().map(|h| h.collect_all()).collect());
-        let mut out = Vec::with_capacity(done.len());
-        for c in done {
-            out.push(completion_dict(py, &c.map_err(Failure::from)?)?);
+        let mut out = Vec::with_capacity(handles.len());
+        // on an error or an interrupt the handles not yet waited for are dropped: cancelled
+        for (h, t) in handles.iter_mut().zip(&traces) {
+            let c = wait(py, h)?;
+            let d = completion_dict(py, &c)?;
+            if let Some((source, k)) = t {
+                d.set_item("trace", trace_text(self.engine.model(), &c, source, *k)?)?;
+            }
+            out.push(d);
         }
         Ok(out)
+    }
+
+    /// Starts one request (`(prompt, spec)` as in `generate`) and returns its event stream.
+    fn stream(&self, prompt: &Bound<'_, PyAny>, spec: &Bound<'_, PyDict>) -> PyResult<PyStream> {
+        let r = request(prompt, spec, 0)?;
+        let handle = self.engine.submit(r).map_err(Failure::from)?;
+        Ok(PyStream {
+            info: handle.info.clone(),
+            handle: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Runs a trace's request again on this engine's model and compares every step record
+    /// bit for bit; returns the number of steps that matched, or raises `ReplayMismatch`
+    /// naming the first difference (sequence, step, field).
+    fn replay(&self, py: Python<'_>, text: &str) -> PyResult<usize> {
+        let (header, recorded) = trace::parse(text).map_err(Failure::from)?;
+        let req = trace::replay_request(&header).map_err(Failure::from)?;
+        let model = self.engine.model();
+        if model.sha256 != header.model_sha256 {
+            return Err(Failure::new(
+                "ReplayMismatch",
+                format!(
+                    "this engine's model has SHA-256 {}; the trace was recorded with `{}`, SHA-256 {}",
+                    model.sha256, header.model_file, header.model_sha256
+                ),
+            )
+            .code("replay_mismatch")
+            .field("model_sha256")
+            .into());
+        }
+        if header.requant().map_err(Failure::from)? != model.weights.requant {
+            return Err(Failure::new(
+                "ReplayMismatch",
+                format!(
+                    "the trace was recorded with requant `{}`, this engine's model has `{}`",
+                    header.requant,
+                    model.weights.requant.name()
+                ),
+            )
+            .code("replay_mismatch")
+            .field("requant")
+            .into());
+        }
+        let prepared = self.engine.prepare(&req).map_err(Failure::from)?;
+        if prepared.info.pipeline_hash != header.pipeline_hash {
+            return Err(Failure::new(
+                "ReplayMismatch",
+                format!(
+                    "the pipeline hashes to {}, the trace says {}",
+                    prepared.info.pipeline_hash, header.pipeline_hash
+                ),
+            )
+            .code("replay_mismatch")
+            .field("pipeline_hash")
+            .into());
+        }
+        let mut h = self.engine.submit(req).map_err(Failure::from)?;
+        let run = wait(py, &mut h)?;
+        trace::compare(&header, &recorded, &run).map_err(|m| {
+            Failure::new("ReplayMismatch", m)
+                .code("replay_mismatch")
+                .into()
+        })
     }
 
     /// Text → token ids as a text prompt is tokenised (BOS when the model asks for it, special
@@ -355,5 +546,136 @@ impl PyEngine {
     #[getter]
     fn vocab_size(&self) -> usize {
         self.engine.model().vocab.info.vocab_size
+    }
+}
+
+/// One request's events, as `LLM.stream` reads them. Dropping it (or `close()`) cancels the
+/// request.
+#[pyclass(module = "nextok", name = "_Stream")]
+pub struct PyStream {
+    info: RequestInfo,
+    handle: Mutex<Option<RequestHandle>>,
+}
+
+fn event_dict<'py>(
+    py: Python<'py>,
+    info: &RequestInfo,
+    e: Event,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let d = PyDict::new(py);
+    match e {
+        Event::Token {
+            seq,
+            id,
+            text,
+            logprobs,
+        } => {
+            d.set_item("type", "token")?;
+            d.set_item("index", seq)?;
+            d.set_item("token_id", id)?;
+            d.set_item("text", text)?;
+            match logprobs {
+                None => d.set_item("logprobs", py.None())?,
+                Some(lp) => {
+                    let m = PyDict::new(py);
+                    for (t, v) in &lp.top {
+                        m.set_item(t, v)?;
+                    }
+                    m.set_item(id, lp.selected)?;
+                    d.set_item("logprobs", m)?;
+                    d.set_item("logprob", lp.selected)?;
+                    d.set_item("logprob_layer", layer_name(lp.layer))?;
+                }
+            }
+        }
+        Event::Finish {
+            seq, reason, text, ..
+        } => {
+            let (finish, stop) = finish_reasons(py, reason.as_ref(), &info.stop.stop)?;
+            d.set_item("type", "finish")?;
+            d.set_item("index", seq)?;
+            d.set_item("text", text)?;
+            d.set_item("finish_reason", finish)?;
+            d.set_item("stop_reason", stop)?;
+        }
+        Event::Done { usage, .. } => {
+            d.set_item("type", "done")?;
+            d.set_item("prompt_tokens", usage.prompt_tokens)?;
+            d.set_item("cached_tokens", usage.cached_tokens)?;
+            d.set_item("completion_tokens", usage.completion_tokens)?;
+        }
+        Event::Error(e) => return Err(Failure::from(e).into()),
+        Event::Record { .. } | Event::Ledger { .. } => return Ok(None),
+    }
+    Ok(Some(d))
+}
+
+#[pymethods]
+impl PyStream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next event as a dict (`type`: `token`, `finish` or `done`), waiting with the GIL
+    /// released; Ctrl-C cancels the request and raises.
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        loop {
+            let mut guard = self
+                .handle
+                .lock()
+                .map_err(|_| crate::errors::internal("stream lock poisoned"))?;
+            let Some(h) = guard.as_mut() else {
+                return Ok(None);
+            };
+            let got = py.detach(|| h.recv_timeout(Duration::from_millis(100)));
+            match got {
+                Recv::Event(e) => {
+                    let done = matches!(e, Event::Done { .. } | Event::Error(_));
+                    let out = event_dict(py, &self.info, e);
+                    if done {
+                        *guard = None;
+                    }
+                    match out? {
+                        Some(d) => return Ok(Some(d)),
+                        None => continue,
+                    }
+                }
+                Recv::Closed => {
+                    *guard = None;
+                    return Ok(None);
+                }
+                Recv::Timeout => {
+                    if let Err(e) = py.check_signals() {
+                        *guard = None; // dropped: cancelled
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cancels the request (its sequences stop at the next iteration and free their cache).
+    fn close(&self) {
+        if let Ok(mut g) = self.handle.lock() {
+            *g = None;
+        }
+    }
+
+    /// The request's seeds (one per sequence).
+    #[getter]
+    fn seeds(&self) -> Vec<u64> {
+        self.info.seeds.clone()
+    }
+
+    /// The request's prompt ids.
+    #[getter]
+    fn prompt_token_ids(&self) -> Vec<u32> {
+        self.info.prompt_ids.clone()
+    }
+
+    /// The pipeline hash.
+    #[getter]
+    fn pipeline_hash(&self) -> &str {
+        &self.info.pipeline_hash
     }
 }

@@ -66,6 +66,7 @@ fn _nextok(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sampler::PyStep>()?;
     m.add_class::<sampler::PyLogprobs>()?;
     m.add_class::<engine::PyEngine>()?;
+    m.add_class::<engine::PyStream>()?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     Ok(())
 }

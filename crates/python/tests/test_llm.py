@@ -1,8 +1,11 @@
 """The engine level (``nextok.LLM``, vLLM-shaped) on the real default model from the test
 data: outputs, batch invariance, ``n`` and seeds, logprobs by layer, stop strings,
-constraints, errors, and the GIL released while the engine works."""
+constraints, errors, the GIL released while the engine works, 16 threads at once, chat,
+streaming, traces and their replay, and Ctrl-C."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -131,3 +134,116 @@ def test_the_gil_is_released_while_the_engine_works(llm: nextok.LLM) -> None:
     params = nextok.SamplingParams(temperature=0.0, max_tokens=24)
     share = share_while(lambda: llm.generate(PROMPTS, params))
     assert share > 0.1, f"the counting thread ran {share:.1%} of the time"
+
+
+def test_sixteen_python_threads_each_get_their_solo_tokens(llm: nextok.LLM) -> None:
+    import threading
+
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(16)]
+    params = [nextok.SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=6) for i in range(16)]
+    solo = [llm.generate(p, sp)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
+    got: list[list[int] | None] = [None] * 16
+    start = threading.Barrier(16)
+
+    def run(i: int) -> None:
+        start.wait(timeout=60)
+        got[i] = llm.generate(prompts[i], params[i])[0].outputs[0].token_ids
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert got == solo
+
+
+def test_chat_renders_the_template_and_answers(llm: nextok.LLM) -> None:
+    conv = [{"role": "user", "content": "Say hello."}]
+    params = nextok.SamplingParams(temperature=0.0, max_tokens=8)
+    (r,) = llm.chat(conv, params)
+    # the same as the chat prompt rendered by the engine and sent as ids: the template ran
+    assert r.outputs[0].text and len(r.prompt_token_ids) > len(llm.encode("Say hello."))
+    (again,) = llm.generate({"prompt_token_ids": r.prompt_token_ids}, params)
+    assert again.outputs[0].token_ids == r.outputs[0].token_ids
+    two = llm.chat([conv, [{"role": "user", "content": "Count to three."}]], params)
+    assert len(two) == 2 and two[0].outputs[0].token_ids == r.outputs[0].token_ids
+    with pytest.raises(nextok.InvalidArgument) as e:
+        llm.chat([{"role": "user"}], params)
+    assert e.value.field == "messages[0]"
+
+
+def test_stream_yields_the_tokens_generate_gives(llm: nextok.LLM) -> None:
+    params = nextok.SamplingParams(temperature=0.8, seed=5, max_tokens=10, logprobs=2, logprob_layer="processed")
+    (r,) = llm.generate(PROMPTS[1], params)
+    events = list(llm.stream(PROMPTS[1], params))
+    toks = [e for e in events if e.token_id is not None]
+    assert [e.token_id for e in toks] == r.outputs[0].token_ids
+    assert "".join(e.text for e in events) == r.outputs[0].text
+    assert all(e.logprob_layer == "processed" and e.token_id in e.logprobs for e in toks)
+    assert events[-1].token_id is None and events[-1].finish_reason == r.outputs[0].finish_reason
+    # leaving early cancels the request; the engine goes on serving
+    long = llm.stream(PROMPTS[0], nextok.SamplingParams(temperature=0.8, seed=1, max_tokens=400, ignore_eos=True))
+    next(long)
+    long.close()
+    assert llm.generate(PROMPTS[1], params)[0].outputs[0].token_ids == r.outputs[0].token_ids
+
+
+def test_trace_replays_bit_for_bit_and_an_edit_is_caught(llm: nextok.LLM, tmp_path) -> None:
+    params = nextok.SamplingParams(n=2, temperature=0.9, top_p=0.9, seed=21, max_tokens=6, trace=True)
+    (r,) = llm.generate(PROMPTS[2], params)
+    lines = r.trace.splitlines()
+    header = json.loads(lines[0])
+    assert header["seeds"] == [21, 22] and header["pipeline_hash"] == r.pipeline_hash
+    steps = sum(len(o.token_ids) for o in r.outputs)
+    assert len(lines) == 1 + steps
+    assert llm.replay(r.trace) == steps
+    path = tmp_path / "run.jsonl"
+    path.write_text(r.trace)
+    assert nextok.replay(str(path), llm) == steps
+    edited = lines[:2] + [lines[2].replace('"raw_logits_digest":"x64:', '"raw_logits_digest":"x64:0', 1)] + lines[3:]
+    with pytest.raises(nextok.ReplayMismatch) as e:
+        llm.replay("\n".join(edited) + "\n")
+    assert "raw_logits_digest" in str(e.value) and e.value.code == "replay_mismatch"
+    with pytest.raises(nextok.InvalidParameter) as e:
+        llm.replay("not a trace")
+    assert e.value.field == "trace"
+
+
+def test_ctrl_c_cancels_a_running_generate(tmp_path) -> None:
+    """SIGINT while ``generate`` waits raises KeyboardInterrupt within a fraction of a second,
+    and the engine serves the next request."""
+    import signal
+    import subprocess
+    import sys
+
+    path = require_data("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    script = tmp_path / "interrupt.py"
+    script.write_text(
+        "import sys, time, nextok\n"
+        f"llm = nextok.LLM({str(path)!r})\n"
+        "print('ready', flush=True)\n"
+        "t = time.monotonic()\n"
+        "try:\n"
+        "    llm.generate('Once upon a time', nextok.SamplingParams(max_tokens=3000, ignore_eos=True))\n"
+        "    print('finished', flush=True)\n"
+        "except KeyboardInterrupt:\n"
+        "    print(f'interrupted {time.monotonic() - t:.2f}', flush=True)\n"
+        "out = llm.generate('Hi', nextok.SamplingParams(temperature=0.0, max_tokens=3))\n"
+        "print('after', len(out[0].outputs[0].token_ids), flush=True)\n"
+    )
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
+        import time
+
+        time.sleep(1.5)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    lines = out.split()
+    assert "interrupted" in lines, out
+    assert float(lines[lines.index("interrupted") + 1]) < 5.0  # checked every 100 ms
+    assert lines[-2:] == ["after", "3"]

@@ -31,11 +31,12 @@ from ._errors import (
     NonFiniteLogit,
     NotRecorded,
     ParseError,
+    ReplayMismatch,
     TokenOutOfRange,
     VocabError,
     VocabSizeMismatch,
 )
-from ._llm import LLM, CompletionOutput, RequestOutput, SamplingParams
+from ._llm import LLM, CompletionOutput, RequestOutput, SamplingParams, StreamOutput, replay
 from ._nextok import (
     FORMAT_VERSION,
     PRESETS,
@@ -54,6 +55,8 @@ __all__ = [
     "SamplingParams",
     "RequestOutput",
     "CompletionOutput",
+    "StreamOutput",
+    "replay",
     "FORMAT_VERSION",
     "PRESETS",
     "Logprobs",
@@ -76,6 +79,7 @@ __all__ = [
     "NonFiniteLogit",
     "NotRecorded",
     "ParseError",
+    "ReplayMismatch",
     "TokenOutOfRange",
     "VocabError",
     "VocabSizeMismatch",

@@ -27,6 +27,7 @@ __all__ = [
     "VocabError",
     "EngineError",
     "NotRecorded",
+    "ReplayMismatch",
 ]
 
 
@@ -107,6 +108,11 @@ class VocabError(NextokError):
 
 class EngineError(NextokError):
     """The engine could not run a request (too large, queue full, model failure, shutdown)."""
+
+
+class ReplayMismatch(NextokError):
+    """A replayed trace did not give the recorded steps bit for bit (or was recorded with
+    another model, quantisation or pipeline); the message names the first difference."""
 
 
 class NotRecorded(NextokError):

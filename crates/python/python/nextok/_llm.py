@@ -11,18 +11,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import InvalidArgument
 from ._nextok import Pipeline, _Engine
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StreamOutput", "replay"]
 
 # parameters that are not sampling parameters of the request (``SamplingParams`` keeps them
 # apart)
-_OWN = ("n", "logprobs", "logprob_layer", "pipeline", "constraint")
+_OWN = ("n", "logprobs", "logprob_layer", "pipeline", "constraint", "trace")
 
 
 class SamplingParams:
@@ -35,7 +35,10 @@ class SamplingParams:
     constraint (``{"type": "json_schema", "schema": {...}}``, ...). Everything else is a
     sampling parameter (``temperature``, ``top_p``, ``top_k``, ``min_p``, ``max_tokens``,
     ``stop``, ``stop_token_ids``, ``seed``, ``presence_penalty``, ...). As in vLLM,
-    ``max_tokens`` defaults to 16. Parameters are readable as attributes.
+    ``max_tokens`` defaults to 16. ``trace=True`` (or a number of candidates per step, default
+    8) returns the request's trace in ``RequestOutput.trace``: the JSON lines ``nextok generate
+    --trace`` writes, which ``nextok replay`` and ``LLM.replay`` check bit for bit. Parameters
+    are readable as attributes.
     """
 
     def __init__(
@@ -46,9 +49,22 @@ class SamplingParams:
         logprob_layer: str = "raw",
         pipeline: str | Pipeline | dict[str, Any] = "reference",
         constraint: dict[str, Any] | None = None,
+        trace: bool | int = False,
         **params: Any,
     ) -> None:
         params.setdefault("max_tokens", 16)
+        if trace is True:
+            trace = 8
+        elif trace is False or trace is None:
+            trace = None
+        elif not isinstance(trace, int) or trace < 0:
+            raise InvalidArgument(
+                f"invalid `trace`: {trace!r} must be a bool or a number of candidates >= 0",
+                code="invalid_argument",
+                field="trace",
+            )
+        if trace is not None and logprobs is not None:
+            trace = max(trace, logprobs)
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise InvalidArgument(f"invalid `n`: {n!r} must be an integer >= 1", code="invalid_argument", field="n")
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0):
@@ -77,6 +93,7 @@ class SamplingParams:
         self.logprob_layer = logprob_layer
         self.pipeline = pipeline_spec
         self.constraint = constraint
+        self.trace = trace
         self.params = dict(params)
         self.pipeline_hash = None if constraint is not None else checked.hash
 
@@ -94,6 +111,7 @@ class SamplingParams:
             "logprob_layer": self.logprob_layer,
             "pipeline": self.pipeline,
             "constraint": self.constraint,
+            "trace": self.trace,
         }
 
     def __repr__(self) -> str:
@@ -131,6 +149,26 @@ class RequestOutput:
     seeds: list[int] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    trace: str | None = None
+    """The request's trace (``SamplingParams(trace=True)``): JSON lines, a header then every
+    step record, as ``nextok generate --trace`` writes them."""
+
+
+@dataclass
+class StreamOutput:
+    """One event of ``LLM.stream``: a token of sequence ``index`` (``token_id``, ``text`` that
+    can be shown now, its ``logprob`` and ``logprobs`` when asked for), or the end of that
+    sequence (``token_id`` is ``None``, ``text`` is what was held back, ``finish_reason`` and
+    ``stop_reason`` are set)."""
+
+    index: int
+    token_id: int | None
+    text: str
+    logprob: float | None = None
+    logprobs: dict[int, float] | None = None
+    logprob_layer: str | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 def _prompts(prompts: Any) -> list[tuple[Any, str | None]]:
@@ -160,6 +198,37 @@ def _prompts(prompts: Any) -> list[tuple[Any, str | None]]:
         code="invalid_argument",
         field="prompts",
     )
+
+
+def _per_prompt(sampling_params: Any, n: int) -> list[SamplingParams]:
+    """``sampling_params`` (one for all, or one per prompt) as one per prompt, checked."""
+    if sampling_params is None:
+        sampling_params = SamplingParams()
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    per = list(sampling_params)
+    if len(per) != n:
+        raise InvalidArgument(
+            f"invalid `sampling_params`: {len(per)} for {n} prompts",
+            code="invalid_argument",
+            field="sampling_params",
+        )
+    for i, sp in enumerate(per):
+        if not isinstance(sp, SamplingParams):
+            raise InvalidArgument(
+                f"invalid `sampling_params[{i}]`: expected nextok.SamplingParams, got {type(sp).__name__}",
+                code="invalid_argument",
+                field=f"sampling_params[{i}]",
+            )
+    return per
+
+
+def _outputs(items: list[tuple[Any, str | None]], raw: list[dict[str, Any]]) -> list[RequestOutput]:
+    out = []
+    for (_, text), r in zip(items, raw):
+        outputs = [CompletionOutput(**o) for o in r.pop("outputs")]
+        out.append(RequestOutput(prompt=text, outputs=outputs, **r))
+    return out
 
 
 class LLM:
@@ -201,28 +270,94 @@ class LLM:
         batch, the GIL released while the engine works; returns one ``RequestOutput`` per
         prompt, in order. A request's tokens do not depend on what else runs beside it."""
         items = _prompts(prompts)
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        if isinstance(sampling_params, SamplingParams):
-            per = [sampling_params] * len(items)
-        else:
-            per = list(sampling_params)
-            if len(per) != len(items):
-                raise InvalidArgument(
-                    f"invalid `sampling_params`: {len(per)} for {len(items)} prompts",
-                    code="invalid_argument",
-                    field="sampling_params",
-                )
-        for i, sp in enumerate(per):
-            if not isinstance(sp, SamplingParams):
-                raise InvalidArgument(
-                    f"invalid `sampling_params[{i}]`: expected nextok.SamplingParams, got {type(sp).__name__}",
-                    code="invalid_argument",
-                    field=f"sampling_params[{i}]",
-                )
+        per = _per_prompt(sampling_params, len(items))
         raw = self._engine.generate([(p, sp._spec()) for (p, _), sp in zip(items, per)])
-        out = []
-        for (_, text), r in zip(items, raw):
-            outputs = [CompletionOutput(**o) for o in r.pop("outputs")]
-            out.append(RequestOutput(prompt=text, outputs=outputs, **r))
-        return out
+        return _outputs(items, raw)
+
+    def chat(
+        self,
+        messages: Sequence[dict[str, str]] | Sequence[Sequence[dict[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Like ``vllm.LLM.chat``: one conversation (a list of ``{"role", "content"}`` dicts)
+        or a list of them, each rendered with the model's own chat template and answered as
+        the assistant's turn; run as one batch, one ``RequestOutput`` per conversation."""
+        if isinstance(messages, Sequence) and messages and isinstance(messages[0], dict):
+            convs: list[Any] = [messages]
+        elif isinstance(messages, Sequence) and not isinstance(messages, (str, bytes)):
+            convs = list(messages)
+        else:
+            raise InvalidArgument(
+                f"invalid `messages`: expected a list of messages or of conversations, got {type(messages).__name__}",
+                code="invalid_argument",
+                field="messages",
+            )
+        per = _per_prompt(sampling_params, len(convs))
+        raw = self._engine.generate([(c, {**sp._spec(), "chat": True}) for c, sp in zip(convs, per)])
+        return _outputs([(c, None) for c in convs], raw)
+
+    def stream(
+        self,
+        prompt: Any,
+        sampling_params: SamplingParams | None = None,
+        *,
+        chat: bool = False,
+    ) -> Iterator[StreamOutput]:
+        """Runs one prompt (or, with ``chat=True``, one conversation) and yields its tokens as
+        the engine selects them (``StreamOutput``), then each sequence's end. The GIL is
+        released while waiting; Ctrl-C, or closing the generator early, cancels the request
+        and frees its cache. Other requests keep running beside it."""
+        sp = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(sp, SamplingParams):
+            raise InvalidArgument(
+                f"invalid `sampling_params`: expected nextok.SamplingParams, got {type(sp).__name__}",
+                code="invalid_argument",
+                field="sampling_params",
+            )
+        if chat:
+            item: Any = list(prompt)
+        else:
+            item = _prompts(prompt)
+            if len(item) != 1:
+                raise InvalidArgument(
+                    "invalid `prompt`: stream takes one prompt", code="invalid_argument", field="prompt"
+                )
+            item = item[0][0]
+        stream = self._engine.stream(item, {**sp._spec(), "chat": chat})
+        try:
+            for ev in stream:
+                kind = ev.pop("type")
+                if kind == "token":
+                    yield StreamOutput(**ev)
+                elif kind == "finish":
+                    yield StreamOutput(token_id=None, **ev)
+        finally:
+            stream.close()
+
+    def replay(self, trace: str) -> int:
+        """Runs a trace's request again on this model and compares every step record bit for
+        bit (``nextok replay``); returns the number of steps that matched, or raises
+        ``ReplayMismatch`` naming the first difference. ``trace`` is the JSON-lines text
+        (``RequestOutput.trace``) or a path to a trace file."""
+        return self._engine.replay(_trace_text(trace))
+
+
+def _trace_text(trace: str | os.PathLike[str]) -> str:
+    if isinstance(trace, os.PathLike) or (isinstance(trace, str) and "\n" not in trace and os.path.isfile(trace)):
+        with open(trace, encoding="utf-8") as f:
+            return f.read()
+    if not isinstance(trace, str):
+        raise InvalidArgument(
+            f"invalid `trace`: expected the trace's text or a path, got {type(trace).__name__}",
+            code="invalid_argument",
+            field="trace",
+        )
+    return trace
+
+
+def replay(trace: str | os.PathLike[str], model: str | os.PathLike[str] | LLM | None = None) -> int:
+    """Checks a trace: loads ``model`` (an ``LLM``, a GGUF path or model name; default: the
+    default model) and replays the trace on it (``LLM.replay``). Returns the number of steps
+    that matched bit for bit."""
+    llm = model if isinstance(model, LLM) else LLM(model)
+    return llm.replay(trace)
