@@ -306,8 +306,34 @@ fn layer_name(l: Layer) -> &'static str {
     }
 }
 
+/// One token's logprobs as vLLM gives them: `{id: (logprob, rank, decoded_token)}` for the
+/// best candidates (ranks 1, 2, … in the layer, best first) and the selected token (its rank
+/// among them, or `None` when it is not one of them).
+fn logprob_map<'py>(
+    py: Python<'py>,
+    model: &Model,
+    selected: u32,
+    lp: &nextok_engine::TokenLogprobs,
+) -> PyResult<Bound<'py, PyDict>> {
+    let text = |id: u32| String::from_utf8_lossy(model.vocab.token(id).unwrap_or(&[])).into_owned();
+    let m = PyDict::new(py);
+    let mut selected_rank = None;
+    for (rank, (id, v)) in lp.top.iter().enumerate() {
+        if *id == selected {
+            selected_rank = Some(rank + 1);
+        }
+        m.set_item(id, (*v, rank + 1, text(*id)))?;
+    }
+    m.set_item(selected, (lp.selected, selected_rank, text(selected)))?;
+    Ok(m)
+}
+
 /// A finished request as a dict (the fields of vLLM's `RequestOutput`, plus nextok's).
-fn completion_dict<'py>(py: Python<'py>, c: &Completion) -> PyResult<Bound<'py, PyDict>> {
+fn completion_dict<'py>(
+    py: Python<'py>,
+    model: &Model,
+    c: &Completion,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("request_id", c.info.id.to_string())?;
     d.set_item("prompt_token_ids", c.info.prompt_ids.clone())?;
@@ -343,13 +369,8 @@ fn completion_dict<'py>(py: Python<'py>, c: &Completion) -> PyResult<Bound<'py, 
             let list = PyList::empty(py);
             let mut total = 0.0;
             for (t, lp) in s.tokens.iter().zip(&s.logprobs) {
-                let m = PyDict::new(py);
-                for (id, v) in &lp.top {
-                    m.set_item(id, v)?;
-                }
-                m.set_item(t, lp.selected)?;
+                list.append(logprob_map(py, model, *t, lp)?)?;
                 total += lp.selected;
-                list.append(m)?;
             }
             o.set_item("logprobs", list)?;
             o.set_item("cumulative_logprob", total)?;
@@ -453,7 +474,7 @@ impl PyEngine {
         // on an error or an interrupt the handles not yet waited for are dropped: cancelled
         for (h, t) in handles.iter_mut().zip(&traces) {
             let c = wait(py, h)?;
-            let d = completion_dict(py, &c)?;
+            let d = completion_dict(py, self.engine.model(), &c)?;
             if let Some((source, k)) = t {
                 d.set_item("trace", trace_text(self.engine.model(), &c, source, *k)?)?;
             }
@@ -467,6 +488,7 @@ impl PyEngine {
         let r = request(prompt, spec, 0)?;
         let handle = self.engine.submit(r).map_err(Failure::from)?;
         Ok(PyStream {
+            model: self.engine.model().clone(),
             info: handle.info.clone(),
             handle: Mutex::new(Some(handle)),
         })
@@ -553,12 +575,15 @@ impl PyEngine {
 /// request.
 #[pyclass(module = "nextok", name = "_Stream")]
 pub struct PyStream {
+    model: Arc<Model>,
     info: RequestInfo,
     handle: Mutex<Option<RequestHandle>>,
 }
 
+/// One stream event as a dict (`None` for events a stream does not show).
 fn event_dict<'py>(
     py: Python<'py>,
+    model: &Model,
     info: &RequestInfo,
     e: Event,
 ) -> PyResult<Option<Bound<'py, PyDict>>> {
@@ -577,12 +602,7 @@ fn event_dict<'py>(
             match logprobs {
                 None => d.set_item("logprobs", py.None())?,
                 Some(lp) => {
-                    let m = PyDict::new(py);
-                    for (t, v) in &lp.top {
-                        m.set_item(t, v)?;
-                    }
-                    m.set_item(id, lp.selected)?;
-                    d.set_item("logprobs", m)?;
+                    d.set_item("logprobs", logprob_map(py, model, id, &lp)?)?;
                     d.set_item("logprob", lp.selected)?;
                     d.set_item("logprob_layer", layer_name(lp.layer))?;
                 }
@@ -631,7 +651,7 @@ impl PyStream {
             match got {
                 Recv::Event(e) => {
                     let done = matches!(e, Event::Done { .. } | Event::Error(_));
-                    let out = event_dict(py, &self.info, e);
+                    let out = event_dict(py, &self.model, &self.info, e);
                     if done {
                         *guard = None;
                     }

@@ -66,8 +66,13 @@ def test_logprobs_carry_their_layer(llm: nextok.LLM, layer: str) -> None:
     assert o.logprob_layer == layer and len(o.logprobs) == len(o.token_ids)
     total = 0.0
     for t, lp in zip(o.token_ids, o.logprobs):
-        assert t in lp and 1 <= len(lp) <= 4 and all(v <= 0.0 for v in lp.values())
-        total += lp[t]
+        assert t in lp and 1 <= len(lp) <= 4 and all(v.logprob <= 0.0 for v in lp.values())
+        assert isinstance(lp[t], nextok.Logprob) and lp[t].decoded_token is not None
+        # ranks 1, 2, 3 for the candidates, best first
+        ranked = sorted((v.rank, v.logprob) for v in lp.values() if v.rank is not None)
+        assert [r for r, _ in ranked] == list(range(1, len(ranked) + 1))
+        assert [x for _, x in ranked] == sorted((x for _, x in ranked), reverse=True)
+        total += lp[t].logprob
     assert o.cumulative_logprob == pytest.approx(total)
 
 

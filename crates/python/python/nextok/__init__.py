@@ -36,7 +36,7 @@ from ._errors import (
     VocabError,
     VocabSizeMismatch,
 )
-from ._llm import LLM, CompletionOutput, RequestOutput, SamplingParams, StreamOutput, replay
+from ._llm import LLM, CompletionOutput, Logprob, RequestOutput, SamplingParams, StreamOutput, replay
 from ._nextok import (
     FORMAT_VERSION,
     PRESETS,
@@ -55,6 +55,7 @@ __all__ = [
     "SamplingParams",
     "RequestOutput",
     "CompletionOutput",
+    "Logprob",
     "StreamOutput",
     "replay",
     "FORMAT_VERSION",

@@ -18,7 +18,7 @@ from typing import Any
 from ._errors import InvalidArgument
 from ._nextok import Pipeline, _Engine
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StreamOutput", "replay"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "StreamOutput", "replay"]
 
 # parameters that are not sampling parameters of the request (``SamplingParams`` keeps them
 # apart)
@@ -121,6 +121,23 @@ class SamplingParams:
 
 
 @dataclass
+class Logprob:
+    """One token's logprob, as vLLM reports it: ``logprob`` in the output's
+    ``logprob_layer``, ``rank`` among that step's reported candidates (1 = best; ``None`` for a
+    selected token outside them) and the token's text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+def _logprob_map(m: dict[int, Any] | None) -> dict[int, Logprob] | None:
+    if m is None:
+        return None
+    return {k: Logprob(*v) for k, v in m.items()}
+
+
+@dataclass
 class CompletionOutput:
     """One generated sequence (vLLM's ``CompletionOutput``)."""
 
@@ -128,7 +145,8 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None
-    logprobs: list[dict[int, float]] | None
+    logprobs: list[dict[int, Logprob]] | None
+    """Per token, ``{id: Logprob}`` for the selected token and the best candidates."""
     finish_reason: str | None
     stop_reason: int | str | None = None
     logprob_layer: str | None = None
@@ -165,7 +183,7 @@ class StreamOutput:
     token_id: int | None
     text: str
     logprob: float | None = None
-    logprobs: dict[int, float] | None = None
+    logprobs: dict[int, Logprob] | None = None
     logprob_layer: str | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -226,7 +244,11 @@ def _per_prompt(sampling_params: Any, n: int) -> list[SamplingParams]:
 def _outputs(items: list[tuple[Any, str | None]], raw: list[dict[str, Any]]) -> list[RequestOutput]:
     out = []
     for (_, text), r in zip(items, raw):
-        outputs = [CompletionOutput(**o) for o in r.pop("outputs")]
+        outputs = []
+        for o in r.pop("outputs"):
+            if o["logprobs"] is not None:
+                o["logprobs"] = [_logprob_map(m) for m in o["logprobs"]]
+            outputs.append(CompletionOutput(**o))
         out.append(RequestOutput(prompt=text, outputs=outputs, **r))
     return out
 
@@ -328,6 +350,7 @@ class LLM:
             for ev in stream:
                 kind = ev.pop("type")
                 if kind == "token":
+                    ev["logprobs"] = _logprob_map(ev["logprobs"])
                     yield StreamOutput(**ev)
                 elif kind == "finish":
                     yield StreamOutput(token_id=None, **ev)
