@@ -121,8 +121,17 @@ fn every_family_batches_forks_caches_and_preempts_without_changing_a_token() {
             },
         )
         .unwrap();
-        let preempted = together(&tight, &reqs, &[0, 0, 1, 1]);
-        assert_eq!(alone, preempted, "{name}: preempted");
+        // a tiny model runs a request's 20 tokens in a few milliseconds: on a loaded machine
+        // this thread may be descheduled while the first requests finish, and nothing then
+        // needs preempting. Every run must equal the solo runs; until one has preempted, the
+        // requests are submitted again (at most five times).
+        for attempt in 1..=5 {
+            let preempted = together(&tight, &reqs, &[0, 0, 1, 1]);
+            assert_eq!(alone, preempted, "{name}: preempted (attempt {attempt})");
+            if tight.stats().preemptions > 0 {
+                break;
+            }
+        }
         assert!(tight.stats().preemptions > 0, "{name}: {:?}", tight.stats());
         eprintln!("{name}: batched, forked, cached and preempted runs equal the solo runs");
     }
