@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use nextok_constraint::ConstraintSpec;
 use nextok_core::SamplingParams;
-use nextok_model::chat::Message;
 use nextok_model::{LogitsSource, Requant};
 use serde::Serialize;
 
@@ -109,15 +108,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     }
     let path = frontend::model_path(args.model.as_deref())?;
     let mut rows = Vec::new();
-    for (quant, requant) in [
-        ("q4_1 (as shipped)", Requant::Keep),
-        ("q8_0", Requant::Q8_0),
-    ] {
+    for (quant, requant) in [("as shipped", Requant::Keep), ("q8_0", Requant::Q8_0)] {
         let model = frontend::load_model(&path, requant)?;
-        let text = model
-            .render_chat(&[Message::new("user", PROMPT.to_string())], true)
-            .map_err(|e| e.to_string())?;
-        let prompt = model.encode_prompt(&text).map_err(|e| e.to_string())?;
+        let prompt = frontend::user_prompt(&model, PROMPT)?;
         let base_params = SamplingParams {
             temperature: Some(0.8),
             top_p: Some(0.95),

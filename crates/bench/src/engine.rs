@@ -236,7 +236,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     };
     let scale = args.tokens_scale;
     let mut quants = Vec::new();
-    for (quant, requant) in [("q4_1", Requant::Keep), ("q8_0", Requant::Q8_0)] {
+    for (quant, requant) in [("as shipped", Requant::Keep), ("q8_0", Requant::Q8_0)] {
         let model = Arc::new(frontend::load_model(&path, requant)?);
         let mut ids = Vec::new();
         while ids.len() < 2000 {

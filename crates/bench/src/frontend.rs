@@ -48,3 +48,19 @@ pub(crate) fn model_path(arg: Option<&Path>) -> Result<PathBuf, String> {
 pub(crate) fn load_model(path: &Path, requant: Requant) -> Result<Model, String> {
     (get()?.load_model)(path, requant)
 }
+
+/// The prompt ids of one user message: rendered with the model's chat template when the file
+/// has one, else the text itself (a base model such as Gemma 3 270M has none).
+pub(crate) fn user_prompt(model: &Model, text: &str) -> Result<Vec<u32>, String> {
+    let rendered = if model.chat_template.is_some() {
+        model
+            .render_chat(
+                &[nextok_model::chat::Message::new("user", text.to_string())],
+                true,
+            )
+            .map_err(|e| e.to_string())?
+    } else {
+        text.to_string()
+    };
+    model.encode_prompt(&rendered).map_err(|e| e.to_string())
+}

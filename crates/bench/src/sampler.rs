@@ -327,16 +327,7 @@ fn real_benches(args: &BenchArgs) -> Result<Vec<(String, StepBench)>, String> {
     let path = crate::frontend::model_path(args.model.as_deref())?;
     let model =
         nextok_model::Model::load(&path, nextok_model::Requant::Keep).map_err(|e| e.to_string())?;
-    let text = model
-        .render_chat(
-            &[nextok_model::chat::Message::new(
-                "user",
-                "Write one sentence about a cat.".to_string(),
-            )],
-            true,
-        )
-        .map_err(|e| e.to_string())?;
-    let prompt = model.encode_prompt(&text).map_err(|e| e.to_string())?;
+    let prompt = crate::frontend::user_prompt(&model, "Write one sentence about a cat.")?;
     let mut src = model.source();
     let row = nextok_model::LogitsSource::prefill(&mut src, &prompt).map_err(|e| e.to_string())?;
     let name = path
