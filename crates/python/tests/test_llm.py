@@ -1,7 +1,7 @@
 """The engine level (``nextok.LLM``, vLLM-shaped) on the real default model from the test
 data: outputs, batch invariance, ``n`` and seeds, logprobs by layer, stop strings,
 constraints, errors, the GIL released while the engine works, 16 threads at once, chat,
-streaming, traces and their replay, and Ctrl-C."""
+streaming, traces and their replay, Ctrl-C, and the same run as the command-line tool."""
 
 from __future__ import annotations
 
@@ -252,3 +252,53 @@ def test_ctrl_c_cancels_a_running_generate(tmp_path) -> None:
     assert "interrupted" in lines, out
     assert float(lines[lines.index("interrupted") + 1]) < 5.0  # checked every 100 ms
     assert lines[-2:] == ["after", "3"]
+
+
+def _nextok_binary() -> str | None:
+    """The CLI the test command builds (``target/debug/nextok``; ``NEXTOK_BIN`` overrides)."""
+    import os
+
+    from conftest import REPO
+
+    env = os.environ.get("NEXTOK_BIN")
+    if env:
+        return env
+    target = os.environ.get("CARGO_TARGET_DIR", str(REPO / "target"))
+    for profile in ("debug", "release"):
+        p = os.path.join(target, profile, "nextok")
+        if os.path.isfile(p):
+            return p
+    return None
+
+
+def test_generate_equals_the_cli_and_each_replays_the_others_trace(llm: nextok.LLM, tmp_path) -> None:
+    """``LLM.generate`` and ``nextok generate`` with the same seed and parameters give the same
+    text, and the same step records line for line: each replays the other's trace."""
+    import subprocess
+
+    from conftest import in_ci
+
+    exe = _nextok_binary()
+    if exe is None:
+        if in_ci():
+            pytest.fail("the nextok binary is missing (CI is set): cargo build -p nextok-cli")
+        pytest.skip("the nextok binary is not built here (cargo build -p nextok-cli, or set NEXTOK_BIN)")
+    prompt = "Once upon a time"
+    params = nextok.SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=12, trace=True)
+    (r,) = llm.generate(prompt, params)
+    trace = tmp_path / "cli.jsonl"
+    out = subprocess.run(
+        [exe, "generate", "--model", llm.model_path, "--temperature", "0.8", "--top-p", "0.9", "--seed", "7",
+         "--max-tokens", "12", "--trace", str(trace), prompt],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    assert out.stdout.strip() == r.outputs[0].text.strip()
+    cli = trace.read_text().splitlines()
+    mine = r.trace.splitlines()
+    assert cli[1:] == mine[1:]  # every step record, byte for byte
+    assert json.loads(cli[0])["pipeline_hash"] == json.loads(mine[0])["pipeline_hash"]
+    assert llm.replay(str(trace)) == len(r.outputs[0].token_ids)
+    mine_file = tmp_path / "python.jsonl"
+    mine_file.write_text(r.trace)
+    subprocess.run([exe, "replay", "--model", llm.model_path, str(mine_file)], capture_output=True, text=True,
+                   timeout=300, check=True)
