@@ -10,7 +10,7 @@ secs="${1:-60}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(explain_request pipeline_json gbnf_to_lark json_schema tokenizer_json gguf_metadata trace_header http_request)
+  targets=(explain_request pipeline_json gbnf_to_lark json_schema tokenizer_json gguf_metadata gguf_model trace_header http_request)
 fi
 
 # seed corpora from the repository's test data
@@ -91,11 +91,17 @@ for body in [
     put("http_request", json.dumps(body))
 for f in glob.glob(".testdata/*/*.gguf"):
     put("gguf_metadata", open(f, "rb").read(1 << 16))
+# whole small model files of every family and format (llama.cpp quantised them)
+for f in glob.glob("testdata/tiny-quant/*.gguf"):
+    put("gguf_model", open(f, "rb").read())
 PY
 
 for t in "${targets[@]}"; do
   echo "== $t ($secs s)"
+  max_len=65536
+  # whole model files: the tiny models are up to 364 KB
+  [ "$t" = gguf_model ] && max_len=400000
   cargo +nightly fuzz run -O --fuzz-dir fuzz "$t" "fuzz/corpus/$t" -- \
-    -max_total_time="$secs" -rss_limit_mb=4096 -timeout=20 -max_len=65536 2>&1 \
+    -max_total_time="$secs" -rss_limit_mb=4096 -timeout=20 -max_len="$max_len" 2>&1 \
     | grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|ERROR|SUMMARY|panicked|Done [0-9]+ runs" || true
 done
