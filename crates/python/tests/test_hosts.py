@@ -217,6 +217,9 @@ def test_vllm_v2_class_on_vllms_own_types():
 
     cls = vl.NextokLogitsProcessor
     assert issubclass(cls, Base)
+    import pickle
+
+    assert pickle.loads(pickle.dumps(cls)) is cls  # vLLM may send the class to its engine process
     with pytest.raises(ValueError):
         cls.validate_params(SamplingParams(extra_args={"nextok": {"top_p": 2.0}}))
     params = SamplingParams(seed=4, extra_args={"nextok": {"pipeline": "vllm", "temperature": 0.9, "seed": 11}})

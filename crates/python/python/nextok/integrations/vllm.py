@@ -486,7 +486,9 @@ def _v2_class() -> type:
         def apply(self, logits: Any, ctx: Any) -> Any:
             return self._slots.apply(logits, ctx)
 
+    # importable (and picklable, for vLLM's engine process) as this module's attribute
     NextokLogitsProcessor.__module__ = __name__
+    NextokLogitsProcessor.__qualname__ = "NextokLogitsProcessor"
     return NextokLogitsProcessor
 
 
@@ -513,6 +515,7 @@ def _v1_class() -> type:
             return self._slots.apply(logits)
 
     NextokV1LogitsProcessor.__module__ = __name__
+    NextokV1LogitsProcessor.__qualname__ = "NextokV1LogitsProcessor"
     return NextokV1LogitsProcessor
 
 
