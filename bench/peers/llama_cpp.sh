@@ -50,6 +50,7 @@ usage: bench/peers/llama_cpp.sh [options]
   --q8 / --no-q8   also measure a copy re-quantised to Q8_0 (default: on)
   --no-repack      turn llama.cpp's extra buffer types (weight repacking, AMX) off, for CPUs
                    that advertise an instruction set that then traps
+  --build-only     build the tools (llama-bench, llama-batched-bench, llama-quantize) and stop
   -h, --help       this text
 
 Environment: NEXTOK_CACHE_DIR / XDG_CACHE_HOME (cache: <nextok cache>/peers),
@@ -71,6 +72,7 @@ while [ $# -gt 0 ]; do
     --q8) Q8=1; shift ;;
     --no-q8) Q8=0; shift ;;
     --no-repack) REPACK=0; shift ;;
+    --build-only) BUILD_ONLY=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1 (see --help)" ;;
   esac
@@ -82,7 +84,9 @@ command -v python3 >/dev/null || die "python3 is needed (pip download, JSON)"
 
 # ---------------------------------------------------------------------------------------------
 # The model
-if [ -z "$MODEL" ]; then
+if [ "${BUILD_ONLY:-0}" = 1 ]; then
+  :
+elif [ -z "$MODEL" ]; then
   if [ -d "$NEXTOK_CACHE" ]; then
     say "looking for $DEFAULT_MODEL_FILE in $NEXTOK_CACHE"
     MODEL="$(find "$NEXTOK_CACHE" -path "$PEERS" -prune -o -type f -name "$DEFAULT_MODEL_FILE" -print -quit)" ||
@@ -97,9 +101,11 @@ if [ -z "$MODEL" ]; then
 or pass --model PATH"
   fi
 fi
-[ -f "$MODEL" ] || die "model $MODEL: no such file"
-MODEL="$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")"
-say "model: $MODEL"
+if [ "${BUILD_ONLY:-0}" != 1 ]; then
+  [ -f "$MODEL" ] || die "model $MODEL: no such file"
+  MODEL="$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")"
+  say "model: $MODEL"
+fi
 
 # ---------------------------------------------------------------------------------------------
 # Build tools
@@ -153,6 +159,10 @@ else
   } >"$BUILD_LOG" 2>&1 || { tail -n 40 "$BUILD_LOG" >&2; die "build failed (log: $BUILD_LOG)"; }
   have_bins || die "build finished without ${TARGETS[*]} in $BIN (log: $BUILD_LOG)"
   say "built in $(( SECONDS - start )) s"
+fi
+if [ "${BUILD_ONLY:-0}" = 1 ]; then
+  say "tools in $BIN"
+  exit 0
 fi
 
 # ---------------------------------------------------------------------------------------------

@@ -60,33 +60,9 @@ QUANTIZE="$BUILD/bin/llama-quantize"
 if [ -x "$QUANTIZE" ]; then
   say "llama-quantize present: $QUANTIZE"
 else
-  . "$REPO/bench/peers/build_tools.sh"
-  ensure_build_tools
-  ensure_llama_src "$PEERS" "$LLAMA_CPP_PYTHON_VERSION"
-  SRC="$PEERS/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
-  # The sdist has no git history: llama.cpp's commit is in the release's changelog entry.
-  LLAMA_COMMIT="$(awk -v v="## [$LLAMA_CPP_PYTHON_VERSION]" '
-    index($0, v) == 1 { on = 1; next }
-    on && /^## \[/ { exit }
-    on && match($0, /llama\.cpp@[0-9a-f]+/) { print substr($0, RSTART + 10, RLENGTH - 10); exit }
-  ' "$SRC/CHANGELOG.md" 2>/dev/null || true)"
-  [ -n "$LLAMA_COMMIT" ] || LLAMA_COMMIT="unknown"
-  BUILD_LOG="$PEERS/llama.cpp-$LLAMA_CPP_PYTHON_VERSION-build.log"
-  say "building llama-quantize of llama.cpp $LLAMA_COMMIT into $BUILD (log: $BUILD_LOG)"
-  {
-    nice -n 10 cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" \
-      -DCMAKE_BUILD_TYPE=Release \
-      -DGGML_NATIVE=ON \
-      -DLLAMA_CURL=OFF \
-      -DLLAMA_OPENSSL=OFF \
-      -DBUILD_SHARED_LIBS=OFF \
-      -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF \
-      -DLLAMA_BUILD_SERVER=OFF \
-      -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT" &&
-    nice -n 10 cmake --build "$BUILD" --config Release --target llama-quantize -j 2
-  } >"$BUILD_LOG" 2>&1 || { tail -n 40 "$BUILD_LOG" >&2; die "build failed (log: $BUILD_LOG)"; }
-  [ -x "$QUANTIZE" ] || die "the build left no $QUANTIZE (log: $BUILD_LOG)"
+  say "building llama.cpp's tools (bench/peers/llama_cpp.sh --build-only)"
+  LLAMA_CPP_PYTHON_VERSION="$LLAMA_CPP_PYTHON_VERSION" bash "$REPO/bench/peers/llama_cpp.sh" --build-only >&2
+  [ -x "$QUANTIZE" ] || die "the build left no $QUANTIZE"
 fi
 
 # ---------------------------------------------------------------------------------------------

@@ -259,19 +259,18 @@ fn wait(py: Python<'_>, handle: &mut RequestHandle) -> PyResult<Completion> {
 /// every step record, sequence by sequence.
 fn trace_text(model: &Model, c: &Completion, source: &str, candidates: usize) -> PyResult<String> {
     let header = TraceHeader::new(&c.info, model, source, candidates);
-    let mut out = serde_json::to_string(&header).map_err(|e| internal_err(&e.to_string()))?;
+    let mut out =
+        serde_json::to_string(&header).map_err(|e| crate::errors::internal(&e.to_string()))?;
     out.push('\n');
     for s in &c.sequences {
         for r in &s.records {
-            out.push_str(&serde_json::to_string(r).map_err(|e| internal_err(&e.to_string()))?);
+            out.push_str(
+                &serde_json::to_string(r).map_err(|e| crate::errors::internal(&e.to_string()))?,
+            );
             out.push('\n');
         }
     }
     Ok(out)
-}
-
-fn internal_err(what: &str) -> PyErr {
-    crate::errors::internal(what)
 }
 
 /// `vLLM`'s finish reason (`"stop"` or `"length"`) and stop reason (the stop token id or the

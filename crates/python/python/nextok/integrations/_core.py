@@ -18,7 +18,7 @@ import numpy as np
 from .._errors import InvalidArgument
 from .._nextok import Pipeline, Sampler, State, Step, Vocab
 
-__all__ = ["HostSequence", "force_rows", "to_numpy_rows", "make_sampler", "fresh_seed"]
+__all__ = ["HostSequence", "force_rows", "to_numpy_rows", "make_sampler", "build_sampler", "fresh_seed", "SAMPLER_ARGS"]
 
 
 def fresh_seed() -> int:
@@ -103,6 +103,43 @@ def _ids(values: Any, field: str) -> list[int]:
         raise InvalidArgument(
             f"invalid `{field}`: expected a sequence of token ids", code="invalid_argument", field=field
         ) from None
+
+
+# the keywords a Sampler takes besides the pipeline and vocabulary
+SAMPLER_ARGS = (
+    "constraint",
+    "stop",
+    "stop_token_ids",
+    "max_tokens",
+    "ignore_eos",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "grammar_policy",
+)
+
+
+def _split(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    sampler_args = {k: params.pop(k) for k in SAMPLER_ARGS if k in params}
+    return params, sampler_args
+
+
+def build_sampler(
+    sampler: Sampler | Pipeline | str | dict[str, Any] | None, vocab: Vocab | int | None, params: dict[str, Any]
+) -> Sampler:
+    """A ``Sampler``: ``sampler`` as is, or a preset name built with ``params`` (sampling
+    parameters and sampler settings mixed, as the adapters take them), or a ``Pipeline`` /
+    pipeline JSON over ``vocab``."""
+    params, sampler_args = _split(dict(params))
+    if isinstance(sampler, str) or sampler is None:
+        sampler = Pipeline(sampler or "reference", **params)
+    elif params:
+        raise InvalidArgument(
+            f"invalid `{next(iter(params))}`: sampling parameters go with a preset name, "
+            "not with a Pipeline or Sampler",
+            code="invalid_argument",
+            field=next(iter(params)),
+        )
+    return make_sampler(sampler, vocab, **sampler_args)
 
 
 class HostSequence:

@@ -32,8 +32,7 @@ from typing import Any
 import numpy as np
 
 from .._nextok import Pipeline, Sampler, Vocab
-from ._core import HostSequence
-from .transformers import _build_sampler
+from ._core import HostSequence, build_sampler
 
 __all__ = ["NextokLogitsProcessor"]
 
@@ -67,7 +66,7 @@ class NextokLogitsProcessor:
         eos_token_id: int | None = None,
         **params: Any,
     ) -> None:
-        self.sampler = _build_sampler(sampler, vocab, params)
+        self.sampler = build_sampler(sampler, vocab, params)
         self.seed = seed
         self.logprobs = logprobs
         self.eos_token_id = eos_token_id

@@ -30,43 +30,9 @@ import numpy as np
 
 from .._errors import InvalidArgument
 from .._nextok import Pipeline, Sampler, Vocab
-from ._core import HostSequence, force_rows, make_sampler, to_numpy_rows
+from ._core import HostSequence, build_sampler, force_rows, to_numpy_rows
 
 __all__ = ["NextokLogitsProcessor", "generate"]
-
-# the keywords a Sampler takes besides the pipeline and vocabulary
-_SAMPLER_ARGS = (
-    "constraint",
-    "stop",
-    "stop_token_ids",
-    "max_tokens",
-    "ignore_eos",
-    "include_stop_str_in_output",
-    "skip_special_tokens",
-    "grammar_policy",
-)
-
-
-def _split(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    sampler_args = {k: params.pop(k) for k in _SAMPLER_ARGS if k in params}
-    return params, sampler_args
-
-
-def _build_sampler(
-    sampler: Sampler | Pipeline | str | dict[str, Any] | None, vocab: Vocab | int | None, params: dict[str, Any]
-) -> Sampler:
-    params, sampler_args = _split(dict(params))
-    if isinstance(sampler, str) or sampler is None:
-        sampler = Pipeline(sampler or "reference", **params)
-    elif params:
-        raise InvalidArgument(
-            f"invalid `{next(iter(params))}`: sampling parameters go with a preset name, "
-            "not with a Pipeline or Sampler",
-            code="invalid_argument",
-            field=next(iter(params)),
-        )
-    return make_sampler(sampler, vocab, **sampler_args)
-
 
 def _seeds(seed: int | Sequence[int] | None, rows: int) -> list[int | None]:
     if seed is None or isinstance(seed, (int, np.integer)):
@@ -125,7 +91,7 @@ class NextokLogitsProcessor:
         eos_token_id: int | None = None,
         **params: Any,
     ) -> None:
-        self.sampler = _build_sampler(sampler, vocab, params)
+        self.sampler = build_sampler(sampler, vocab, params)
         self.seed = seed
         self.logprobs = logprobs
         self.pad_token_id = pad_token_id

@@ -50,23 +50,13 @@ import numpy as np
 
 from .._errors import InvalidArgument
 from .._nextok import Pipeline, Sampler, Vocab
+from ._core import SAMPLER_ARGS as _SAMPLER_ARGS
 from ._core import HostSequence, force_rows, fresh_seed, to_numpy_rows
 
 _log = logging.getLogger("nextok.integrations.vllm")
 
 __all__ = ["NextokLogitsProcessor", "NextokV1LogitsProcessor", "V2Slots", "V1Slots", "RequestFactory"]
 
-# keys of the ``nextok`` dict that are not sampling parameters of a preset
-_SAMPLER_ARGS = (
-    "constraint",
-    "stop",
-    "stop_token_ids",
-    "max_tokens",
-    "ignore_eos",
-    "include_stop_str_in_output",
-    "skip_special_tokens",
-    "grammar_policy",
-)
 _OWN = ("pipeline", "seed", "logprobs", "trace", "request_id")
 
 
