@@ -2,7 +2,7 @@
 //! out, exactly as the Rust core does it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
@@ -50,19 +50,40 @@ fn opt_u(obj: Option<&Bound<'_, PyAny>>) -> Result<Draw, Failure> {
     }
 }
 
+/// The core sampler for one vocabulary size, with its workspaces.
+struct Compiled {
+    sampler: Sampler,
+    ws: Mutex<Workspace>,
+    pool: Mutex<WorkspacePool>,
+}
+
+impl Compiled {
+    fn new(sampler: Sampler) -> Compiled {
+        let v = sampler.vocab().vocab_size;
+        let ws = sampler.new_workspace();
+        Compiled {
+            sampler,
+            ws: Mutex::new(ws),
+            pool: Mutex::new(WorkspacePool::new(v, rayon::current_num_threads())),
+        }
+    }
+}
+
 /// A compiled pipeline for one vocabulary, stop conditions and (optionally) a constraint.
 /// Immutable and shareable between threads; each sequence's state is a `State` from
-/// `new_state`.
+/// `new_state`. Made with `vocab=None`, it is compiled for the length of the first logits row
+/// it meets, and every later row must have that length.
 #[pyclass(module = "nextok", name = "Sampler", frozen)]
 pub struct PySampler {
     id: u64,
-    sampler: Sampler,
     constraint: Option<Arc<CompiledConstraint>>,
     default_seed: u64,
     pipeline: Py<PyPipeline>,
     vocab: Option<Py<PyVocab>>,
-    ws: Mutex<Workspace>,
-    pool: Mutex<WorkspacePool>,
+    /// With `vocab=None`, until the first logits row: the pipeline compiled for the largest
+    /// vocabulary (every check but the token ranges done), which makes and commits states.
+    sizeless: Option<Sampler>,
+    compiled: OnceLock<Compiled>,
 }
 
 /// One sequence's decoder state: prompt and output ids, counts, the constraint's and stop
@@ -72,6 +93,9 @@ pub struct PySampler {
 pub struct PyState {
     sampler_id: u64,
     inner: Option<DecoderState>,
+    /// Made (or committed to) before the sampler knew the vocabulary size: its ids are checked
+    /// against it at its first step.
+    unchecked: bool,
 }
 
 impl PyState {
@@ -151,28 +175,102 @@ impl PySampler {
         Ok(st)
     }
 
-    fn workspace(&self) -> MutexGuard<'_, Workspace> {
-        lock(&self.ws)
+    /// The compiled sampler, once the vocabulary size is known.
+    fn ready(&self) -> Result<&Compiled, Failure> {
+        self.compiled.get().ok_or_else(|| {
+            Failure::argument(
+                "vocab",
+                "the vocabulary size is not known yet: this Sampler was made with vocab=None and takes it from the first logits row (step, step_batch or explain)",
+            )
+        })
+    }
+
+    /// The compiled sampler, compiling it for rows of `v` logits when the vocabulary size came
+    /// from no `Vocab` and this is the first row. A row of another length is then refused by
+    /// the step itself (`VocabSizeMismatch`).
+    fn ready_for(&self, py: Python<'_>, v: usize) -> Result<&Compiled, Failure> {
+        if let Some(c) = self.compiled.get() {
+            return Ok(c);
+        }
+        let probe = self.sizeless.as_ref().ok_or_else(|| {
+            Failure::new(
+                "NextokError",
+                "nextok internal error: a sampler without a compiled core or an unsized one",
+            )
+        })?;
+        let info = PyVocab::plain_info(v).map_err(|f| f.field("logits"))?;
+        let sampler = py
+            .detach(|| {
+                Sampler::new_with_tokens(probe.config().clone(), info, probe.stop().clone(), None)
+            })
+            .map_err(Failure::from)?;
+        // two threads may compile at once: the first to finish wins, the other's row is then
+        // checked against it
+        let _ = self.compiled.set(Compiled::new(sampler));
+        self.ready()
+    }
+
+    /// The sampler that makes and commits states: the compiled one, or before the first row
+    /// of a `vocab=None` sampler, the unsized one.
+    fn core(&self) -> Result<&Sampler, Failure> {
+        match (self.compiled.get(), &self.sizeless) {
+            (Some(c), _) => Ok(&c.sampler),
+            (None, Some(s)) => Ok(s),
+            (None, None) => Err(Failure::new(
+                "NextokError",
+                "nextok internal error: a sampler without a compiled core or an unsized one",
+            )),
+        }
+    }
+
+    /// Checks the ids of a state made before the vocabulary size was known against it, once.
+    /// An id out of range is a `TokenOutOfRange` naming `prompt_ids[i]` or `output_ids[i]`,
+    /// and the state stays as it was.
+    fn check_state(c: &Compiled, st: &mut PyState) -> Result<(), Failure> {
+        if !st.unchecked {
+            return Ok(());
+        }
+        let v = c.sampler.vocab().vocab_size;
+        let inner = st.inner.as_ref().ok_or_else(|| {
+            Failure::new("NextokError", "nextok internal error: state without inner")
+        })?;
+        for (name, ids) in [
+            ("prompt_ids", inner.prompt_ids()),
+            ("output_ids", inner.selected_ids()),
+        ] {
+            if let Some(i) = ids.iter().position(|&t| t as usize >= v) {
+                return Err(Failure::from(nextok_core::Error::from(
+                    nextok_core::ErrorKind::TokenOutOfRange {
+                        field: format!("{name}[{i}]"),
+                        token: ids[i] as u64,
+                        vocab_size: v,
+                    },
+                )));
+            }
+        }
+        st.unchecked = false;
+        Ok(())
     }
 
     /// One step on `raw` for `state`, recorded with `top` candidates when asked.
     fn step_row(
         &self,
+        c: &Compiled,
         raw: &[f32],
         state: &mut DecoderState,
         draw: Draw,
         top: Option<usize>,
     ) -> Result<PyStep, Failure> {
-        let mut ws = self.workspace();
+        let mut ws = lock(&c.ws);
         let Some(top) = top else {
-            let result = self.sampler.step_draw(raw, state, &mut ws, draw)?;
+            let result = c.sampler.step_draw(raw, state, &mut ws, draw)?;
             return Ok(PyStep {
                 result,
                 record: None,
                 selected: None,
             });
         };
-        let (result, record) = self.sampler.step_recorded(raw, state, &mut ws, draw, top)?;
+        let (result, record) = c.sampler.step_recorded(raw, state, &mut ws, draw, top)?;
         let selected = match record.candidates.iter().find(|c| c.id == result.token) {
             Some(c) => [c.raw_logprob, c.processed_logprob, c.selection_logprob],
             None => {
@@ -182,10 +280,7 @@ impl PySampler {
                     v.iter_mut()
                         .zip([Layer::Raw, Layer::Processed, Layer::Selection])
                 {
-                    *slot = self
-                        .sampler
-                        .logprob(raw, &mut ws, result.token, layer)?
-                        .value;
+                    *slot = c.sampler.logprob(raw, &mut ws, result.token, layer)?.value;
                 }
                 v
             }
@@ -201,20 +296,22 @@ impl PySampler {
 #[pymethods]
 impl PySampler {
     /// Compiles `pipeline` (a `Pipeline`, a preset name, or pipeline JSON) for `vocab` (a
-    /// `Vocab`, or an int for a vocabulary of that many plain tokens), with the request-level
+    /// `Vocab`, an int for a vocabulary of that many plain tokens, or `None` for plain tokens
+    /// as many as the first logits row has: every check but the token ids' ranges is made now,
+    /// those at the first row), with the request-level
     /// stop settings (each defaults to the pipeline's) and an optional structured-output
     /// `constraint` (`{"type": "choice", "choices": [...]}`, `{"type": "regex", "pattern":
     /// ...}`, `{"type": "json_schema", "schema": {...}}`, `{"type": "json"}`, `{"type":
     /// "grammar", "lark": ...}`, `{"type": "gbnf", "gbnf": ...}`), which needs token bytes.
     #[new]
-    #[pyo3(signature = (pipeline, vocab, constraint = None, *, stop = None, stop_token_ids = None,
+    #[pyo3(signature = (pipeline, vocab = None, constraint = None, *, stop = None, stop_token_ids = None,
         max_tokens = None, ignore_eos = None, include_stop_str_in_output = None,
         skip_special_tokens = None, grammar_policy = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         pipeline: &Bound<'_, PyAny>,
-        vocab: &Bound<'_, PyAny>,
+        vocab: Option<&Bound<'_, PyAny>>,
         constraint: Option<&Bound<'_, PyAny>>,
         stop: Option<&Bound<'_, PyAny>>,
         stop_token_ids: Option<&Bound<'_, PyAny>>,
@@ -249,20 +346,32 @@ impl PySampler {
         };
         let p = pipeline.get();
         // the vocabulary
-        let (info, bytes, vocab_obj) = if let Ok(v) = vocab.cast::<PyVocab>() {
-            let vv = v.get();
-            (vv.info.clone(), vv.bytes.clone(), Some(v.clone().unbind()))
-        } else if vocab.cast::<pyo3::types::PyInt>().is_ok() {
-            (PyVocab::plain_info(count("vocab", vocab)?)?, None, None)
-        } else {
-            return Err(Failure::argument(
-                "vocab",
-                format!(
-                    "must be a nextok.Vocab or a vocabulary size, got {}",
-                    type_name(vocab)
-                ),
-            )
-            .into());
+        let vocab = vocab.filter(|v| !v.is_none());
+        let sized = vocab.is_some();
+        let (info, bytes, vocab_obj) = match vocab {
+            // checked against the real size at the first row
+            None => (
+                PyVocab::plain_info(nextok_vocab::MAX_VOCAB_SIZE)?,
+                None,
+                None,
+            ),
+            Some(vocab) => {
+                if let Ok(v) = vocab.cast::<PyVocab>() {
+                    let vv = v.get();
+                    (vv.info.clone(), vv.bytes.clone(), Some(v.clone().unbind()))
+                } else if vocab.cast::<pyo3::types::PyInt>().is_ok() {
+                    (PyVocab::plain_info(count("vocab", vocab)?)?, None, None)
+                } else {
+                    return Err(Failure::argument(
+                        "vocab",
+                        format!(
+                            "must be a nextok.Vocab, a vocabulary size or None, got {}",
+                            type_name(vocab)
+                        ),
+                    )
+                    .into());
+                }
+            }
         };
         // the stop settings: the pipeline's, overridden by the arguments given
         let mut stop_cfg = p.stop.clone();
@@ -362,7 +471,7 @@ impl PySampler {
                 let bytes = bytes.ok_or_else(|| {
                     Failure::argument(
                         "constraint",
-                        "a constraint works on token bytes: give a Vocab with bytes (Vocab.from_file, Vocab.from_token_bytes), not a size",
+                        "a constraint works on token bytes: give a Vocab with bytes (Vocab.from_file, Vocab.from_token_bytes), not a size or None",
                     )
                 })?;
                 let cvocab =
@@ -379,17 +488,19 @@ impl PySampler {
                 Some(compiled)
             }
         };
-        let v = sampler.vocab().vocab_size;
-        let ws = sampler.new_workspace();
+        let (sizeless, ready) = if sized {
+            (None, OnceLock::from(Compiled::new(sampler)))
+        } else {
+            (Some(sampler), OnceLock::new())
+        };
         Ok(PySampler {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             default_seed: p.params.sequence_seed(0),
-            sampler,
             constraint: compiled,
             pipeline,
             vocab: vocab_obj,
-            ws: Mutex::new(ws),
-            pool: Mutex::new(WorkspacePool::new(v, rayon::current_num_threads())),
+            sizeless,
+            compiled: ready,
         })
     }
 
@@ -424,10 +535,9 @@ impl PySampler {
             None => Vec::new(),
             Some(p) => token_ids("output_ids", p)?,
         };
-        let mut state = self
-            .sampler
-            .new_state(&prompt, seed)
-            .map_err(Failure::from)?;
+        let core = self.core()?;
+        let unchecked = self.compiled.get().is_none();
+        let mut state = core.new_state(&prompt, seed).map_err(Failure::from)?;
         // the history, as `nextok explain` builds it: committed with the terminal checks, the
         // constraint consuming the same tokens
         for (i, &t) in output.iter().enumerate() {
@@ -441,20 +551,18 @@ impl PySampler {
                 ))
                 .into());
             }
-            self.sampler
-                .commit(&mut state, t)
-                .map_err(|e| match e.kind() {
+            core.commit(&mut state, t).map_err(|e| match e.kind() {
+                nextok_core::ErrorKind::TokenOutOfRange {
+                    token, vocab_size, ..
+                } => Failure::from(nextok_core::Error::from(
                     nextok_core::ErrorKind::TokenOutOfRange {
-                        token, vocab_size, ..
-                    } => Failure::from(nextok_core::Error::from(
-                        nextok_core::ErrorKind::TokenOutOfRange {
-                            field: field.clone(),
-                            token: *token,
-                            vocab_size: *vocab_size,
-                        },
-                    )),
-                    _ => Failure::from(e),
-                })?;
+                        field: field.clone(),
+                        token: *token,
+                        vocab_size: *vocab_size,
+                    },
+                )),
+                _ => Failure::from(e),
+            })?;
         }
         if let Some(c) = &self.constraint {
             let mut seq = c.start();
@@ -471,6 +579,7 @@ impl PySampler {
         Ok(PyState {
             sampler_id: self.id,
             inner: Some(state),
+            unchecked,
         })
     }
 
@@ -494,11 +603,13 @@ impl PySampler {
             .as_slice()
             .map_err(|_| Failure::argument("logits", "must be contiguous"))?;
         let mut st = self.own_state("state", state)?;
+        let c = self.ready_for(logits.py(), raw.len())?;
+        Self::check_state(c, &mut st)?;
         let inner = st
             .inner
             .as_mut()
             .ok_or_else(|| internal("state without inner"))?;
-        Ok(self.step_row(raw, inner, draw, top)?)
+        Ok(self.step_row(c, raw, inner, draw, top)?)
     }
 
     /// Steps every row of `logits` (a 2-D, C-contiguous float32 array, one row per state) with
@@ -533,10 +644,11 @@ impl PySampler {
             )
             .into());
         }
-        if shape[1] != self.sampler.vocab().vocab_size {
+        let c = self.ready_for(py, shape[1])?;
+        if shape[1] != c.sampler.vocab().vocab_size {
             return Err(Failure::from(nextok_core::Error::from(
                 nextok_core::ErrorKind::VocabSizeMismatch {
-                    expected: self.sampler.vocab().vocab_size,
+                    expected: c.sampler.vocab().vocab_size,
                     got: shape[1],
                 },
             ))
@@ -551,7 +663,9 @@ impl PySampler {
                 )
                 .into());
             }
-            borrowed.push(self.own_state(&format!("states[{i}]"), s)?);
+            let mut st = self.own_state(&format!("states[{i}]"), s)?;
+            Self::check_state(c, &mut st).map_err(|f| f.prefixed(&format!("states[{i}]: ")))?;
+            borrowed.push(st);
         }
         let raw = rows
             .as_slice()
@@ -569,9 +683,9 @@ impl PySampler {
             .map(|_| Err(nextok_core::ErrorKind::AlreadyFinished.into()))
             .collect();
         let batch = {
-            let mut guard = lock(&self.pool);
+            let mut guard = lock(&c.pool);
             let pool: &mut WorkspacePool = &mut guard;
-            let sampler = &self.sampler;
+            let sampler = &c.sampler;
             py.detach(|| sampler.step_batch(raw, &mut taken, pool, &mut out))
         };
         for (b, s) in borrowed.iter_mut().zip(taken) {
@@ -627,7 +741,7 @@ impl PySampler {
             .inner
             .as_mut()
             .ok_or_else(|| internal("state without inner"))?;
-        let finish = self.sampler.commit(inner, token).map_err(Failure::from)?;
+        let finish = self.core()?.commit(inner, token).map_err(Failure::from)?;
         Ok(finish.as_ref().map(finish_name))
     }
 
@@ -648,12 +762,11 @@ impl PySampler {
         let raw = row
             .as_slice()
             .map_err(|_| Failure::argument("logits", "must be contiguous"))?;
-        let st = self.own_state("state", state)?;
+        let mut st = self.own_state("state", state)?;
+        let c = self.ready_for(py, raw.len())?;
+        Self::check_state(c, &mut st)?;
         let inner = st.get()?;
-        let ex = self
-            .sampler
-            .explain(raw, inner, draw)
-            .map_err(Failure::from)?;
+        let ex = c.sampler.explain(raw, inner, draw).map_err(Failure::from)?;
         let mut support: Vec<u32> = ex.tokens.iter().filter(|r| r.kept).map(|r| r.id).collect();
         support.sort_unstable();
         /// What `Sampler.explain` returns (serialised directly, so that `f32` values print as
@@ -670,7 +783,7 @@ impl PySampler {
         let out = Out {
             selected: ex.record.selected,
             support,
-            pipeline_hash: self.sampler.pipeline_hash(),
+            pipeline_hash: c.sampler.pipeline_hash(),
             u: ex.record.rng.u,
             tokens: &ex.tokens,
             record: &ex.record,
@@ -682,13 +795,14 @@ impl PySampler {
     #[getter]
     fn pipeline(&self, py: Python<'_>) -> PyResult<Py<PyPipeline>> {
         let p = self.pipeline.get();
-        if p.config == *self.sampler.config() {
+        let core = self.core()?;
+        if p.config == *core.config() {
             return Ok(self.pipeline.clone_ref(py));
         }
         Py::new(
             py,
             PyPipeline {
-                config: self.sampler.config().clone(),
+                config: core.config().clone(),
                 stop: p.stop.clone(),
                 preset: p.preset,
                 params: p.params.clone(),
@@ -698,14 +812,15 @@ impl PySampler {
 
     /// The pipeline hash recorded in every step record.
     #[getter]
-    fn pipeline_hash(&self) -> &str {
-        self.sampler.pipeline_hash()
+    fn pipeline_hash(&self) -> PyResult<&str> {
+        Ok(self.core()?.pipeline_hash())
     }
 
-    /// The vocabulary size (the logits row length).
+    /// The vocabulary size (the logits row length); `None` for a sampler made with
+    /// `vocab=None` until its first logits row.
     #[getter]
-    fn vocab_size(&self) -> usize {
-        self.sampler.vocab().vocab_size
+    fn vocab_size(&self) -> Option<usize> {
+        self.compiled.get().map(|c| c.sampler.vocab().vocab_size)
     }
 
     /// The `Vocab` given, or `None` when a size was given.
@@ -717,7 +832,7 @@ impl PySampler {
     /// The stop settings in force, as a dict.
     #[getter]
     fn stop<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        to_python(py, self.sampler.stop())
+        to_python(py, self.core()?.stop())
     }
 
     /// Seconds the Rust core takes for `iterations` steps of `logits` on a copy of `state`,
@@ -734,11 +849,13 @@ impl PySampler {
         let raw = row
             .as_slice()
             .map_err(|_| Failure::argument("logits", "must be contiguous"))?;
-        let st = self.own_state("state", state)?;
+        let mut st = self.own_state("state", state)?;
+        let c = self.ready_for(py, raw.len())?;
+        Self::check_state(c, &mut st)?;
         let mut copy = st.get()?.clone();
         drop(st);
-        let mut ws = self.sampler.new_workspace();
-        let sampler = &self.sampler;
+        let mut ws = c.sampler.new_workspace();
+        let sampler = &c.sampler;
         let elapsed = py.detach(|| {
             let t0 = std::time::Instant::now();
             for _ in 0..iterations {
@@ -752,8 +869,9 @@ impl PySampler {
     fn __repr__(&self) -> String {
         format!(
             "Sampler(pipeline_hash={:?}, vocab_size={}, constraint={})",
-            self.sampler.pipeline_hash(),
-            self.sampler.vocab().vocab_size,
+            self.core().map(|c| c.pipeline_hash()).unwrap_or(""),
+            self.vocab_size()
+                .map_or_else(|| "None".to_string(), |v| v.to_string()),
             self.constraint.as_ref().map(|c| c.kind()).unwrap_or("None")
         )
     }
@@ -812,6 +930,7 @@ impl PyState {
         Ok(PyState {
             sampler_id: self.sampler_id,
             inner: Some(self.get()?.clone()),
+            unchecked: self.unchecked,
         })
     }
 

@@ -205,3 +205,73 @@ def test_vocab_from_a_gguf_file() -> None:
     v = nextok.Vocab.from_file(path)
     assert v.size == 49152 and v.eos_token_ids
     assert v.decode([v.eos_token_ids[0]]).startswith(b"<|")
+
+
+def test_a_sampler_without_a_vocab_takes_its_size_from_the_first_row() -> None:
+    """`Sampler(pipeline)`: plain tokens, as many as the first row has, exactly as if given."""
+    rng = np.random.default_rng(7)
+    rows = rng.normal(size=(12, 1000)).astype(np.float32)
+    params = dict(temperature=0.9, top_p=0.9, presence_penalty=0.3, seed=11)
+    lazy = nextok.Sampler(nextok.Pipeline("reference", **params))
+    sized = nextok.Sampler(nextok.Pipeline("reference", **params), 1000)
+    assert lazy.vocab_size is None and lazy.vocab is None
+    assert lazy.pipeline_hash == sized.pipeline_hash
+    # states made (and committed to) before the size is known
+    a = lazy.new_state(prompt_ids=[5, 999], output_ids=[3])
+    b = sized.new_state(prompt_ids=[5, 999], output_ids=[3])
+    assert lazy.commit(a, 4) is None and sized.commit(b, 4) is None
+    for row in rows[:6]:
+        sa, sb = lazy.step(row, a, logprobs=3), sized.step(row, b, logprobs=3)
+        assert sa.token == sb.token
+        assert sa.record() == sb.record()
+    assert lazy.vocab_size == 1000
+    # a state made after the size is known, and a batch step
+    c, d = lazy.new_state(seed=5), sized.new_state(seed=5)
+    assert [s.token for s in lazy.step_batch(rows[6:8], [a, c])] == [
+        s.token for s in sized.step_batch(rows[6:8], [b, d])
+    ]
+    # every later row has the first row's length
+    with pytest.raises(nextok.VocabSizeMismatch):
+        lazy.step(rows[8, :999].copy(), a)
+    assert a.step == 9
+
+
+def test_a_sampler_without_a_vocab_checks_ids_at_the_first_row() -> None:
+    lazy = nextok.Sampler("reference")
+    early = lazy.new_state(prompt_ids=[1, 5000])
+    committed = lazy.new_state()
+    lazy.commit(committed, 4000)
+    row = np.zeros(1000, dtype=np.float32)
+    with pytest.raises(nextok.TokenOutOfRange) as e:
+        lazy.step(row, early)
+    assert e.value.field == "prompt_ids[1]"
+    assert early.step == 0 and early.prompt_ids == [1, 5000]
+    with pytest.raises(nextok.TokenOutOfRange) as e:
+        lazy.step_batch(row[None, :], [committed])
+    assert e.value.field == "output_ids[0]"
+    # a state whose ids fit still steps; ids after the first row are checked as usual
+    fine = lazy.new_state(prompt_ids=[1])
+    assert lazy.step(row, fine).token < 1000
+    with pytest.raises(nextok.TokenOutOfRange):
+        lazy.new_state(prompt_ids=[1000])
+    with pytest.raises(nextok.TokenOutOfRange):
+        lazy.commit(fine, 1000)
+    # the pipeline's own ids are checked at the first row too, naming the field
+    biased = nextok.Sampler(nextok.Pipeline("reference", logit_bias={"4000": 1.0}))
+    with pytest.raises(nextok.TokenOutOfRange) as e:
+        biased.step(row, biased.new_state())
+    assert e.value.field == "processors[1].logit_bias[4000]"
+    assert biased.vocab_size is None
+
+
+def test_a_sampler_without_a_vocab_refuses_what_needs_token_bytes() -> None:
+    with pytest.raises(nextok.InvalidArgument) as e:
+        nextok.Sampler("reference", None, {"type": "regex", "pattern": "a+"})
+    assert e.value.field == "constraint"
+    with pytest.raises(nextok.Contradiction) as e:
+        nextok.Sampler("reference", stop=["\n"])
+    assert e.value.field == "stop"
+    # every check that does not need the size is made at once
+    with pytest.raises(nextok.InvalidParameter) as e:
+        nextok.Sampler("reference", max_tokens=0)
+    assert e.value.field == "max_tokens"

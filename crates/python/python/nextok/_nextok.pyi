@@ -168,12 +168,16 @@ class Step:
         """The step record, as a trace line holds it (recorded steps only)."""
 
 class Sampler:
-    """A compiled pipeline for one vocabulary, stop settings and optional constraint."""
+    """A compiled pipeline for one vocabulary, stop settings and optional constraint.
+
+    With ``vocab=None`` the vocabulary is that many plain tokens as the first logits row has;
+    every later row must have that length.
+    """
 
     def __init__(
         self,
         pipeline: Pipeline | str | dict[str, Any],
-        vocab: Vocab | int,
+        vocab: Vocab | int | None = None,
         constraint: dict[str, Any] | str | None = None,
         *,
         stop: str | Sequence[str] | None = None,
@@ -184,7 +188,12 @@ class Sampler:
         skip_special_tokens: bool | None = None,
         grammar_policy: Literal["stop_on_accept", "only_end", "continue"] | None = None,
     ) -> None: ...
-    def new_state(self, seed: int | None = None, prompt_ids: Iterable[int] | None = None) -> State:
+    def new_state(
+        self,
+        seed: int | None = None,
+        prompt_ids: Iterable[int] | None = None,
+        output_ids: Iterable[int] | None = None,
+    ) -> State:
         """A fresh state for a sequence."""
     def step(
         self,
@@ -208,8 +217,8 @@ class Sampler:
     def pipeline_hash(self) -> str:
         """The pipeline hash."""
     @property
-    def vocab_size(self) -> int:
-        """The logits row length."""
+    def vocab_size(self) -> int | None:
+        """The logits row length (``None`` for ``vocab=None`` until the first row)."""
     @property
     def vocab(self) -> Vocab | None:
         """The ``Vocab`` given, if one was."""
