@@ -13,6 +13,7 @@ use crate::compiled::{Backend, CompiledConstraint};
 use crate::error::{ConstraintError, ConstraintErrorKind, LimitKind};
 use crate::llg::{self, LlguidanceBaseline};
 use crate::machine::{ByteDfa, ChoiceTrie, Machine};
+use crate::property_order::{self, OrderKept, PropertyOrder};
 use crate::schema::{self, SchemaMode};
 use crate::spec::{ConstraintSpec, JsonOptions, Limits};
 use crate::{gbnf, ConstraintVocab};
@@ -350,7 +351,32 @@ impl ConstraintEngine {
                 Ok((m, _)) => {
                     let max = self.limits.max_validator_objects;
                     let objects = object_count(original, max + 1);
-                    let check = schema::finish(original, p, mode, objects <= max);
+                    let order = self.any_order(&p.schema, &opts);
+                    let mut check = schema::finish(original, p, mode, objects <= max);
+                    let m = match order {
+                        None => m,
+                        Some(AnyOrder::Lowered {
+                            matcher,
+                            objects,
+                            kept,
+                        }) => {
+                            check.report.property_order = PropertyOrder::Any;
+                            check.report.objects_any_order = objects;
+                            check.report.order_kept = kept;
+                            *matcher
+                        }
+                        Some(AnyOrder::NothingToLower) => {
+                            check.report.property_order = PropertyOrder::Any;
+                            m
+                        }
+                        Some(AnyOrder::Kept(why)) => {
+                            check.report.order_kept = vec![OrderKept {
+                                pointer: String::new(),
+                                reason: why,
+                            }];
+                            m
+                        }
+                    };
                     if mode == SchemaMode::Relaxed
                         && !check.report.post_validation.is_empty()
                         && check.report.validator_error.is_some()
@@ -397,7 +423,57 @@ impl ConstraintEngine {
     }
 }
 
+/// What `property_order: any` made of a schema.
+enum AnyOrder {
+    /// The any-order grammar, compiled.
+    Lowered {
+        matcher: Box<llg::LlgProto>,
+        objects: usize,
+        kept: Vec<OrderKept>,
+    },
+    /// No object whose order matters: the ordered grammar is exact.
+    NothingToLower,
+    /// The schema keeps schema order, for this reason.
+    Kept(String),
+}
+
 impl ConstraintEngine {
+    /// Lowers the prepared `schema` to the any-order grammar and compiles it, when `o` asks
+    /// for any order (`None` when it does not).
+    fn any_order(&self, schema: &Value, o: &JsonOptions) -> Option<AnyOrder> {
+        if o.effective_property_order() != PropertyOrder::Any {
+            return None;
+        }
+        let x_guidance = match json_with_options(Value::Object(Default::default()), o) {
+            Ok(Value::Object(mut m)) => m.remove("x-guidance").unwrap_or_default(),
+            _ => return Some(AnyOrder::Kept("the JSON options".into())),
+        };
+        let lo = property_order::LowerOptions {
+            whitespace_flexible: !o.compact,
+            coerce_one_of: o.coerce_one_of,
+            x_guidance,
+        };
+        Some(match property_order::lower(schema, &lo) {
+            Ok(None) => AnyOrder::NothingToLower,
+            Ok(Some(l)) => {
+                match llg::compile(
+                    &self.factory,
+                    TopLevelGrammar::from_lark(l.lark),
+                    &self.limits,
+                    "json_schema",
+                ) {
+                    Ok((matcher, _)) => AnyOrder::Lowered {
+                        matcher: Box::new(matcher),
+                        objects: l.objects,
+                        kept: l.kept,
+                    },
+                    Err(e) => AnyOrder::Kept(format!("the any-order grammar did not compile: {e}")),
+                }
+            }
+            Err(why) => AnyOrder::Kept(why),
+        })
+    }
+
     /// Whether llguidance refuses `rx` as a JSON-schema `pattern`.
     fn regex_refused(&self, rx: &str) -> bool {
         let g = TopLevelGrammar::from_json_schema(serde_json::json!({

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::ConstraintError;
+use crate::property_order::{OrderKept, PropertyOrder};
 
 /// How the keywords that the mask cannot enforce exactly are handled.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -279,6 +280,21 @@ pub struct SchemaReport {
     /// nothing could check). Otherwise the validator is built with the first check, and an error
     /// building it is that check's result (`not checked: …`).
     pub validator_error: Option<String>,
+    /// How the mask orders object properties: `any` when the schema was lowered to the
+    /// any-order grammar (or had no object whose order matters), `schema` otherwise.
+    #[serde(default = "schema_order")]
+    pub property_order: PropertyOrder,
+    /// Objects masked in any order.
+    #[serde(default)]
+    pub objects_any_order: usize,
+    /// Objects that keep schema order although `any` was asked for, and why (`""` for the
+    /// whole schema when it could not be lowered at all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub order_kept: Vec<OrderKept>,
+}
+
+fn schema_order() -> PropertyOrder {
+    PropertyOrder::Schema
 }
 
 impl SchemaReport {
@@ -337,6 +353,25 @@ impl SchemaReport {
         }
         if !self.unchecked.is_empty() {
             s.push_str(&format!("; not checked: {}", uses(&self.unchecked)));
+        }
+        s.push_str(&format!(
+            "; properties in {} order",
+            self.property_order.name()
+        ));
+        if !self.order_kept.is_empty() {
+            let kept: Vec<String> = self
+                .order_kept
+                .iter()
+                .map(|k| {
+                    let at = if k.pointer.is_empty() {
+                        "/"
+                    } else {
+                        &k.pointer
+                    };
+                    format!("{at} ({})", k.reason)
+                })
+                .collect();
+            s.push_str(&format!("; schema order kept at: {}", kept.join(", ")));
         }
         s
     }
@@ -896,6 +931,9 @@ pub(crate) fn finish(
             post_validation: post,
             unchecked,
             validator_error,
+            property_order: PropertyOrder::Schema,
+            objects_any_order: 0,
+            order_kept: Vec::new(),
         },
         schema,
         schema_bytes: value_bytes(original),

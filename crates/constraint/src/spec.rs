@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::property_order::PropertyOrder;
 use crate::schema::SchemaMode;
 
 /// Options for JSON output (`json_schema` and `json`).
@@ -23,6 +24,22 @@ pub struct JsonOptions {
     /// only). Left out of the canonical form when strict, so strict specs hash as before.
     #[serde(skip_serializing_if = "SchemaMode::is_strict")]
     pub schema_mode: SchemaMode,
+    /// How an object's properties may be ordered ([`PropertyOrder`]; `json_schema` only).
+    /// Unset: `any` in relaxed mode (which promises to lose no valid instance), `schema` in
+    /// strict mode. Left out of the canonical form when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub property_order: Option<PropertyOrder>,
+}
+
+impl JsonOptions {
+    /// The property order in force: the one set, else `any` in relaxed mode and `schema` in
+    /// strict mode.
+    pub fn effective_property_order(&self) -> PropertyOrder {
+        self.property_order.unwrap_or(match self.schema_mode {
+            SchemaMode::Relaxed => PropertyOrder::Any,
+            SchemaMode::Strict => PropertyOrder::Schema,
+        })
+    }
 }
 
 /// What the output must match, chosen per request. JSON form: `{"type": "choice", "choices":

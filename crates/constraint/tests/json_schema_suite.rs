@@ -151,7 +151,16 @@ fn run_dir(dir: &Path, mode: SchemaMode, sample: usize) -> Report {
                         (true, Some(true)) => r.valid_accepted += 1,
                         (false, Some(true)) => {
                             r.valid_flagged += 1;
-                            r.flagged.push(format!("{name} test {i}: {text}"));
+                            let kept: Vec<String> = report
+                                .order_kept
+                                .iter()
+                                .map(|k| format!("{} ({})", k.pointer, k.reason))
+                                .collect();
+                            r.flagged.push(format!(
+                                "{name} test {i}: order {}, kept [{}]: {text}",
+                                report.property_order.name(),
+                                kept.join("; ")
+                            ));
                         }
                         _ => r.failures.push(format!(
                             "{name} test {i}: valid, mask {mask_ok}, validation {}: {text}",
@@ -203,7 +212,7 @@ fn print(label: &str, r: &Report) {
     }
     let all = std::env::var_os("NEXTOK_MASKBENCH_VERBOSE").is_some();
     for f in r.flagged.iter().take(if all { usize::MAX } else { 20 }) {
-        let short: String = f.chars().take(200).collect();
+        let short: String = f.chars().take(400).collect();
         eprintln!("{label}: flagged: {short}");
     }
     for f in r.failures.iter().take(20) {
