@@ -26,7 +26,8 @@
 use std::sync::Arc;
 
 use nextok_constraint::{
-    json_text_for_mask, ConstraintEngine, ConstraintSpec, ConstraintVocab, JsonOptions, SchemaMode,
+    json_text_for_mask, ConstraintEngine, ConstraintSpec, ConstraintVocab, JsonOptions,
+    PropertyOrder, SchemaMode,
 };
 use nextok_core::constraint::{bitset_words, ConstraintState, ConstraintStatus};
 use nextok_vocab::display::escape;
@@ -66,6 +67,11 @@ pub struct ConstrainArgs {
     /// masks a superset and validates the text against the full schema.
     #[arg(long = "schema-mode", value_name = "MODE", default_value = "strict")]
     pub schema_mode: SchemaMode,
+    /// With --json-schema: `schema` takes object properties in schema order (fastest; key
+    /// tokens are forced), `any` in any order (each key once, required keys present). Default:
+    /// `any` with `--schema-mode relaxed`, else `schema`.
+    #[arg(long = "property-order", value_name = "ORDER")]
+    pub property_order: Option<PropertyOrder>,
     /// The text to check.
     #[arg(long, value_name = "T")]
     pub text: String,
@@ -85,6 +91,7 @@ fn spec(a: &ConstrainArgs) -> Result<ConstraintSpec, CliError> {
     let options = JsonOptions {
         compact: a.compact,
         schema_mode: a.schema_mode,
+        property_order: a.property_order,
         ..Default::default()
     };
     let mut specs = Vec::new();
@@ -226,10 +233,19 @@ fn explain_rejection(report: Option<&str>, check: Option<&nextok_constraint::Val
     let Some(v) = check else { return };
     outln!("schema check: {}", v.summary());
     if v.valid == Some(true) {
-        outln!(
-            "note: the text is valid against the full schema but the mask rejects it; the usual \
-             cause is property order: the mask requires an object's properties in the order the \
-             schema lists them (properties not listed come after those listed)"
-        );
+        if report.is_some_and(|r| r.contains("properties in any order")) {
+            outln!(
+                "note: the text is valid against the full schema but the mask rejects it; the \
+                 mask takes object properties in any order, so the cause is an object that keeps \
+                 schema order (see `schema order kept at` above) or a limit of the mask"
+            );
+        } else {
+            outln!(
+                "note: the text is valid against the full schema but the mask rejects it; the \
+                 usual cause is property order: the mask requires an object's properties in the \
+                 order the schema lists them (properties not listed come after those listed); \
+                 --property-order any takes them in any order"
+            );
+        }
     }
 }

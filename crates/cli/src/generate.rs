@@ -178,6 +178,11 @@ pub struct GenerateArgs {
     /// masks a superset and validates the finished output against the full schema.
     #[arg(long = "schema-mode", value_name = "MODE", default_value = "strict")]
     pub schema_mode: nextok_constraint::SchemaMode,
+    /// With --json-schema: `schema` takes object properties in schema order (fastest; key
+    /// tokens are forced), `any` in any order (each key once, required keys present). Default:
+    /// `any` with `--schema-mode relaxed`, else `schema`.
+    #[arg(long = "property-order", value_name = "ORDER")]
+    pub property_order: Option<nextok_constraint::PropertyOrder>,
     /// Constrain the output to any JSON value.
     #[arg(long)]
     pub json: bool,
@@ -698,6 +703,7 @@ fn constraint_spec(a: &GenerateArgs) -> Result<Option<ConstraintSpec>, CliError>
             schema,
             options: nextok_constraint::JsonOptions {
                 schema_mode: a.schema_mode,
+                property_order: a.property_order,
                 ..Default::default()
             },
         });

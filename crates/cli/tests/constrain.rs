@@ -199,8 +199,8 @@ fn llama3_schema_modes_escapes_and_order() {
     let schema = r#"{"type":"object","properties":{"a":{"type":"string"},
         "tags":{"type":"array","items":{"type":"string"},"uniqueItems":true}},
         "required":["a","tags"]}"#;
-    let run = |mode: &str, text: &str| {
-        nextok(&[
+    let run_order = |mode: &str, order: Option<&str>, text: &str| {
+        let mut args = vec![
             "constrain",
             "--tokenizer",
             &t,
@@ -210,8 +210,13 @@ fn llama3_schema_modes_escapes_and_order() {
             mode,
             "--text",
             text,
-        ])
+        ];
+        if let Some(o) = order {
+            args.extend(["--property-order", o]);
+        }
+        nextok(&args)
     };
+    let run = |mode: &str, text: &str| run_order(mode, None, text);
     // strict: refused, naming the keyword and where it is
     let (code, _, err) = run("strict", r#"{"a": "x", "tags": []}"#);
     assert_eq!(code, 2, "{err}");
@@ -231,9 +236,36 @@ fn llama3_schema_modes_escapes_and_order() {
     let (code, out, _) = run("relaxed", r#"{"a": "x", "tags": ["p", "p"]}"#);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("schema check: invalid"), "{out}");
-    // another property order: rejected by the mask, and the rule is stated
-    let (code, out, _) = run("relaxed", r#"{"tags": [], "a": "x"}"#);
+    // another property order: relaxed mode takes any order (its default)
+    let (code, out, err) = run("relaxed", r#"{"tags": [], "a": "x"}"#);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("properties in any order"), "{out}");
+    // in schema order, rejected by the mask, and the rule is stated
+    let (code, out, _) = run_order("relaxed", Some("schema"), r#"{"tags": [], "a": "x"}"#);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("schema check: valid"), "{out}");
     assert!(out.contains("order the schema lists them"), "{out}");
+    // strict mode in any order, on a schema strict mode takes
+    let strict_schema = r#"{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"integer"}},"required":["a","b"]}"#;
+    let strict = |order: Option<&str>, text: &str| {
+        let mut args = vec![
+            "constrain",
+            "--tokenizer",
+            &t,
+            "--json-schema",
+            strict_schema,
+            "--text",
+            text,
+        ];
+        if let Some(o) = order {
+            args.extend(["--property-order", o]);
+        }
+        nextok(&args)
+    };
+    assert_eq!(strict(None, r#"{"b": 1, "a": "x"}"#).0, 1);
+    let (code, out, err) = strict(Some("any"), r#"{"b": 1, "a": "x"}"#);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = strict(Some("sorted"), r#"{"a": "x", "b": 1}"#);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("property-order"), "{err}");
 }

@@ -6,7 +6,8 @@
 //! * `NEXTOK_MASK_SUMMARY=1` prints a summary table (mean, p50, p99, max per-token mask time and
 //!   time to first mask) over the maskbench subset beside the repository (`../shared/
 //!   maskbench-dev`), feeding each valid instance token by token. Needs the Llama-3 tokenizer
-//!   from `scripts/fetch-testdata.sh`.
+//!   from `scripts/fetch-testdata.sh`. It also compares `property_order: any` with schema order
+//!   and llguidance directly on the schemas where `any` lowers objects.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, Criterion};
 use nextok_constraint::{
     ConstraintEngine, ConstraintSpec, ConstraintVocab, JsonOptions, Limits, LlguidanceBaseline,
-    SequenceState,
+    PropertyOrder, SequenceState,
 };
 use nextok_core::constraint::{bitset_words, ConstraintState};
 use nextok_vocab::encode::Encoder;
@@ -177,6 +178,7 @@ fn summary(engine: &ConstraintEngine, enc: &Encoder) {
         "| llguidance direct, time to first mask {}",
         stats(&mut f.1)
     );
+    any_order_summary(engine, enc, &paths);
     // Small constraints: nextok's own engines against llguidance on the same constraint.
     let small = [
         ConstraintSpec::Choice {
@@ -241,6 +243,150 @@ fn summary(engine: &ConstraintEngine, enc: &Encoder) {
             stats(&mut b),
             us(first_llg)
         );
+    }
+}
+
+/// Per-token mask of `spec` alone along `ids` (compiled once; the first mask timed with it).
+fn time_alone(
+    engine: &ConstraintEngine,
+    spec: &ConstraintSpec,
+    ids: &[u32],
+    out: &mut Vec<Duration>,
+    first: &mut Vec<Duration>,
+) -> bool {
+    let t0 = Instant::now();
+    let Ok(c) = engine.compile(spec) else {
+        return false;
+    };
+    let mut s = c.start();
+    let mut mask = vec![0u64; bitset_words(engine.vocab().vocab_size())];
+    if s.fill_mask(&mut mask).is_err() {
+        return false;
+    }
+    first.push(t0.elapsed());
+    let mut s = c.start();
+    for &t in ids {
+        mask.fill(0);
+        let a = Instant::now();
+        let ok = s.fill_mask(&mut mask).is_ok();
+        out.push(a.elapsed());
+        if !ok || s.commit(t).is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// `property_order: any` against schema order and llguidance directly, on the schemas where
+/// `any` lowered at least one object, each valid instance written in schema order (which both
+/// orders accept) and in reverse key order (which only `any` accepts).
+fn any_order_summary(engine: &ConstraintEngine, enc: &Encoder, paths: &[PathBuf]) {
+    let (mut ordered, mut any, mut base, mut reversed) = (vec![], vec![], vec![], vec![]);
+    let (mut f_ordered, mut f_any, mut f_base) = (vec![], vec![], vec![]);
+    let mut schemas = 0;
+    let mut objects = 0;
+    for p in paths {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&std::fs::read(p).unwrap()) else {
+            continue;
+        };
+        let spec = |order| ConstraintSpec::JsonSchema {
+            schema: v["schema"].clone(),
+            options: JsonOptions {
+                property_order: Some(order),
+                ..Default::default()
+            },
+        };
+        let (so, sa) = (spec(PropertyOrder::Schema), spec(PropertyOrder::Any));
+        let Ok(c) = engine.compile(&sa) else {
+            continue;
+        };
+        let report = c.schema_report().expect("json_schema");
+        if report.objects_any_order == 0 {
+            continue;
+        }
+        let Some(t) = v["tests"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["valid"] == true))
+        else {
+            continue;
+        };
+        let text = serde_json::to_string(&t["data"]).unwrap();
+        let ids = enc.encode(&text, false).unwrap();
+        let rev = enc.encode(&reverse_keys(&t["data"]), false).unwrap();
+        let (mut o1, mut a1, mut b1, mut r1) = (vec![], vec![], vec![], vec![]);
+        let (mut fo, mut fa, mut fb) = (vec![], vec![], vec![]);
+        let mut scratch = (vec![], vec![]);
+        let ok = time_alone(engine, &so, &ids, &mut o1, &mut fo)
+            && time_alone(engine, &sa, &ids, &mut a1, &mut fa)
+            && time_sequence(engine, &so, &ids, &mut vec![], &mut b1, &mut scratch)
+            && time_alone(engine, &sa, &rev, &mut r1, &mut vec![]);
+        if !ok {
+            continue;
+        }
+        fb.extend(scratch.1);
+        schemas += 1;
+        objects += report.objects_any_order;
+        ordered.extend(o1);
+        any.extend(a1);
+        base.extend(b1);
+        reversed.extend(r1);
+        f_ordered.extend(fo);
+        f_any.extend(fa);
+        f_base.extend(fb);
+    }
+    println!();
+    println!(
+        "Property order (strict mode): {schemas} schemas where `any` lowered objects ({objects} \
+         objects), {} tokens in schema order, {} in reverse key order:",
+        any.len(),
+        reversed.len()
+    );
+    println!();
+    println!("| path | mean µs | p50 µs | p99 µs | max µs |");
+    println!("|---|---|---|---|---|");
+    println!("| `schema` order, per-token mask {}", stats(&mut ordered));
+    println!("| `any` order, per-token mask {}", stats(&mut any));
+    println!(
+        "| `any` order, reverse key order, per-token mask {}",
+        stats(&mut reversed)
+    );
+    println!(
+        "| llguidance direct (schema order), per-token mask {}",
+        stats(&mut base)
+    );
+    println!(
+        "| `schema` order, time to first mask {}",
+        stats(&mut f_ordered)
+    );
+    println!("| `any` order, time to first mask {}", stats(&mut f_any));
+    println!(
+        "| llguidance direct, time to first mask {}",
+        stats(&mut f_base)
+    );
+}
+
+/// `v` as compact JSON with every object's keys in reverse order.
+fn reverse_keys(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Object(m) => {
+            let parts: Vec<String> = m
+                .iter()
+                .rev()
+                .map(|(k, x)| {
+                    format!(
+                        "{}:{}",
+                        serde_json::Value::String(k.clone()),
+                        reverse_keys(x)
+                    )
+                })
+                .collect();
+            format!("{{{}}}", parts.join(","))
+        }
+        serde_json::Value::Array(a) => {
+            let parts: Vec<String> = a.iter().map(reverse_keys).collect();
+            format!("[{}]", parts.join(","))
+        }
+        _ => v.to_string(),
     }
 }
 

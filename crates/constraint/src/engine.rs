@@ -349,50 +349,25 @@ impl ConstraintEngine {
             let g = TopLevelGrammar::from_json_schema(json_with_options(p.schema.clone(), &opts)?);
             match llg::compile(&self.factory, g, &self.limits, "json_schema") {
                 Ok((m, _)) => {
-                    let max = self.limits.max_validator_objects;
-                    let objects = object_count(original, max + 1);
                     let order = self.any_order(&p.schema, &opts);
-                    let mut check = schema::finish(original, p, mode, objects <= max);
-                    let m = match order {
-                        None => m,
-                        Some(AnyOrder::Lowered {
-                            matcher,
-                            objects,
-                            kept,
-                        }) => {
-                            check.report.property_order = PropertyOrder::Any;
-                            check.report.objects_any_order = objects;
-                            check.report.order_kept = kept;
-                            *matcher
-                        }
-                        Some(AnyOrder::NothingToLower) => {
-                            check.report.property_order = PropertyOrder::Any;
-                            m
-                        }
-                        Some(AnyOrder::Kept(why)) => {
-                            check.report.order_kept = vec![OrderKept {
-                                pointer: String::new(),
-                                reason: why,
-                            }];
-                            m
-                        }
-                    };
-                    if mode == SchemaMode::Relaxed
-                        && !check.report.post_validation.is_empty()
-                        && check.report.validator_error.is_some()
-                    {
-                        return Err(ConstraintError::limit_exceeded(
-                            LimitKind::ValidatorObjects,
-                            format!(
-                                "the schema has more than {max} objects: relaxed keywords could \
-                                 not be checked after generation"
-                            ),
-                        ));
-                    }
-                    return Ok((m, check));
+                    return self.schema_done(original, p, mode, Some(m), order);
                 }
                 Err(e) if e.kind() == ConstraintErrorKind::Unsupported => {
                     let keyword = e.keyword().unwrap_or_default();
+                    if keyword == "minProperties/maxProperties"
+                        && opts.effective_property_order() == PropertyOrder::Any
+                    {
+                        // the any-order grammar counts properties, which the ordered one cannot
+                        let order = self.any_order(&p.schema, &opts);
+                        if matches!(order, Some(AnyOrder::Lowered { .. })) {
+                            return self.schema_done(original, p, mode, None, order);
+                        }
+                        if let Some(AnyOrder::Kept(why)) = &order {
+                            if let Some(why) = why.strip_prefix(property_order::UNSATISFIABLE) {
+                                return Err(ConstraintError::unsatisfiable(why));
+                            }
+                        }
+                    }
                     if mode == SchemaMode::Relaxed {
                         let (changed, coerce) = schema::relax_refused(&mut p, keyword);
                         if coerce && !opts.coerce_one_of {
@@ -420,6 +395,61 @@ impl ConstraintEngine {
         Err(ConstraintError::engine(
             "relaxing the schema did not converge",
         ))
+    }
+}
+
+impl ConstraintEngine {
+    /// The compiled schema: the ordered grammar `m`, or the any-order one `order` made (`m`
+    /// is `None` only then), with the report and the check after generation.
+    fn schema_done(
+        &self,
+        original: &Value,
+        p: schema::Prepared,
+        mode: SchemaMode,
+        m: Option<llg::LlgProto>,
+        order: Option<AnyOrder>,
+    ) -> Result<(llg::LlgProto, schema::SchemaCheck), ConstraintError> {
+        let ordered = || m.ok_or_else(|| ConstraintError::engine("no grammar for the schema"));
+        let max = self.limits.max_validator_objects;
+        let objects = object_count(original, max + 1);
+        let mut check = schema::finish(original, p, mode, objects <= max);
+        let m = match order {
+            None => ordered()?,
+            Some(AnyOrder::Lowered {
+                matcher,
+                objects,
+                kept,
+            }) => {
+                check.report.property_order = PropertyOrder::Any;
+                check.report.objects_any_order = objects;
+                check.report.order_kept = kept;
+                *matcher
+            }
+            Some(AnyOrder::NothingToLower) => {
+                check.report.property_order = PropertyOrder::Any;
+                ordered()?
+            }
+            Some(AnyOrder::Kept(why)) => {
+                check.report.order_kept = vec![OrderKept {
+                    pointer: String::new(),
+                    reason: why,
+                }];
+                ordered()?
+            }
+        };
+        if mode == SchemaMode::Relaxed
+            && !check.report.post_validation.is_empty()
+            && check.report.validator_error.is_some()
+        {
+            return Err(ConstraintError::limit_exceeded(
+                LimitKind::ValidatorObjects,
+                format!(
+                    "the schema has more than {max} objects: relaxed keywords could not be \
+                     checked after generation"
+                ),
+            ));
+        }
+        Ok((m, check))
     }
 }
 

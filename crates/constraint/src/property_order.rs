@@ -102,6 +102,9 @@ pub struct LowerOptions {
     pub x_guidance: Value,
 }
 
+/// How a lowering error that means "no value meets the schema" begins.
+pub const UNSATISFIABLE: &str = "unsatisfiable: ";
+
 /// Keys (declared and thermometer bits) one object may use: one 64-bit parameter.
 pub const MAX_OBJECT_BITS: usize = 64;
 
@@ -473,6 +476,44 @@ fn merge_objects(a: &Map<String, Value>, b: &Value) -> Option<Option<Map<String,
     Some(Some(out))
 }
 
+/// Whether a schema plainly admits no value: `false`, or an object-only schema whose required
+/// keys exceed `maxProperties` or include a property that admits no value.
+fn never(v: &Value) -> bool {
+    let m = match v {
+        Value::Bool(b) => return !b,
+        Value::Object(m) => m,
+        _ => return false,
+    };
+    if types_of(m).is_none_or(|t| t != ["object"]) {
+        return false;
+    }
+    let required: Vec<&str> = m
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut distinct = required.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let max = m.get("maxProperties").and_then(Value::as_u64);
+    if max.is_some_and(|mx| (distinct.len() as u64) > mx) {
+        return true;
+    }
+    let props = m.get("properties").and_then(Value::as_object);
+    distinct
+        .iter()
+        .any(|r| props.and_then(|p| p.get(*r)).is_some_and(never))
+}
+
+/// Whether a JSON value has an object of two or more keys (whose order a constant fixes).
+fn value_needs(v: &Value) -> bool {
+    match v {
+        Value::Object(o) => o.len() >= 2 || o.values().any(value_needs),
+        Value::Array(a) => a.iter().any(value_needs),
+        _ => false,
+    }
+}
+
 /// A key written without escapes.
 const RAW_KEY: &str = r#""[^"\\\x00-\x1F]*""#;
 
@@ -578,7 +619,20 @@ impl Lowerer<'_> {
                 .map_or(0, |r| r.len());
         let additional = !matches!(m.get("additionalProperties"), Some(Value::Bool(false)))
             || m.get("patternProperties").is_some();
-        if declared >= 2 || (declared >= 1 && additional) {
+        // min/maxProperties: counted here (the JSON compiler takes them only when every
+        // declared key is required)
+        let counted = m.contains_key("minProperties") || m.contains_key("maxProperties");
+        if declared >= 2 || (declared >= 1 && additional) || counted {
+            return (true, false);
+        }
+        // an `enum` / `const` object value is the same value in any key order
+        let values = m
+            .get("enum")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .chain(m.get("const"));
+        if values.into_iter().any(value_needs) {
             return (true, false);
         }
         let mut open = false;
@@ -659,7 +713,9 @@ impl Lowerer<'_> {
                             .collect();
                         if let Some(merged) = merge_objects(&base, &Value::Object(t.clone())) {
                             let Some(merged) = merged else {
-                                return Err(format!("the object at `{ptr}` can never be met"));
+                                return Err(format!(
+                                    "{UNSATISFIABLE}the object at `{ptr}` admits no value"
+                                ));
                             };
                             return self.node(&Value::Object(merged), ptr);
                         }
@@ -708,9 +764,40 @@ impl Lowerer<'_> {
         }
         if keys == ["allOf"] {
             if let Some(Value::Array(b)) = m.get("allOf") {
-                if b.len() == 1 {
-                    return self.node(&b[0], &format!("{ptr}/allOf/0"));
+                // branches that constrain nothing (left so by relaxed keywords) drop out
+                let live: Vec<(usize, &Value)> = b
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| match x {
+                        Value::Bool(true) => false,
+                        Value::Object(xm) => validation_keys(xm).next().is_some(),
+                        _ => true,
+                    })
+                    .collect();
+                if live.len() == 1 {
+                    let (i, x) = live[0];
+                    return self.node(x, &format!("{ptr}/allOf/{i}"));
                 }
+            }
+        }
+        // `enum` / `const` values with objects: each value in any key order
+        if keys == ["enum"] || keys == ["const"] {
+            let values: Vec<&Value> = match m.get("const") {
+                Some(c) => vec![c],
+                None => m
+                    .get("enum")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().collect())
+                    .unwrap_or_default(),
+            };
+            if !values.is_empty() {
+                let mut alts = Vec::with_capacity(values.len());
+                for x in values {
+                    alts.push(self.constant(x)?);
+                }
+                let name = format!("u{}", self.fresh());
+                let _ = writeln!(self.rules, "{name}: {}", alts.join(" | "));
+                return Ok(name);
             }
         }
         // object keywords beside `anyOf` / `oneOf` (read as `anyOf`) / `allOf` of object
@@ -721,7 +808,9 @@ impl Lowerer<'_> {
                 alts.push(self.node(b, &format!("{ptr}/(merged branch {i})"))?);
             }
             if alts.is_empty() {
-                return Err(format!("no branch of the object at `{ptr}` can be met"));
+                return Err(format!(
+                    "{UNSATISFIABLE}no branch of the object at `{ptr}` admits a value"
+                ));
             }
             let name = format!("u{}", self.fresh());
             let _ = writeln!(self.rules, "{name}: {}", alts.join(" | "));
@@ -754,7 +843,7 @@ impl Lowerer<'_> {
         self.kept.push(OrderKept {
             pointer: ptr.to_string(),
             reason: format!(
-                "`{}` beside the properties: compiled in schema order",
+                "`{}` here: compiled by the JSON compiler, objects inside in schema order",
                 why.join("`, `")
             ),
         });
@@ -816,6 +905,45 @@ impl Lowerer<'_> {
             }
         }
         Some(out)
+    }
+
+    /// The rule for exactly the JSON value `v`, its objects' keys in any order.
+    fn constant(&mut self, v: &Value) -> Result<String, String> {
+        if !value_needs(v) {
+            let mut c = Map::new();
+            c.insert("const".into(), v.clone());
+            return self.leaf(&Value::Object(c));
+        }
+        match v {
+            Value::Object(o) => {
+                let mut props = Map::new();
+                for (k, x) in o {
+                    let mut c = Map::new();
+                    c.insert("const".into(), x.clone());
+                    props.insert(k.clone(), Value::Object(c));
+                }
+                let mut m = Map::new();
+                m.insert("type".into(), Value::String("object".into()));
+                m.insert("properties".into(), Value::Object(props));
+                m.insert(
+                    "required".into(),
+                    Value::Array(o.keys().map(|k| Value::String(k.clone())).collect()),
+                );
+                m.insert("additionalProperties".into(), Value::Bool(false));
+                self.object(&m, "(a constant)")?
+                    .ok_or_else(|| "a constant object the lowering cannot express".to_string())
+            }
+            Value::Array(a) => {
+                let mut items = Vec::with_capacity(a.len());
+                for x in a {
+                    items.push(self.constant(x)?);
+                }
+                let name = format!("c{}", self.fresh());
+                let _ = writeln!(self.rules, "{name}: \"[\" {} \"]\"", items.join(" \",\" "));
+                Ok(name)
+            }
+            _ => unreachable!("value_needs is false for scalars"),
+        }
     }
 
     /// `rule`, or also the schema's other types (`type` absent or a list) as a leaf.
@@ -964,8 +1092,10 @@ impl Lowerer<'_> {
                 },
             };
             match with_patterns(r, own) {
-                Some(Value::Bool(false)) => {
-                    return keep(self, format!("required property {r:?} is `false`"))
+                Some(x) if never(&x) => {
+                    return Err(format!(
+                        "{UNSATISFIABLE}required property {r:?} at `{ptr}` admits no value"
+                    ))
                 }
                 s => declared.push((r, s)),
             }
@@ -977,7 +1107,7 @@ impl Lowerer<'_> {
                 continue;
             }
             match with_patterns(k, Some(s)) {
-                Some(Value::Bool(false)) => forbidden.push(k),
+                Some(x) if never(&x) => forbidden.push(k),
                 s => declared.push((k, s)),
             }
         }
@@ -1102,7 +1232,7 @@ impl Lowerer<'_> {
         }
         let room = max_p.map(|mx| format!("bit_count_lt(_, {mx})"));
         let (a, b) = (format!("o{id}_a"), format!("o{id}_b"));
-        if n == 0 && therm == 0 && end.is_empty() && room.is_none() {
+        if n == 0 && therm == 0 && end.is_empty() {
             // nothing to count: plain rules (llguidance refuses a parameter nothing uses)
             for (rule, comma) in [(&a, ""), (&b, "\",\" ")] {
                 let mut alts = vec!["\"\"".to_string()];
@@ -1191,7 +1321,9 @@ impl Lowerer<'_> {
             _ => format!("\"[\" {item} {rest} \"]\""),
         };
         if let (Some(hi), true) = (max, min > max.unwrap_or(usize::MAX)) {
-            return Err(format!("`minItems` above `maxItems` ({hi}) at `{ptr}`"));
+            return Err(format!(
+                "{UNSATISFIABLE}`minItems` above `maxItems` ({hi}) at `{ptr}`"
+            ));
         }
         let _ = writeln!(self.rules, "{name}: {body}");
         Ok(name)
@@ -1202,7 +1334,7 @@ impl Lowerer<'_> {
         let mut leaf = match v {
             Value::Object(_) => v.clone(),
             Value::Bool(true) => Value::Object(Map::new()),
-            Value::Bool(false) => return Err("a `false` subschema".into()),
+            Value::Bool(false) => return Err(format!("{UNSATISFIABLE}a `false` subschema")),
             _ => return Err("a subschema that is not an object".into()),
         };
         let mut defs = Map::new();
@@ -1355,11 +1487,7 @@ mod tests {
         assert_eq!(l.objects, 2, "{}", l.lark);
         assert_eq!(l.kept.len(), 1);
         assert_eq!(l.kept[0].pointer, "/properties/b");
-        assert!(
-            l.kept[0].reason.contains("propertyNames"),
-            "{:?}",
-            l.kept
-        );
+        assert!(l.kept[0].reason.contains("propertyNames"), "{:?}", l.kept);
     }
 
     #[test]

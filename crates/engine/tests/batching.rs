@@ -439,6 +439,8 @@ fn the_trace_header_records_the_schema_mode_and_report() {
         "relaxed"
     );
     assert_eq!(v["schema"]["mode"], "relaxed");
+    // relaxed mode takes object properties in any order (nothing to reorder here)
+    assert_eq!(v["schema"]["property_order"], "any");
     assert_eq!(v["schema"]["post_validation"][0]["keyword"], "uniqueItems");
     let text = serde_json::to_string(&h).unwrap();
     let (back, _) = nextok_engine::trace::parse(&text).unwrap();

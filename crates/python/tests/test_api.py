@@ -275,3 +275,26 @@ def test_a_sampler_without_a_vocab_refuses_what_needs_token_bytes() -> None:
     with pytest.raises(nextok.InvalidParameter) as e:
         nextok.Sampler("reference", max_tokens=0)
     assert e.value.field == "max_tokens"
+
+
+def test_json_schema_property_order() -> None:
+    """`options.property_order`: "any" takes an object's keys in any order, "schema" in the schema's."""
+    names = ['{"a":1', ',"b":2', '{"b":2', ',"a":1', "}", "<eos>"]
+    vocab = nextok.Vocab.from_token_bytes(names, eos_token_ids=[5], special_token_ids=[5])
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
+    # b first: 2, 3, 4, then EOS
+    x = np.array([0.0, 0.0, 3.0, 2.0, 1.0, 0.5], dtype=np.float32)
+    outputs = {}
+    for order in ("any", "schema"):
+        spec = {"type": "json_schema", "schema": schema, "options": {"property_order": order}}
+        s = nextok.Sampler(nextok.Pipeline(temperature=0.0), vocab, spec)
+        st = s.new_state()
+        out = []
+        while not st.finished and len(out) < 8:
+            out.append(s.step(x, st).token)
+        outputs[order] = vocab.decode(out)
+    assert outputs["any"] == b'{"b":2,"a":1}'
+    assert outputs["schema"] == b'{"a":1,"b":2}'
+    with pytest.raises(nextok.InvalidParameter):
+        spec = {"type": "json_schema", "schema": schema, "options": {"property_order": "sorted"}}
+        nextok.Sampler(nextok.Pipeline(temperature=0.0), vocab, spec)

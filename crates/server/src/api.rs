@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use nextok_constraint::SchemaMode;
+use nextok_constraint::{PropertyOrder, SchemaMode};
 use nextok_core::pipeline::GrammarPolicy;
 use nextok_core::{Layer, PipelineConfig, Preset, SamplingParams};
 use nextok_engine::speculative::{Acceptance, SpecOptions};
@@ -129,6 +129,7 @@ const COMMON: &[&str] = &[
     "nextok_speculative",
     "nextok_spec_acceptance",
     "nextok_schema_mode",
+    "nextok_property_order",
 ];
 const CHAT_ONLY: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
 const COMPLETIONS_ONLY: &[&str] = &["prompt", "echo", "suffix", "best_of"];
@@ -378,12 +379,25 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
 
     // the constraint: one source at most
     let (mut constraint, constraint_param) = constraint(obj)?;
-    if let Some(mode) = nx.schema_mode {
+    for (field, set) in [
+        ("schema_mode", nx.schema_mode.is_some()),
+        ("property_order", nx.property_order.is_some()),
+    ] {
+        if !set {
+            continue;
+        }
         match &mut constraint {
-            Some(ConstraintSpec::JsonSchema { options, .. }) => options.schema_mode = mode,
+            Some(ConstraintSpec::JsonSchema { options, .. }) => {
+                if let Some(mode) = nx.schema_mode {
+                    options.schema_mode = mode;
+                }
+                if let Some(order) = nx.property_order {
+                    options.property_order = Some(order);
+                }
+            }
             _ => {
                 return Err(ApiError::invalid(
-                    format!("{}schema_mode", nx.prefix),
+                    format!("{}{field}", nx.prefix),
                     "applies to a JSON-schema constraint (response_format json_schema, \
                      structured_outputs.json, guided_json), and the request has none",
                 ))
@@ -544,12 +558,14 @@ struct NextokOptions {
     speculative: Option<Option<SpecOptions>>,
     /// `strict` or `relaxed`, for a JSON-schema constraint.
     schema_mode: Option<SchemaMode>,
+    /// `schema` or `any`, for a JSON-schema constraint.
+    property_order: Option<PropertyOrder>,
     /// `nextok.` or `nextok_`, as the request named them.
     prefix: &'static str,
 }
 
 /// nextok's option names (in the `nextok` object, or with a `nextok_` prefix).
-const NEXTOK_OPTIONS: [&str; 7] = [
+const NEXTOK_OPTIONS: [&str; 8] = [
     "pipeline",
     "logprob_layer",
     "grammar_policy",
@@ -557,6 +573,7 @@ const NEXTOK_OPTIONS: [&str; 7] = [
     "speculative",
     "spec_acceptance",
     "schema_mode",
+    "property_order",
 ];
 
 fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
@@ -630,6 +647,13 @@ fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
             Some(m) => Some(
                 m.parse()
                     .map_err(|e: String| ApiError::invalid(name("schema_mode"), e))?,
+            ),
+            None => None,
+        },
+        property_order: match get::<String>(&src, "property_order", &name("property_order"))? {
+            Some(m) => Some(
+                m.parse()
+                    .map_err(|e: String| ApiError::invalid(name("property_order"), e))?,
             ),
             None => None,
         },

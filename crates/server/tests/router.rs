@@ -527,6 +527,51 @@ async fn shutdown_lets_a_running_stream_finish_and_refuses_new_connections() {
 }
 
 #[tokio::test]
+async fn property_order_is_a_request_option_and_reported() {
+    let Some((app, _)) = app() else { return };
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"},
+                        "b": {"type": "integer"}}, "required": ["a", "b"]});
+    let msgs = json!([{"role": "user", "content": "Two numbers as JSON."}]);
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "d", "schema": schema}});
+    for (order, flat) in [("any", false), ("schema", true)] {
+        let mut body = json!({"messages": msgs, "response_format": rf, "max_tokens": 30,
+                              "seed": 3, "temperature": 1.0});
+        if flat {
+            body["nextok_property_order"] = json!(order);
+        } else {
+            body["nextok"] = json!({"property_order": order});
+        }
+        let (status, _, out) = call(&app, post("/v1/chat/completions", &body)).await;
+        assert_eq!(status, StatusCode::OK, "{out}");
+        assert_eq!(out["nextok"]["schema"]["property_order"], order, "{out}");
+        if order == "any" {
+            assert_eq!(out["nextok"]["schema"]["objects_any_order"], 1, "{out}");
+        }
+    }
+    // strict mode defaults to schema order, relaxed to any
+    let body = json!({"messages": msgs, "response_format": rf, "max_tokens": 30,
+                      "nextok": {"schema_mode": "relaxed"}});
+    let (status, _, out) = call(&app, post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["nextok"]["schema"]["property_order"], "any", "{out}");
+    // a bad value, and the option without a JSON schema
+    for (body, param) in [
+        (
+            json!({"messages": msgs, "response_format": rf, "nextok": {"property_order": "sorted"}}),
+            "nextok.property_order",
+        ),
+        (
+            json!({"messages": msgs, "nextok_property_order": "any"}),
+            "nextok_property_order",
+        ),
+    ] {
+        let (status, _, out) = call(&app, post("/v1/chat/completions", &body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+        assert_eq!(out["error"]["param"], param, "{out}");
+    }
+}
+
+#[tokio::test]
 async fn relaxed_schema_mode_reports_and_validates() {
     let Some((app, _)) = app() else { return };
     let schema = json!({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
