@@ -346,26 +346,27 @@ impl ConstraintEngine {
             schema::relax_refused(&mut p, "oneOf");
         }
         for _ in 0..8 {
+            // in any order, the lowered grammar first: when it compiles, the ordered one is not
+            // needed (its leaves are the JSON compiler's, so a keyword it refuses fails both
+            // and is relaxed below)
+            let order = self.any_order(&p.schema, &opts);
+            if matches!(order, Some(AnyOrder::Lowered { .. })) {
+                return self.schema_done(original, p, mode, None, order);
+            }
             let g = TopLevelGrammar::from_json_schema(json_with_options(p.schema.clone(), &opts)?);
             match llg::compile(&self.factory, g, &self.limits, "json_schema") {
                 Ok((m, _)) => {
-                    let order = self.any_order(&p.schema, &opts);
                     return self.schema_done(original, p, mode, Some(m), order);
                 }
                 Err(e) if e.kind() == ConstraintErrorKind::Unsupported => {
                     let keyword = e.keyword().unwrap_or_default();
-                    if keyword == "minProperties/maxProperties"
-                        && opts.effective_property_order() == PropertyOrder::Any
+                    // counted properties the ordered grammar refuses, in a schema the
+                    // any-order one found unsatisfiable: say that
+                    if let (Some(AnyOrder::Kept(why)), "minProperties/maxProperties") =
+                        (&order, keyword)
                     {
-                        // the any-order grammar counts properties, which the ordered one cannot
-                        let order = self.any_order(&p.schema, &opts);
-                        if matches!(order, Some(AnyOrder::Lowered { .. })) {
-                            return self.schema_done(original, p, mode, None, order);
-                        }
-                        if let Some(AnyOrder::Kept(why)) = &order {
-                            if let Some(why) = why.strip_prefix(property_order::UNSATISFIABLE) {
-                                return Err(ConstraintError::unsatisfiable(why));
-                            }
+                        if let Some(why) = why.strip_prefix(property_order::UNSATISFIABLE) {
+                            return Err(ConstraintError::unsatisfiable(why));
                         }
                     }
                     if mode == SchemaMode::Relaxed {
@@ -497,7 +498,15 @@ impl ConstraintEngine {
                         objects: l.objects,
                         kept: l.kept,
                     },
-                    Err(e) => AnyOrder::Kept(format!("the any-order grammar did not compile: {e}")),
+                    Err(e) => {
+                        // the first line, bounded (llguidance may append a backtrace)
+                        let e = e.to_string();
+                        let first = e.lines().next().unwrap_or_default();
+                        AnyOrder::Kept(format!(
+                            "the any-order grammar did not compile: {}",
+                            crate::error::bounded_text(first)
+                        ))
+                    }
                 }
             }
             Err(why) => AnyOrder::Kept(why),

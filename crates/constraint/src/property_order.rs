@@ -102,6 +102,10 @@ pub struct LowerOptions {
     pub x_guidance: Value,
 }
 
+/// How many times over the schema's own size its leaves may copy (with the definitions their
+/// `$ref`s reach) before the lowering gives up and the schema keeps schema order.
+pub const LEAF_COPIES: usize = 16;
+
 /// How a lowering error that means "no value meets the schema" begins.
 pub const UNSATISFIABLE: &str = "unsatisfiable: ";
 
@@ -224,9 +228,13 @@ const STRING_BODY: &str = r#"(?:[^"\\\x00-\x1F]|\\["\\bfnrt]|\\u(?:[0-9a-ce-fA-C
 /// when no object in it has an order to relax (the JSON compiler's grammar is then exact);
 /// `Err` when the schema cannot be lowered at all (a `$ref` outside the document).
 pub fn lower(schema: &Value, o: &LowerOptions) -> Result<Option<Lowered>, String> {
+    // leaves carry copies of the definitions their `$ref`s reach: bounded against the schema
+    let size = serde_json::to_string(schema).map_or(0, |t| t.len());
     let mut l = Lowerer {
         root: schema,
         o,
+        leaf_budget: size.saturating_mul(LEAF_COPIES).saturating_add(1 << 16),
+        term_names: HashMap::new(),
         rules: String::new(),
         terminals: String::new(),
         next: 0,
@@ -258,6 +266,10 @@ pub fn lower(schema: &Value, o: &LowerOptions) -> Result<Option<Lowered>, String
 struct Lowerer<'a> {
     root: &'a Value,
     o: &'a LowerOptions,
+    /// Bytes of leaf text still allowed.
+    leaf_budget: usize,
+    /// Terminal definition (or leaf text) → its name: one per distinct definition.
+    term_names: HashMap<String, String>,
     rules: String,
     terminals: String,
     next: usize,
@@ -907,6 +919,17 @@ impl Lowerer<'_> {
         Some(out)
     }
 
+    /// The terminal defined as `def` (one per distinct definition), named `prefix` + a number.
+    fn terminal(&mut self, prefix: &str, def: String) -> String {
+        if let Some(t) = self.term_names.get(&def) {
+            return t.clone();
+        }
+        let t = format!("{prefix}{}", self.fresh());
+        let _ = writeln!(self.terminals, "{t}: {def}");
+        self.term_names.insert(def, t.clone());
+        t
+    }
+
     /// The rule for exactly the JSON value `v`, its objects' keys in any order.
     fn constant(&mut self, v: &Value) -> Result<String, String> {
         if !value_needs(v) {
@@ -1006,6 +1029,14 @@ impl Lowerer<'_> {
             Some(Value::Object(p)) => p.iter().collect(),
             Some(_) => return keep(self, "`patternProperties` is not an object".into()),
         };
+        // several patterns may overlap (a key matching two must meet both schemas): left to
+        // the JSON compiler, which decides whether they do
+        if patterns.len() > 1 {
+            return keep(
+                self,
+                "several `patternProperties`: their overlap is left to the JSON compiler".into(),
+            );
+        }
         // per pattern: the declared names it matches, and when keys must be told apart by it
         // (an additional key matches no pattern; a pattern key is no declared name), its
         // regex over raw key text: such keys are then written without escapes
@@ -1156,18 +1187,29 @@ impl Lowerer<'_> {
                 None => self.leaf(&Value::Object(Map::new()))?,
             });
         }
+        // terminals, shared between objects with the same definition
+        let mut names = Vec::with_capacity(n + forbidden.len());
+        for (k, _) in &declared {
+            names.push(self.terminal("K", format!("/{}/", key_regex(k))));
+        }
+        let mut all_names = names.clone();
+        for k in &forbidden {
+            all_names.push(self.terminal("K", format!("/{}/", key_regex(k))));
+        }
+        let not_names = if all_names.is_empty() {
+            String::new()
+        } else {
+            format!(" & ~({})", all_names.join(" | "))
+        };
         // keys beyond the declared ones: (key, value) per pattern, then the additional ones
         let mut extras: Vec<(String, String)> = Vec::new();
-        let mut pattern_keys: Vec<(String, usize)> = Vec::new();
         for (j, (pat, sch)) in patterns.iter().enumerate() {
             if matches!(sch, Value::Bool(false)) {
                 continue;
             }
-            let k = if raw[j].is_some() && !matched[j].is_empty() {
-                // a terminal, defined with the declared names below
-                let t = format!("P{id}_{j}");
-                pattern_keys.push((t.clone(), j));
-                t
+            let k = if let (Some(rx), false) = (&raw[j], matched[j].is_empty()) {
+                // a key the pattern matches that no declared name spells
+                self.terminal("P", format!("/{RAW_KEY}/ & /{rx}/{not_names}"))
             } else {
                 let mut key = Map::new();
                 key.insert("type".into(), Value::String("string".into()));
@@ -1177,50 +1219,24 @@ impl Lowerer<'_> {
             let v = self.node(sch, &child(&child(ptr, "patternProperties"), pat))?;
             extras.push((k, v));
         }
-        let xname = format!("X{id}");
         if additional_allowed {
+            let pats: Vec<String> = raw.iter().flatten().map(|r| format!("/{r}/")).collect();
+            let xname = if pats.is_empty() {
+                let body = format!("/\"{}\"/", STRING_BODY.replace('/', "\\/"));
+                self.terminal("X", format!("{body}{not_names}"))
+            } else {
+                self.terminal(
+                    "X",
+                    format!("/{RAW_KEY}/{not_names} & ~({})", pats.join(" | ")),
+                )
+            };
             let v = match additional {
                 Some(s @ Value::Object(_)) => {
                     self.node(s, &format!("{ptr}/additionalProperties"))?
                 }
                 _ => self.leaf(&Value::Object(Map::new()))?,
             };
-            extras.push((xname.clone(), v));
-        }
-        // terminals
-        let mut names = Vec::with_capacity(n + forbidden.len());
-        for (i, (k, _)) in declared.iter().enumerate() {
-            let t = format!("K{id}_{i}");
-            let _ = writeln!(self.terminals, "{t}: /{}/", key_regex(k));
-            names.push(t);
-        }
-        let mut all_names = names.clone();
-        for (i, k) in forbidden.iter().enumerate() {
-            let t = format!("F{id}_{i}");
-            let _ = writeln!(self.terminals, "{t}: /{}/", key_regex(k));
-            all_names.push(t);
-        }
-        let not_names = if all_names.is_empty() {
-            String::new()
-        } else {
-            format!(" & ~({})", all_names.join(" | "))
-        };
-        for (t, j) in &pattern_keys {
-            let rx = raw[*j].as_deref().unwrap_or_default();
-            let _ = writeln!(self.terminals, "{t}: /{RAW_KEY}/ & /{rx}/{not_names}");
-        }
-        if additional_allowed {
-            let pats: Vec<String> = raw.iter().flatten().map(|r| format!("/{r}/")).collect();
-            if pats.is_empty() {
-                let body = format!("/\"{}\"/", STRING_BODY.replace('/', "\\/"));
-                let _ = writeln!(self.terminals, "{xname}: {body}{not_names}");
-            } else {
-                let _ = writeln!(
-                    self.terminals,
-                    "{xname}: /{RAW_KEY}/{not_names} & ~({})",
-                    pats.join(" | ")
-                );
-            }
+            extras.push((xname, v));
         }
         // conditions
         let mut end = Vec::new();
@@ -1363,8 +1379,18 @@ impl Lowerer<'_> {
             }
             m.insert("x-guidance".into(), self.o.x_guidance.clone());
         }
-        let name = format!("j{}", self.fresh());
         let text = serde_json::to_string(&leaf).map_err(|e| e.to_string())?;
+        if let Some(name) = self.term_names.get(&text) {
+            return Ok(name.clone());
+        }
+        let name = format!("j{}", self.fresh());
+        self.term_names.insert(text.clone(), name.clone());
+        self.leaf_budget = self.leaf_budget.checked_sub(text.len()).ok_or_else(|| {
+            format!(
+                "the any-order grammar would copy the definitions its leaves use more than \
+                 {LEAF_COPIES} times over"
+            )
+        })?;
         let _ = writeln!(self.rules, "{name}: %json {text}");
         Ok(name)
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use nextok_constraint::{
     ConstraintEngine, ConstraintError, ConstraintErrorKind, ConstraintSpec, ConstraintVocab,
-    LimitKind,
+    JsonOptions, LimitKind, PropertyOrder,
 };
 use nextok_core::{TokenBytes, VocabInfo};
 use serde_json::json;
@@ -84,6 +84,76 @@ fn long_rule_chains_compile_on_the_compilers_stack() {
     e.compile(&lark_chain(max - 2)).unwrap();
     e.compile(&schema_chain(e.limits().max_schema_objects / 3 - 2))
         .unwrap();
+}
+
+#[test]
+fn any_property_order_takes_long_chains_and_bounds_its_copies() {
+    let e = engine();
+    let any = |spec: ConstraintSpec| match spec {
+        ConstraintSpec::JsonSchema { schema, .. } => ConstraintSpec::JsonSchema {
+            schema,
+            options: JsonOptions {
+                property_order: Some(PropertyOrder::Any),
+                ..Default::default()
+            },
+        },
+        other => other,
+    };
+    // every object of a chain of 1,000 lowered
+    let c = e
+        .compile(&any(schema_chain(1_000)))
+        .unwrap_or_else(|err| panic!("{err}"));
+    let r = c.schema_report().unwrap();
+    assert_eq!(r.property_order, PropertyOrder::Any, "{:?}", r.order_kept);
+    assert_eq!(r.objects_any_order, 1_000, "{:?}", r.order_kept);
+    let _ = c.start();
+    // at the limit of schema objects, the any-order grammar is past llguidance's grammar size:
+    // the schema keeps schema order, and the report says why in a line
+    let c = e
+        .compile(&any(schema_chain(e.limits().max_schema_objects / 3 - 2)))
+        .unwrap_or_else(|err| panic!("{err}"));
+    let r = c.schema_report().unwrap();
+    if r.property_order == PropertyOrder::Schema {
+        let why = &r.order_kept[0].reason;
+        assert!(
+            why.contains("did not compile") && !why.contains('\n'),
+            "{why}"
+        );
+    }
+    let _ = c.start();
+    // 50 leaves, each reaching 300 definitions: the copies are bounded, and the schema keeps
+    // schema order saying why
+    let mut defs = serde_json::Map::new();
+    for i in 0..300 {
+        let next = if i + 1 < 300 {
+            json!({"$ref": format!("#/$defs/d{}", i + 1)})
+        } else {
+            json!({"type": "integer"})
+        };
+        defs.insert(format!("d{i}"), json!({"type": "array", "items": next}));
+    }
+    let mut props = serde_json::Map::new();
+    for i in 0..50 {
+        // distinct leaves (identical ones are shared), each reaching every definition
+        props.insert(
+            format!("p{i}"),
+            json!({"type": "array", "items": {"$ref": "#/$defs/d0"}, "maxItems": i + 1}),
+        );
+    }
+    let spec = any(ConstraintSpec::JsonSchema {
+        schema: json!({"type": "object", "properties": props, "$defs": defs}),
+        options: Default::default(),
+    });
+    let t = std::time::Instant::now();
+    let c = e.compile(&spec).unwrap_or_else(|err| panic!("{err}"));
+    let r = c.schema_report().unwrap();
+    assert_eq!(r.property_order, PropertyOrder::Schema);
+    assert!(
+        r.order_kept[0].reason.contains("times over"),
+        "{:?}",
+        r.order_kept
+    );
+    assert!(t.elapsed().as_secs() < 10, "{:?}", t.elapsed());
 }
 
 #[test]
