@@ -479,10 +479,22 @@ impl ConstraintEngine {
             Ok(Value::Object(mut m)) => m.remove("x-guidance").unwrap_or_default(),
             _ => return Some(AnyOrder::Kept("the JSON options".into())),
         };
+        let disjoint = |pats: &[&str]| {
+            let m: serde_json::Map<String, Value> = pats
+                .iter()
+                .map(|p| (p.to_string(), Value::Object(Default::default())))
+                .collect();
+            let g = TopLevelGrammar::from_json_schema(serde_json::json!({
+                "type": "object",
+                "patternProperties": m,
+            }));
+            llg::compile(&self.factory, g, &self.limits, "json_schema").is_ok()
+        };
         let lo = property_order::LowerOptions {
             whitespace_flexible: !o.compact,
             coerce_one_of: o.coerce_one_of,
             x_guidance,
+            disjoint: &disjoint,
         };
         Some(match property_order::lower(schema, &lo) {
             Ok(None) => AnyOrder::NothingToLower,

@@ -91,15 +91,18 @@ pub struct Lowered {
     pub kept: Vec<OrderKept>,
 }
 
-/// How the JSON compiler spells whitespace and separators.
-#[derive(Debug, Clone)]
-pub struct LowerOptions {
+/// How the JSON compiler spells whitespace and separators, and what it decides for the
+/// lowering.
+pub struct LowerOptions<'a> {
     /// Any JSON whitespace between lexemes (else none).
     pub whitespace_flexible: bool,
     /// Read `oneOf` as `anyOf`.
     pub coerce_one_of: bool,
     /// llguidance's JSON options, put in every leaf as `x-guidance`.
     pub x_guidance: Value,
+    /// Whether these `patternProperties` patterns are disjoint (no key matches two), as the
+    /// JSON compiler decides it (it refuses overlapping ones).
+    pub disjoint: &'a dyn Fn(&[&str]) -> bool,
 }
 
 /// How many times over the schema's own size its leaves may copy (with the definitions their
@@ -265,7 +268,7 @@ pub fn lower(schema: &Value, o: &LowerOptions) -> Result<Option<Lowered>, String
 
 struct Lowerer<'a> {
     root: &'a Value,
-    o: &'a LowerOptions,
+    o: &'a LowerOptions<'a>,
     /// Bytes of leaf text still allowed.
     leaf_budget: usize,
     /// Terminal definition (or leaf text) → its name: one per distinct definition.
@@ -1029,13 +1032,16 @@ impl Lowerer<'_> {
             Some(Value::Object(p)) => p.iter().collect(),
             Some(_) => return keep(self, "`patternProperties` is not an object".into()),
         };
-        // several patterns may overlap (a key matching two must meet both schemas): left to
-        // the JSON compiler, which decides whether they do
+        // a key matching two patterns would have to meet both schemas: several patterns only
+        // when no key matches two (as the JSON compiler decides it)
         if patterns.len() > 1 {
-            return keep(
-                self,
-                "several `patternProperties`: their overlap is left to the JSON compiler".into(),
-            );
+            let pats: Vec<&str> = patterns.iter().map(|(p, _)| p.as_str()).collect();
+            if !(self.o.disjoint)(&pats) {
+                return keep(
+                    self,
+                    "`patternProperties` whose patterns overlap: left to the JSON compiler".into(),
+                );
+            }
         }
         // per pattern: the declared names it matches, and when keys must be told apart by it
         // (an additional key matches no pattern; a pattern key is no declared name), its
@@ -1464,11 +1470,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn opts() -> LowerOptions {
+    fn opts() -> LowerOptions<'static> {
         LowerOptions {
             whitespace_flexible: true,
             coerce_one_of: false,
             x_guidance: json!({}),
+            disjoint: &|_| false,
         }
     }
 

@@ -297,6 +297,39 @@ fn escaped_names_duplicates_required_and_counts() {
     ] {
         assert!(!accepts(&c, bad), "accepted: {bad}");
     }
+    // several patterns: lowered when no key matches two, else left to the JSON compiler
+    let two = |a: &str, b: &str| {
+        json!({"type": "object", "properties": {"k": {"type": "integer"}},
+               "patternProperties": {a: {"type": "integer"}, b: {"type": "boolean"}},
+               "additionalProperties": false})
+    };
+    let c = engine
+        .compile(&any_order(&two("^x", "^y"), SchemaMode::Strict))
+        .unwrap();
+    let r = c.schema_report().unwrap();
+    assert!(
+        r.order_kept.is_empty() && r.objects_any_order == 1,
+        "{:?}",
+        r.order_kept
+    );
+    assert!(accepts(&c, r#"{"y1":true,"x1":1,"k":2}"#));
+    assert!(!accepts(&c, r#"{"y1":1,"k":2}"#) && !accepts(&c, r#"{"z":1}"#));
+    // overlapping ones: refused in strict mode as in schema order; relaxed mode drops them
+    // (checked after generation) and lowers the rest
+    let e = engine
+        .compile(&any_order(&two("^x", "1$"), SchemaMode::Strict))
+        .unwrap_err();
+    assert_eq!(e.kind(), ConstraintErrorKind::Unsupported, "{e}");
+    assert!(e.to_string().contains("patternProperties"), "{e}");
+    let c = engine
+        .compile(&any_order(&two("^x", "1$"), SchemaMode::Relaxed))
+        .unwrap();
+    let r = c.schema_report().unwrap();
+    assert_eq!(
+        r.post_keywords(),
+        ["additionalProperties", "patternProperties"]
+    );
+    assert!(accepts(&c, r#"{"x1":true,"k":2}"#));
     // schema order, asked for, still refuses another order; relaxed mode defaults to any
     let ordered = ConstraintSpec::JsonSchema {
         schema: json!({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a", "b"]}),
