@@ -24,14 +24,21 @@
 //! additional properties allowed, each additional key sets the next bit of a thermometer code
 //! above the declared keys, so the bit count stays the property count.
 //!
-//! The lowering recurses through `properties`, `additionalProperties`, array `items`,
-//! `anyOf` (and `oneOf` when it is read as `anyOf`), single-branch `allOf` and `$ref` (one rule
-//! per referenced pointer, so recursive schemas stay finite). Every other subschema is a leaf,
-//! compiled by llguidance's own JSON compiler (`%json { … }`) with the same options (and the
-//! definitions its `$ref`s reach, moved under `$defs`). Whitespace and separators are the JSON
-//! compiler's. An object the lowering cannot express (more than 64 keys and counters, a keyword
-//! beside `properties` that is not one of those above) stays inside a leaf, in schema order,
-//! and [`Lowered::kept`] says which and why.
+//! The lowering recurses through `properties`, `patternProperties` (several when the JSON
+//! compiler finds them disjoint), `additionalProperties`, array `items`, `anyOf` (and `oneOf`
+//! when it is read as `anyOf`), `allOf`, `$ref` (one rule per referenced pointer, so recursive
+//! schemas stay finite), object keywords beside `anyOf` / `oneOf` / `allOf` / `$ref` (merged as
+//! JSON Schema reads them) and `enum` / `const` values with objects. Every other subschema is a
+//! leaf, compiled by llguidance's own JSON compiler (`%json { … }`) with the same options (and
+//! the definitions its `$ref`s reach, moved under `$defs`); identical leaves and terminals are
+//! shared. Whitespace and separators are the JSON compiler's. An object the lowering cannot
+//! express (more than 64 keys and counters, a keyword beside `properties` it does not merge)
+//! stays inside a leaf, in schema order, and [`Lowered::kept`] says which and why.
+//!
+//! Keys the schema does not declare are not tracked (there are unboundedly many): one written
+//! twice is accepted, as a JSON parser keeps its last value. With `patternProperties` and
+//! additional properties both allowed, an additional key must match no pattern; that is checked
+//! on its raw text, so such a key is written without escapes.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
