@@ -199,23 +199,20 @@ fn llama3_schema_modes_escapes_and_order() {
     let schema = r#"{"type":"object","properties":{"a":{"type":"string"},
         "tags":{"type":"array","items":{"type":"string"},"uniqueItems":true}},
         "required":["a","tags"]}"#;
-    let run_order = |mode: &str, order: Option<&str>, text: &str| {
-        let mut args = vec![
-            "constrain",
-            "--tokenizer",
-            &t,
-            "--json-schema",
-            schema,
-            "--schema-mode",
-            mode,
-            "--text",
-            text,
-        ];
+    // `nextok constrain` on `schema`, with `--schema-mode` and `--property-order` when given
+    let constrain = |schema: &str, mode: Option<&str>, order: Option<&str>, text: &str| {
+        let mut args = vec!["constrain", "--tokenizer", &t, "--json-schema", schema];
+        if let Some(m) = mode {
+            args.extend(["--schema-mode", m]);
+        }
         if let Some(o) = order {
             args.extend(["--property-order", o]);
         }
+        args.extend(["--text", text]);
         nextok(&args)
     };
+    let run_order =
+        |mode: &str, order: Option<&str>, text: &str| constrain(schema, Some(mode), order, text);
     let run = |mode: &str, text: &str| run_order(mode, None, text);
     // strict: refused, naming the keyword and where it is
     let (code, _, err) = run("strict", r#"{"a": "x", "tags": []}"#);
@@ -247,21 +244,7 @@ fn llama3_schema_modes_escapes_and_order() {
     assert!(out.contains("order the schema lists them"), "{out}");
     // strict mode in any order, on a schema strict mode takes
     let strict_schema = r#"{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"integer"}},"required":["a","b"]}"#;
-    let strict = |order: Option<&str>, text: &str| {
-        let mut args = vec![
-            "constrain",
-            "--tokenizer",
-            &t,
-            "--json-schema",
-            strict_schema,
-            "--text",
-            text,
-        ];
-        if let Some(o) = order {
-            args.extend(["--property-order", o]);
-        }
-        nextok(&args)
-    };
+    let strict = |order: Option<&str>, text: &str| constrain(strict_schema, None, order, text);
     assert_eq!(strict(None, r#"{"b": 1, "a": "x"}"#).0, 1);
     let (code, out, err) = strict(Some("any"), r#"{"b": 1, "a": "x"}"#);
     assert_eq!(code, 0, "{out}{err}");

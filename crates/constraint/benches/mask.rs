@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
 use nextok_constraint::{
-    ConstraintEngine, ConstraintSpec, ConstraintVocab, JsonOptions, Limits, LlguidanceBaseline,
-    PropertyOrder, SequenceState,
+    CompiledConstraint, ConstraintEngine, ConstraintSpec, ConstraintVocab, JsonOptions, Limits,
+    LlguidanceBaseline, PropertyOrder, SequenceState,
 };
 use nextok_core::constraint::{bitset_words, ConstraintState};
 use nextok_vocab::encode::Encoder;
@@ -39,6 +39,18 @@ fn direct(engine: &ConstraintEngine, spec: &ConstraintSpec) -> Option<Llguidance
     engine.llguidance_baseline(spec).ok()
 }
 
+/// `spec` compiled and its first mask computed, with the time both took.
+fn first_mask(
+    engine: &ConstraintEngine,
+    spec: &ConstraintSpec,
+) -> Option<(Arc<CompiledConstraint>, Duration)> {
+    let t0 = Instant::now();
+    let c = engine.compile(spec).ok()?;
+    let mut mask = vec![0u64; bitset_words(engine.vocab().vocab_size())];
+    c.start().fill_mask(&mut mask).ok()?;
+    Some((c, t0.elapsed()))
+}
+
 /// Per-token mask times for the wrapper and for llguidance, interleaved token by token.
 fn time_sequence(
     engine: &ConstraintEngine,
@@ -48,16 +60,11 @@ fn time_sequence(
     base: &mut Vec<Duration>,
     first: &mut (Vec<Duration>, Vec<Duration>),
 ) -> bool {
-    let t0 = Instant::now();
-    let Ok(c) = engine.compile(spec) else {
+    let Some((c, t)) = first_mask(engine, spec) else {
         return false;
     };
-    let mut s = c.start();
+    first.0.push(t);
     let mut mask = vec![0u64; bitset_words(engine.vocab().vocab_size())];
-    if s.fill_mask(&mut mask).is_err() {
-        return false;
-    }
-    first.0.push(t0.elapsed());
     let t1 = Instant::now();
     let Some(mut m0) = direct(engine, spec) else {
         return false;
@@ -217,10 +224,7 @@ fn summary(engine: &ConstraintEngine, enc: &Encoder) {
         // Compiled once (both sides), then 50 sequences, as a server reuses a constraint.
         let (mut w, mut b) = (Vec::new(), Vec::new());
         let mut mask = vec![0u64; bitset_words(engine.vocab().vocab_size())];
-        let t0 = Instant::now();
-        let c = engine.compile(spec).unwrap();
-        c.start().fill_mask(&mut mask).unwrap();
-        let first_own = t0.elapsed();
+        let (c, first_own) = first_mask(engine, spec).unwrap();
         let t1 = Instant::now();
         let mut m0 = direct(engine, spec).unwrap();
         m0.compute_mask().unwrap();
@@ -254,16 +258,11 @@ fn time_alone(
     out: &mut Vec<Duration>,
     first: &mut Vec<Duration>,
 ) -> bool {
-    let t0 = Instant::now();
-    let Ok(c) = engine.compile(spec) else {
+    let Some((c, t)) = first_mask(engine, spec) else {
         return false;
     };
-    let mut s = c.start();
+    first.push(t);
     let mut mask = vec![0u64; bitset_words(engine.vocab().vocab_size())];
-    if s.fill_mask(&mut mask).is_err() {
-        return false;
-    }
-    first.push(t0.elapsed());
     let mut s = c.start();
     for &t in ids {
         mask.fill(0);

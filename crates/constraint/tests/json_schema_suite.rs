@@ -86,13 +86,7 @@ fn run_dir_with(
 ) -> Report {
     let (engine, enc) = support::llama3().expect("checked by caller");
     let mut r = Report::default();
-    let mut paths: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    paths.sort();
-    for p in paths.into_iter().step_by(sample.max(1)) {
+    for p in support::schema_files(dir, sample) {
         let v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
         r.files += 1;
         let spec = ConstraintSpec::JsonSchema {
@@ -277,21 +271,13 @@ fn hand_written_schemas() {
 /// (default 10, to keep the suite fast in debug builds); `scripts/schema-coverage.sh` runs all.
 #[test]
 fn maskbench_dev_subset() {
-    let dir = support::repo_root().join("../shared/maskbench-dev");
-    if !dir.exists() {
-        eprintln!(
-            "notice: {} absent; skipping the maskbench subset",
-            dir.display()
-        );
+    let Some(dir) = support::maskbench_dir("the maskbench subset") else {
         return;
-    }
+    };
     if support::llama3().is_none() {
         return;
     }
-    let sample = std::env::var("NEXTOK_MASKBENCH_SAMPLE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
+    let sample = support::maskbench_sample();
     // (mode, property order): strict in schema order (its default), relaxed in any order (its
     // default), strict in any order
     let all = [

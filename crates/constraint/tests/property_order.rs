@@ -104,13 +104,7 @@ fn run_maskbench(dir: &Path, sample: usize) -> Tally {
     let (engine, _) = support::llama3().expect("checked by the caller");
     let mut t = Tally::default();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut paths: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    paths.sort();
-    for p in paths.into_iter().step_by(sample.max(1)) {
+    for p in support::schema_files(dir, sample) {
         let v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
         let name = p.file_name().unwrap().to_string_lossy().to_string();
         let Ok(c) = engine.compile(&any_order(&v["schema"], SchemaMode::Relaxed)) else {
@@ -188,22 +182,13 @@ fn run_maskbench(dir: &Path, sample: usize) -> Tally {
 /// The maskbench subset (`NEXTOK_MASKBENCH_SAMPLE=n` checks every n-th schema; default 10).
 #[test]
 fn maskbench_permutations_duplicates_and_missing_keys() {
-    let dir = support::repo_root().join("../shared/maskbench-dev");
-    if !dir.exists() {
-        eprintln!(
-            "notice: {} absent; skipping the maskbench permutations",
-            dir.display()
-        );
+    let Some(dir) = support::maskbench_dir("the maskbench permutations") else {
         return;
-    }
+    };
     if support::llama3().is_none() {
         return;
     }
-    let sample = std::env::var("NEXTOK_MASKBENCH_SAMPLE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
-    let t = run_maskbench(&dir, sample);
+    let t = run_maskbench(&dir, support::maskbench_sample());
     eprintln!(
         "maskbench any order: {} schemas, {} with every object in any order; {} permutations, \
          {} duplicate-key and {} missing-key instances; {} failures",

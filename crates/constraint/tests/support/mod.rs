@@ -62,3 +62,35 @@ pub fn run(state: &mut SequenceState, ids: &[u32]) -> Result<(), usize> {
         Err(ids.len())
     }
 }
+
+/// The maskbench subset beside the repository (`../shared/maskbench-dev`), or `None` with a
+/// notice (naming `what` is skipped) when it is absent.
+pub fn maskbench_dir(what: &str) -> Option<PathBuf> {
+    let dir = repo_root().join("../shared/maskbench-dev");
+    if dir.exists() {
+        Some(dir)
+    } else {
+        eprintln!("notice: {} absent; skipping {what}", dir.display());
+        None
+    }
+}
+
+/// Which schemas a maskbench run checks: every `NEXTOK_MASKBENCH_SAMPLE`-th (default every
+/// 10th, to keep the suite fast in debug builds; `scripts/schema-coverage.sh` runs all).
+pub fn maskbench_sample() -> usize {
+    std::env::var("NEXTOK_MASKBENCH_SAMPLE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10)
+}
+
+/// Every `every`-th `.json` file of `dir`, in name order.
+pub fn schema_files(dir: &std::path::Path, every: usize) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    paths.sort();
+    paths.into_iter().step_by(every.max(1)).collect()
+}
