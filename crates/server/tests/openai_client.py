@@ -215,6 +215,20 @@ def test_json_schema_answer_validates():
         json.loads(r.choices[0].message.content)
 
 
+def test_json_schema_in_any_property_order():
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    r = chat("Give me a person as JSON with name, age and city.", max_tokens=200, temperature=0.7,
+             seed=5, response_format=rf, extra_body={"nextok": {"property_order": "any"}})
+    c = r.choices[0]
+    assert c.finish_reason == "stop", c
+    jsonschema.validate(json.loads(c.message.content), PERSON)
+    report = r.model_extra["nextok"]["schema"]
+    assert report["property_order"] == "any" and report["objects_any_order"] >= 1, report
+    expect_400("nextok.property_order",
+               lambda: chat("x", max_tokens=5, response_format=rf,
+                            extra_body={"nextok": {"property_order": "sorted"}}))
+
+
 def test_vllm_extra_body_and_structured_outputs():
     r = chat("Is the sky blue? Answer yes or no.", max_tokens=5, temperature=0.5, seed=2,
              extra_body={"structured_outputs": {"choice": ["yes", "no"]}, "top_k": 20, "min_p": 0.05,
