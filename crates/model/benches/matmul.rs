@@ -7,6 +7,8 @@
 //! matrices (the feed-forward down projection's shape; 1536 is a multiple of the K-quants' 256);
 //! candle has no BF16 matrices, so that one runs alone. Both sides include quantising the
 //! activations; throughput is in multiply-accumulates (`rows · cols · B`) per second.
+//! Each SIMD kernel level the CPU has runs as its own line (`ours` is the best level,
+//! `ours-avx2` etc. the others).
 //!
 //! Filter with e.g. `cargo bench -p nextok-model --bench matmul -- 'q4_1 576x576'` or
 //! `-- 'q4_k.*/(ours|candle)/(1|64)$'`.
@@ -16,7 +18,7 @@ use candle_core::quantized::{
 };
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use nextok_model::kernels::{matmul, Activations, MatFormat, QMatrix};
+use nextok_model::kernels::{matmul_with, Activations, Level, MatFormat, QMatrix};
 
 const BATCHES: [usize; 5] = [1, 4, 16, 64, 512];
 
@@ -136,12 +138,23 @@ fn bench(c: &mut Criterion) {
             }
             let mut a = Activations::new();
             let mut out = vec![0f32; b * rows];
-            g.bench_with_input(BenchmarkId::new("ours", b), &b, |bench, _| {
-                bench.iter(|| {
-                    a.quantize(&x, b, cols).unwrap();
-                    matmul(&ours, &a, &mut out).unwrap();
-                })
-            });
+            // every SIMD level this CPU has ("ours" is the best, as `matmul` picks it)
+            for level in Level::ALL.into_iter().filter(|l| l.supported()) {
+                if level == Level::Scalar {
+                    continue;
+                }
+                let name = if level == Level::detect() {
+                    "ours".to_string()
+                } else {
+                    format!("ours-{}", level.name())
+                };
+                g.bench_with_input(BenchmarkId::new(name, b), &b, |bench, _| {
+                    bench.iter(|| {
+                        a.quantize(&x, b, cols).unwrap();
+                        matmul_with(level, &ours, &a, &mut out).unwrap();
+                    })
+                });
+            }
         }
         g.finish();
     }

@@ -50,11 +50,21 @@ fn logits_do_not_depend_on_chunks_batch_or_kernel_level() {
             "chunks of {chunk}"
         );
     }
-    assert_eq!(
-        bits(&run(&m, &ids, 5, &mut Scratch::with_level(Level::Scalar))),
-        bits(&reference),
-        "scalar kernels"
-    );
+    for level in Level::ALL {
+        if !level.supported() {
+            eprintln!(
+                "this CPU lacks the {} kernel level: not tested here",
+                level.name()
+            );
+            continue;
+        }
+        assert_eq!(
+            bits(&run(&m, &ids, 5, &mut Scratch::with_level(level))),
+            bits(&reference),
+            "{} kernels",
+            level.name()
+        );
+    }
     // in one batch with two other sequences at other positions
     let w = &m.weights;
     let other = m.encode_prompt("Once upon a time").unwrap();

@@ -19,7 +19,9 @@
 //!
 //! Every output element is computed by the same sequence of floating-point operations whatever
 //! the batch size, whichever tile or remainder path computes it and whichever thread runs it, and
-//! the scalar path ([`Level::Scalar`]) gives the same bits as the AVX2 path ([`Level::Avx2`]).
+//! the scalar path ([`Level::Scalar`]) gives the same bits as the AVX2 path ([`Level::Avx2`]) and
+//! the AVX-512 paths ([`Level::Avx512`], [`Level::Avx512Vnni`]), which only compute the exact
+//! integer sums differently (see `avx512.rs`).
 //! The sequences follow llama.cpp's AVX2 `ggml_vec_dot_*` functions (not bit for bit: llama.cpp
 //! itself differs between its SIMD levels and its `sgemm` path). All `f16` → `f32` and
 //! `bf16` → `f32` conversions are exact. Every integer partial sum named below is exact and
@@ -105,12 +107,13 @@
 pub mod attn;
 mod avx2;
 mod avx2k;
+mod avx512;
 mod scalar;
 #[cfg(test)]
 mod tests;
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -322,30 +325,80 @@ impl MatFormat {
 }
 
 /// Which implementation computes the kernels. All give the same bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Level {
     /// Portable scalar code (the reference).
     Scalar,
-    /// AVX2 + FMA + F16C. Falls back to [`Level::Scalar`] when the CPU lacks them.
+    /// AVX2 + FMA + F16C.
     Avx2,
+    /// AVX-512 F/BW/VL on top of AVX2: the 32-value and K-quant formats two weight rows (or two
+    /// sub-blocks) per register; the others as [`Level::Avx2`].
+    Avx512,
+    /// [`Level::Avx512`] with AVX-512 VNNI: the integer lane sums of the 32-value formats by
+    /// `vpdpbusd`.
+    Avx512Vnni,
+}
+
+/// [`Level::detect`]'s cap (a [`Level`] as `u8`), set by [`set_max_level`].
+static MAX_LEVEL: AtomicU8 = AtomicU8::new(u8::MAX);
+
+/// Makes [`Level::detect`] return at most `level` from now on, process-wide (for benchmarks:
+/// results do not change, only the speed).
+pub fn set_max_level(level: Level) {
+    MAX_LEVEL.store(level as u8, Ordering::Relaxed);
 }
 
 impl Level {
-    /// The best level this CPU supports.
+    /// Every level, lowest first.
+    pub const ALL: [Level; 4] = [Level::Scalar, Level::Avx2, Level::Avx512, Level::Avx512Vnni];
+
+    /// The best level this CPU supports, at most the cap of [`set_max_level`].
     pub fn detect() -> Level {
-        if avx2::available() {
-            Level::Avx2
-        } else {
-            Level::Scalar
+        let cap = MAX_LEVEL.load(Ordering::Relaxed);
+        Level::ALL
+            .into_iter()
+            .rev()
+            .find(|l| (*l as u8) <= cap && l.supported())
+            .unwrap_or(Level::Scalar)
+    }
+
+    /// Whether this CPU can run the level.
+    pub fn supported(self) -> bool {
+        match self {
+            Level::Scalar => true,
+            Level::Avx2 => avx2::available(),
+            Level::Avx512 => avx512::available(),
+            Level::Avx512Vnni => avx512::vnni_available(),
         }
     }
 
-    /// `self`, or [`Level::Scalar`] when the CPU cannot run it.
-    fn effective(self) -> Level {
+    /// The level's name: `scalar`, `avx2`, `avx512`, `avx512-vnni`.
+    pub fn name(self) -> &'static str {
         match self {
-            Level::Avx2 if avx2::available() => Level::Avx2,
-            _ => Level::Scalar,
+            Level::Scalar => "scalar",
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+            Level::Avx512Vnni => "avx512-vnni",
         }
+    }
+
+    /// The level named `name` (see [`Level::name`]).
+    pub fn from_name(name: &str) -> Option<Level> {
+        Level::ALL.into_iter().find(|l| l.name() == name)
+    }
+
+    /// `self`, or the best lower level the CPU can run.
+    fn effective(self) -> Level {
+        Level::ALL
+            .into_iter()
+            .rev()
+            .find(|l| *l <= self && l.supported())
+            .unwrap_or(Level::Scalar)
+    }
+
+    /// Whether an effective level may run the AVX2 code.
+    fn has_avx2(self) -> bool {
+        self >= Level::Avx2
     }
 }
 
@@ -1103,18 +1156,20 @@ impl Activations {
                 let xs: &[f32; BLOCK] = self.x[(b * nb + k) * BLOCK..(b * nb + k + 1) * BLOCK]
                     .try_into()
                     .expect("a block is 32 values");
-                let amax = match level {
+                let amax = if level.has_avx2() {
                     // SAFETY: the caller passed an effective level: the CPU has AVX2, FMA, F16C.
-                    Level::Avx2 => unsafe { avx2::amax(xs) },
-                    Level::Scalar => scalar::amax(xs),
+                    unsafe { avx2::amax(xs) }
+                } else {
+                    scalar::amax(xs)
                 };
                 let d = amax / 127.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 let q = &mut buf.q[b * nb + k].0;
-                let sum = match level {
+                let sum = if level.has_avx2() {
                     // SAFETY: as above.
-                    Level::Avx2 => unsafe { avx2::quantize_block(xs, id, q) },
-                    Level::Scalar => scalar::quantize_block(xs, id, q),
+                    unsafe { avx2::quantize_block(xs, id, q) }
+                } else {
+                    scalar::quantize_block(xs, id, q)
                 };
                 buf.d[b * buf.nbp + k] = f16::from_f32(d).to_f32();
                 buf.s[k * buf.np4 + b] = f16::from_f32(d * sum as f32).to_f32();
@@ -1286,7 +1341,22 @@ unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize
             // Q5_K (10 % faster than one), one for Q6_K (10 % faster than two); more activation
             // rows follow the Q8_0 rule.
             // The last rows of a range go one by one: same operations per element, same bits.
+            // AVX-512 (one session, Zen 4, single thread): the 32-value formats run row pairs,
+            // two pairs for one activation row and for more than `ONE_ROW_TILES_UP_TO`, one pair
+            // in between (Q5_0 640 → 2048: 1.3–1.5× the AVX2 speed at 1–16 rows). Q8_0 keeps the
+            // AVX2 rows up to `ONE_ROW_TILES_UP_TO` activation rows: a matrix that does not fit
+            // in the caches streams fastest one row at a time (65,536 × 640 at one row: 3.1 ms
+            // row by row, 7–8 ms in tiles of four rows, at either level). The K-quants follow
+            // the AVX2 rule (their AVX-512 kernels hold two groups of one row per register).
+            let wide = level >= Level::Avx512
+                && match w.format {
+                    MatFormat::Q4_0 | MatFormat::Q4_1 | MatFormat::Q5_0 | MatFormat::Q5_1 => true,
+                    MatFormat::Q8_0 => a.n > ONE_ROW_TILES_UP_TO,
+                    _ => false,
+                };
             let nr = match (nb, w.format) {
+                _ if wide && (nb == 1 || a.n > ONE_ROW_TILES_UP_TO) => 4,
+                _ if wide => 2,
                 (1, MatFormat::Q4_1) => 4,
                 (1, MatFormat::Q8_0 | MatFormat::Q6_K) => 1,
                 (1, MatFormat::Q4_0 | MatFormat::Q5_0 | MatFormat::Q5_1 | MatFormat::Q4_K) => 4,
@@ -1296,8 +1366,18 @@ unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize
             };
             let mut r = t0;
             while r < t1 {
-                let nr = if r + nr <= t1 { nr } else { 1 };
+                let nr = if r + nr <= t1 {
+                    nr
+                } else if wide && r + 2 <= t1 {
+                    2
+                } else {
+                    1
+                };
                 let res = match level {
+                    // SAFETY: the caller checked that the CPU has AVX-512 F/BW/VL and VNNI.
+                    Level::Avx512Vnni => unsafe { avx512::dot_tile_vnni(w, r, nr, a, b0, nb) },
+                    // SAFETY: the caller checked that the CPU has AVX-512 F/BW/VL.
+                    Level::Avx512 => unsafe { avx512::dot_tile(w, r, nr, a, b0, nb) },
                     // SAFETY: the caller checked that the CPU has AVX2, FMA and F16C.
                     Level::Avx2 => unsafe { avx2::dot_tile(w, r, nr, a, b0, nb) },
                     Level::Scalar => scalar::dot_tile(w, r, nr, a, b0, nb),

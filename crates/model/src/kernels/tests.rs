@@ -198,15 +198,17 @@ fn pool(threads: usize) -> rayon::ThreadPool {
         .unwrap()
 }
 
-/// The levels this CPU runs.
+/// The levels this CPU runs; says which it lacks (those are not compared here).
 fn levels() -> Vec<Level> {
-    let mut l = vec![Level::Scalar];
-    if Level::detect() == Level::Avx2 {
-        l.push(Level::Avx2);
-    } else {
-        eprintln!("no AVX2 on this CPU: only the scalar level is compared");
+    let (have, lack): (Vec<Level>, Vec<Level>) =
+        Level::ALL.into_iter().partition(|l| l.supported());
+    for l in &lack {
+        eprintln!(
+            "this CPU lacks the {} kernel level: it is not compared here",
+            l.name()
+        );
     }
-    l
+    have
 }
 
 /// Test shapes of a format: (rows, cols), odd row counts (remainder tiles) and, for the 32-value
@@ -428,9 +430,13 @@ fn every_format_agrees_with_f64_reference() {
 }
 
 #[test]
-fn scalar_and_avx2_agree_bitwise() {
-    if Level::detect() != Level::Avx2 {
-        eprintln!("no AVX2 on this CPU: nothing to compare");
+fn every_simd_level_agrees_with_scalar_bitwise() {
+    let levels: Vec<Level> = levels()
+        .into_iter()
+        .filter(|l| *l != Level::Scalar)
+        .collect();
+    if levels.is_empty() {
+        eprintln!("no SIMD kernel level on this CPU: nothing to compare");
         return;
     }
     let mut rng = Rng(1);
@@ -466,12 +472,14 @@ fn scalar_and_avx2_agree_bitwise() {
                 let mut a = Activations::new();
                 a.quantize_with(Level::Scalar, &x, n, cols).unwrap();
                 let want = run(Level::Scalar, &w, &a);
-                let got = run(Level::Avx2, &w, &a);
-                assert_same(
-                    &got,
-                    &want,
-                    &format!("{format:?} {rows}x{cols} B={n} {extreme}"),
-                );
+                for &level in &levels {
+                    let got = run(level, &w, &a);
+                    assert_same(
+                        &got,
+                        &want,
+                        &format!("{format:?} {rows}x{cols} B={n} {extreme} {}", level.name()),
+                    );
+                }
             }
         }
     }

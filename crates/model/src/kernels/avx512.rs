@@ -1,0 +1,769 @@
+//! AVX-512 kernels (F/BW/VL, and VNNI where the CPU has it), x86-64, selected at run time.
+//!
+//! Every kernel computes exactly the operations of [`super::scalar`] for its format (the order
+//! is spelled out in the [module docs](super)); only the exact integer parts are computed
+//! differently:
+//!
+//! * **32-value formats** (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): one 512-bit register holds block `k`
+//!   of two weight rows (row `2p` in the low 256 bits, row `2p + 1` in the high), against the
+//!   activation block broadcast to both halves, so one instruction stream serves two rows and
+//!   each row keeps its own chain of fused multiply-adds over the blocks, in order. The weight
+//!   quants are taken unsigned, `u = w + o` (`o` = 8 for Q4_0, 16 for Q5_0, 128 for Q8_0, 0 for
+//!   Q4_1/Q5_1), and the lane sum is `Σ u·a − o·Σ a`, both exact. With VNNI both sums are one
+//!   `vpdpbusd` each; without it `vpmaddubsw` + `vpmaddwd` (Q8_0 keeps the sign trick there,
+//!   since `u` up to 255 could saturate `vpmaddubsw`).
+//! * **K-quants** (Q4_K, Q5_K, Q6_K): one register holds two 32-value groups of one super-block
+//!   (`vpmaddubsw`, then `vpmaddwd` by the groups' scales); the two halves are added at the end
+//!   of the super-block, which leaves every lane sum exact. VNNI would not save an instruction
+//!   here (the per-group scale still needs a multiply), so both AVX-512 levels run this code.
+//! * **F16, BF16, F32** and single weight rows run the AVX2 code.
+//!
+//! Callers must have checked [`available`] (or [`vnni_available`] for the VNNI entry point).
+//! On other architectures both are `false` and the entry points forward to the scalar code.
+
+#[cfg(target_arch = "x86_64")]
+pub(super) use imp::*;
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) use fallback::*;
+
+#[cfg(not(target_arch = "x86_64"))]
+mod fallback {
+    use super::super::{scalar, Acts, QMatrix};
+
+    /// Never on this architecture.
+    pub(in super::super) fn available() -> bool {
+        false
+    }
+
+    /// Never on this architecture.
+    pub(in super::super) fn vnni_available() -> bool {
+        false
+    }
+
+    /// Forwards to the scalar code.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only mirrors the x86-64 signature.
+    pub(in super::super) unsafe fn dot_tile(
+        w: &QMatrix,
+        r0: usize,
+        nr: usize,
+        a: &Acts<'_>,
+        b0: usize,
+        n: usize,
+    ) -> [[f32; 4]; 4] {
+        scalar::dot_tile(w, r0, nr, a, b0, n)
+    }
+
+    /// Forwards to the scalar code.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only mirrors the x86-64 signature.
+    pub(in super::super) unsafe fn dot_tile_vnni(
+        w: &QMatrix,
+        r0: usize,
+        nr: usize,
+        a: &Acts<'_>,
+        b0: usize,
+        n: usize,
+    ) -> [[f32; 4]; 4] {
+        scalar::dot_tile(w, r0, nr, a, b0, n)
+    }
+}
+
+// Register tiles are indexed by pair / row and activation (`acc[p][bi]`); index loops read best.
+#[allow(clippy::needless_range_loop)]
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use std::arch::x86_64::*;
+
+    use super::super::{avx2, Acts, Chunk, MatFormat, QMatrix};
+
+    /// Whether this CPU has AVX-512 F, BW and VL (and the AVX2 level's AVX2, FMA, F16C).
+    pub(in super::super) fn available() -> bool {
+        avx2::available()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+    }
+
+    /// Whether this CPU also has AVX-512 VNNI.
+    pub(in super::super) fn vnni_available() -> bool {
+        available() && is_x86_feature_detected!("avx512vnni")
+    }
+
+    /// The dots of weight rows `r0..r0 + nr` with activation rows `b0..b0 + n` (`1 ≤ nr, n ≤ 4`,
+    /// `b0 % 4 == 0`): `res[ri][bi]`, without VNNI.
+    ///
+    /// # Safety
+    /// The CPU must have what [`available`] checks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    #[inline(never)]
+    pub(in super::super) unsafe fn dot_tile(
+        w: &QMatrix,
+        r0: usize,
+        nr: usize,
+        a: &Acts<'_>,
+        b0: usize,
+        n: usize,
+    ) -> [[f32; 4]; 4] {
+        bw::dot_tile(w, r0, nr, a, b0, n)
+    }
+
+    /// As [`dot_tile`], with VNNI.
+    ///
+    /// # Safety
+    /// The CPU must have what [`vnni_available`] checks.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline(never)]
+    pub(in super::super) unsafe fn dot_tile_vnni(
+        w: &QMatrix,
+        r0: usize,
+        nr: usize,
+        a: &Acts<'_>,
+        b0: usize,
+        n: usize,
+    ) -> [[f32; 4]; 4] {
+        vnni::dot_tile(w, r0, nr, a, b0, n)
+    }
+
+    /// `b32` variants.
+    const Q4_0: u8 = 0;
+    const Q4_1: u8 = 1;
+    const Q5_0: u8 = 2;
+    const Q5_1: u8 = 3;
+    const Q8_0: u8 = 4;
+
+    /// Loads one chunk.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn ld(c: &Chunk) -> __m256i {
+        // SAFETY: a `Chunk` is 32 readable bytes aligned to 32.
+        unsafe { _mm256_load_si256(c.0.as_ptr().cast()) }
+    }
+
+    /// The 32-value kernels, the tile dispatch and the shared helpers, compiled once per
+    /// instruction set (`$feat`); the enclosing module supplies the integer dots `dot_u`,
+    /// `dot_q8` and `corr_q8`.
+    macro_rules! kernels {
+        ($feat:tt) => {
+            /// See [`super::dot_tile`]. Even row counts of the 32-value formats run as
+            /// register tiles of one or two row pairs × `n`; K-quants as tiles of 1×n, 2×n
+            /// and 4×1; everything else on the AVX2 code (the same bits).
+            #[target_feature(enable = $feat)]
+            pub(super) fn dot_tile(
+                w: &QMatrix,
+                r0: usize,
+                nr: usize,
+                a: &Acts<'_>,
+                b0: usize,
+                n: usize,
+            ) -> [[f32; 4]; 4] {
+                macro_rules! go {
+                    ($c:expr) => {
+                        match (nr, n) {
+                            (2, 1) => return b32::<{ $c }, 1, 1>(w, r0, a, b0),
+                            (2, 2) => return b32::<{ $c }, 1, 2>(w, r0, a, b0),
+                            (2, 3) => return b32::<{ $c }, 1, 3>(w, r0, a, b0),
+                            (2, 4) => return b32::<{ $c }, 1, 4>(w, r0, a, b0),
+                            (4, 1) => return b32::<{ $c }, 2, 1>(w, r0, a, b0),
+                            (4, 2) => return b32::<{ $c }, 2, 2>(w, r0, a, b0),
+                            (4, 3) => return b32::<{ $c }, 2, 3>(w, r0, a, b0),
+                            (4, 4) => return b32::<{ $c }, 2, 4>(w, r0, a, b0),
+                            _ => {}
+                        }
+                    };
+                }
+                match w.format {
+                    MatFormat::Q4_0 => go!(Q4_0),
+                    MatFormat::Q4_1 => go!(Q4_1),
+                    MatFormat::Q5_0 => go!(Q5_0),
+                    MatFormat::Q5_1 => go!(Q5_1),
+                    MatFormat::Q8_0 => go!(Q8_0),
+                    MatFormat::Q4_K | MatFormat::Q5_K | MatFormat::Q6_K => {
+                        if let Some(res) = super::kq::dot_tile(w, r0, nr, a, b0, n) {
+                            return res;
+                        }
+                    }
+                    MatFormat::F16 | MatFormat::BF16 | MatFormat::F32 => {}
+                }
+                avx2::dot_tile(w, r0, nr, a, b0, n)
+            }
+
+            /// llama.cpp's `hsum_float_8` (see [`super::super::scalar::hsum8`]).
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn hsum8(x: __m256) -> f32 {
+                let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+                let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+                let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+                _mm_cvtss_f32(r)
+            }
+
+            /// One chunk of row `ra` in the low half and of row `rb` in the high half.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn pair(lo: &Chunk, hi: &Chunk) -> __m512i {
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld(lo)), ld(hi))
+            }
+
+            /// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 for weight rows `r0..r0 + 2P` (as `P` pairs)
+            /// and activation rows `b0..b0 + N`.
+            // One function per tile shape: inlined into the dispatch, the kernels spill.
+            #[target_feature(enable = $feat)]
+            #[inline(never)]
+            fn b32<const F: u8, const P: usize, const N: usize>(
+                w: &QMatrix,
+                r0: usize,
+                a: &Acts<'_>,
+                b0: usize,
+            ) -> [[f32; 4]; 4] {
+                let nb = w.nb;
+                let has_min = F == Q4_1 || F == Q5_1;
+                assert!(a.nb == nb && b0 + N <= a.n && r0 + 2 * P <= w.rows && P <= 2);
+                // `s[k · np4 + b0..][..4]` lies inside `s` (len `nb · np4`) for every block `k`:
+                // `b0 % 4 == 0`, `np4 % 4 == 0` and `b0 < np4`.
+                assert!(
+                    !has_min
+                        || (b0.is_multiple_of(4)
+                            && a.np4.is_multiple_of(4)
+                            && b0 < a.np4
+                            && a.s.len() == nb * a.np4)
+                );
+                let rows = 2 * P;
+                let wq: [&[Chunk]; 4] = std::array::from_fn(|i| {
+                    let r = r0 + i.min(rows - 1);
+                    &w.qs[r * w.qchunks..(r + 1) * w.qchunks]
+                });
+                let wd: [&[u16]; 4] = std::array::from_fn(|i| {
+                    let r = r0 + i.min(rows - 1);
+                    &w.d[r * w.nbp..(r + 1) * w.nbp]
+                });
+                let wm: [&[u16]; 4] = std::array::from_fn(|i| {
+                    let r = r0 + i.min(rows - 1);
+                    if has_min {
+                        &w.m[r * w.nbp..(r + 1) * w.nbp]
+                    } else {
+                        &[]
+                    }
+                });
+                let aq: [&[Chunk]; N] =
+                    std::array::from_fn(|i| &a.q[(b0 + i) * nb..(b0 + i + 1) * nb]);
+                let ad: [&[f32]; N] =
+                    std::array::from_fn(|i| &a.d[(b0 + i) * a.nbp..(b0 + i + 1) * a.nbp]);
+                let lo4 = _mm512_set1_epi8(0x0F);
+                let sixteen = _mm512_set1_epi8(16);
+                let off: i8 = match F {
+                    Q4_0 => 8,
+                    Q5_0 => 16,
+                    _ => 0,
+                };
+                let offv = _mm512_set1_epi8(off);
+                // Lane `l < 8` takes scale `kk` of the low row, lane `8 + l` scale `kk` of the
+                // high row (`8 + kk` in `sc`).
+                let idx0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
+                let mut acc = [[_mm512_setzero_ps(); N]; P];
+                let mut summ = [_mm_setzero_ps(); 4];
+                let mut sc = [[_mm512_setzero_ps(); N]; P];
+                let mut mm = [[0f32; 8]; 4];
+                let mut base = 0;
+                while base < nb {
+                    // SAFETY (all loads of this block): `base < nb ≤ nbp` and `nbp % 8 == 0`,
+                    // so `base + 8 ≤ nbp`, the length of every `wd`, `wm` (when used) and `ad`
+                    // slice; `mm[ri]` has eight `f32`s.
+                    for p in 0..P {
+                        let dw = unsafe {
+                            _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
+                                _mm256_castsi128_si256(_mm_loadu_si128(
+                                    wd[2 * p].as_ptr().add(base).cast(),
+                                )),
+                                _mm_loadu_si128(wd[2 * p + 1].as_ptr().add(base).cast()),
+                            ))
+                        };
+                        for bi in 0..N {
+                            let da = unsafe { _mm256_loadu_ps(ad[bi].as_ptr().add(base)) };
+                            let da = _mm512_castsi512_ps(_mm512_broadcast_i64x4(
+                                _mm256_castps_si256(da),
+                            ));
+                            sc[p][bi] = _mm512_mul_ps(dw, da);
+                        }
+                    }
+                    if has_min {
+                        for ri in 0..rows {
+                            unsafe {
+                                let m8 = _mm256_cvtph_ps(_mm_loadu_si128(
+                                    wm[ri].as_ptr().add(base).cast(),
+                                ));
+                                _mm256_storeu_ps(mm[ri].as_mut_ptr(), m8);
+                            }
+                        }
+                    }
+                    let kend = (nb - base).min(8);
+                    for kk in 0..kend {
+                        let k = base + kk;
+                        let sh = _mm_cvtsi32_si128(((k & 1) * 4) as i32);
+                        let mut u = [_mm512_setzero_si512(); P];
+                        for p in 0..P {
+                            let (ra, rb) = (r0 + 2 * p, r0 + 2 * p + 1);
+                            u[p] = if F == Q8_0 {
+                                pair(&wq[2 * p][k], &wq[2 * p + 1][k])
+                            } else {
+                                let c = pair(&wq[2 * p][k / 2], &wq[2 * p + 1][k / 2]);
+                                let nib = _mm512_and_si512(_mm512_srl_epi16(c, sh), lo4);
+                                if F == Q5_0 || F == Q5_1 {
+                                    let hb =
+                                        w.qh[ra * nb + k] as u64 | (w.qh[rb * nb + k] as u64) << 32;
+                                    _mm512_mask_add_epi8(nib, hb, nib, sixteen)
+                                } else {
+                                    nib
+                                }
+                            };
+                        }
+                        let idx = _mm512_add_epi32(idx0, _mm512_set1_epi32(kk as i32));
+                        for bi in 0..N {
+                            let av = _mm512_broadcast_i64x4(ld(&aq[bi][k]));
+                            let corr = if F == Q8_0 {
+                                corr_q8(av)
+                            } else if off != 0 {
+                                dot_u(offv, av)
+                            } else {
+                                _mm512_setzero_si512()
+                            };
+                            for p in 0..P {
+                                let isum = if F == Q8_0 {
+                                    dot_q8(u[p], av, corr)
+                                } else if off != 0 {
+                                    _mm512_sub_epi32(dot_u(u[p], av), corr)
+                                } else {
+                                    dot_u(u[p], av)
+                                };
+                                acc[p][bi] = _mm512_fmadd_ps(
+                                    _mm512_permutexvar_ps(idx, sc[p][bi]),
+                                    _mm512_cvtepi32_ps(isum),
+                                    acc[p][bi],
+                                );
+                            }
+                        }
+                        if has_min {
+                            // SAFETY: see the assertion above.
+                            let sv = unsafe { _mm_loadu_ps(a.s.as_ptr().add(k * a.np4 + b0)) };
+                            for ri in 0..rows {
+                                summ[ri] = _mm_fmadd_ps(_mm_set1_ps(mm[ri][kk]), sv, summ[ri]);
+                            }
+                        }
+                    }
+                    base += 8;
+                }
+                let mut res = [[0f32; 4]; 4];
+                for p in 0..P {
+                    let mut sm = [[0f32; 4]; 2];
+                    if has_min {
+                        for h in 0..2 {
+                            // SAFETY: `sm[h]` has four `f32`s.
+                            unsafe { _mm_storeu_ps(sm[h].as_mut_ptr(), summ[2 * p + h]) };
+                        }
+                    }
+                    for bi in 0..N {
+                        let x = acc[p][bi];
+                        let lo = _mm512_castps512_ps256(x);
+                        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+                        let (l, h) = (hsum8(lo), hsum8(hi));
+                        res[2 * p][bi] = if has_min { l + sm[0][bi] } else { l };
+                        res[2 * p + 1][bi] = if has_min { h + sm[1][bi] } else { h };
+                    }
+                }
+                res
+            }
+        };
+    }
+
+    /// Without VNNI: `vpmaddubsw` + `vpmaddwd`.
+    mod bw {
+        use super::*;
+
+        /// `Σ u·a` over each four bytes: `u` unsigned and at most 31 (or an offset of at most
+        /// 16), `a` in `−127..=127`; `vpmaddubsw` pairs stay below `2 · 31 · 127`.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        #[inline]
+        fn dot_u(u: __m512i, a: __m512i) -> __m512i {
+            _mm512_madd_epi16(_mm512_maddubs_epi16(u, a), _mm512_set1_epi16(1))
+        }
+
+        /// `Σ w·a` over each four bytes, `w` signed: `vpmaddubsw(|w|, sign(a, w))`, whose
+        /// pairs stay within `2 · 128 · 127 ≤ 32767` (a weight of −128 is the byte 128).
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        #[inline]
+        fn dot_q8(w: __m512i, a: __m512i, _corr: __m512i) -> __m512i {
+            let neg = _mm512_movepi8_mask(w);
+            let sy = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+            dot_u(_mm512_abs_epi8(w), sy)
+        }
+
+        /// Unused without VNNI.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        #[inline]
+        fn corr_q8(_a: __m512i) -> __m512i {
+            _mm512_setzero_si512()
+        }
+
+        kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl");
+    }
+
+    /// With VNNI: `vpdpbusd`.
+    mod vnni {
+        use super::*;
+
+        /// `Σ u·a` over each four bytes (`u` unsigned, exact in `i32`).
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        fn dot_u(u: __m512i, a: __m512i) -> __m512i {
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a)
+        }
+
+        /// `Σ w·a` over each four bytes, `w` signed: `Σ (w + 128)·a − 128·Σ a`, with
+        /// `corr = 128·Σ a` from [`corr_q8`]; every sum is exact in `i32`.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        fn dot_q8(w: __m512i, a: __m512i, corr: __m512i) -> __m512i {
+            let u = _mm512_xor_si512(w, _mm512_set1_epi8(i8::MIN));
+            _mm512_sub_epi32(dot_u(u, a), corr)
+        }
+
+        /// `128·Σ a` over each four bytes.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        fn corr_q8(a: __m512i) -> __m512i {
+            dot_u(_mm512_set1_epi8(i8::MIN), a)
+        }
+
+        kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+    }
+
+    /// The K-quant kernels (one version for both AVX-512 levels).
+    mod kq {
+        use super::*;
+
+        /// The K-quant dots of a 1×n, 2×n or 4×1 tile, `None` for other shapes.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        pub(super) fn dot_tile(
+            w: &QMatrix,
+            r0: usize,
+            nr: usize,
+            a: &Acts<'_>,
+            b0: usize,
+            n: usize,
+        ) -> Option<[[f32; 4]; 4]> {
+            macro_rules! go {
+                ($f:ident $(, $c:expr)?) => {
+                    match (nr, n) {
+                        (1, 1) => $f::<$($c,)? 1, 1>(w, r0, a, b0),
+                        (1, 2) => $f::<$($c,)? 1, 2>(w, r0, a, b0),
+                        (1, 3) => $f::<$($c,)? 1, 3>(w, r0, a, b0),
+                        (1, 4) => $f::<$($c,)? 1, 4>(w, r0, a, b0),
+                        (2, 1) => $f::<$($c,)? 2, 1>(w, r0, a, b0),
+                        (2, 2) => $f::<$($c,)? 2, 2>(w, r0, a, b0),
+                        (2, 3) => $f::<$($c,)? 2, 3>(w, r0, a, b0),
+                        (2, 4) => $f::<$($c,)? 2, 4>(w, r0, a, b0),
+                        (4, 1) => $f::<$($c,)? 4, 1>(w, r0, a, b0),
+                        _ => return None,
+                    }
+                };
+            }
+            Some(match w.format {
+                MatFormat::Q4_K => go!(kq45, false),
+                MatFormat::Q5_K => go!(kq45, true),
+                MatFormat::Q6_K => go!(q6k),
+                _ => return None,
+            })
+        }
+
+        /// `f32` of the `f16` with these bits (exact).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[inline]
+        fn h2f(bits: u16) -> f32 {
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+        }
+
+        /// See the `kernels!` helper of the same name.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[inline]
+        fn hsum8(x: __m256) -> f32 {
+            let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+            let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+            let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+            _mm_cvtss_f32(r)
+        }
+
+        /// Two consecutive chunks (two 32-value groups of a Q8_K super-block) as one register.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        #[inline]
+        fn ld2(c: &[Chunk]) -> __m512i {
+            assert!(c.len() >= 2);
+            // SAFETY: `c` has at least two chunks of 32 bytes each, contiguous.
+            unsafe { _mm512_loadu_si512(c.as_ptr().cast()) }
+        }
+
+        /// The low and high 256 bits of `x` added (exact `i32` lanes).
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        #[inline]
+        fn fold(x: __m512i) -> __m256i {
+            _mm256_add_epi32(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64::<1>(x))
+        }
+
+        /// Q4_K (`K5 = false`) and Q5_K (`K5 = true`) × Q8_K for weight rows `r0..r0 + R` and
+        /// activation rows `b0..b0 + N`: groups `2j` (low half) and `2j + 1` (high half) of
+        /// a super-block in one register. Bounds as in the AVX2 kernel: `vpmaddubsw` pairs
+        /// below `2 · 31 · 127`, every lane below `8 · 63 · 4 · 31 · 127 < 2^24`.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        #[inline(never)]
+        fn kq45<const K5: bool, const R: usize, const N: usize>(
+            w: &QMatrix,
+            r0: usize,
+            a: &Acts<'_>,
+            b0: usize,
+        ) -> [[f32; 4]; 4] {
+            let nb = w.nb;
+            assert!(a.knb == nb && b0 + N <= a.n && r0 + R <= w.rows);
+            let per = if K5 { 5 } else { 4 };
+            let mask = _mm512_set1_epi8(0x0F);
+            let one = _mm512_set1_epi8(1);
+            // Nibble shift per half: low nibbles for group 2j, high for 2j + 1.
+            let nsh = _mm512_setr_epi64(
+                0,
+                0,
+                0,
+                0,
+                0x0004_0004_0004_0004,
+                0x0004_0004_0004_0004,
+                0x0004_0004_0004_0004,
+                0x0004_0004_0004_0004,
+            );
+            // High-bit shift per half: bit 2j for group 2j, 2j + 1 for 2j + 1 (then 2 per j).
+            let hsh = _mm512_setr_epi64(
+                0,
+                0,
+                0,
+                0,
+                0x0001_0001_0001_0001,
+                0x0001_0001_0001_0001,
+                0x0001_0001_0001_0001,
+                0x0001_0001_0001_0001,
+            );
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            let mut accm = [[_mm_setzero_ps(); N]; R];
+            let mut summs = [[0f32; N]; R];
+            for k in 0..nb {
+                let mut sumi = [[_mm512_setzero_si512(); N]; R];
+                let mut sc16 = [_mm512_setzero_si512(); R];
+                let mut hb = [_mm512_setzero_si512(); R];
+                for ri in 0..R {
+                    let r = r0 + ri;
+                    let sc = &w.sc[r * nb + k];
+                    // SAFETY: `sc` is 16 readable bytes.
+                    let s8 = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
+                    sc16[ri] = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(s8));
+                    if K5 {
+                        let h = _mm512_broadcast_i64x4(ld(&w.qs[r * w.qchunks + 5 * k + 4]));
+                        hb[ri] = _mm512_srlv_epi16(h, hsh);
+                    }
+                }
+                for j in 0..4 {
+                    // Scale `2j` in the low half, `2j + 1` in the high half.
+                    let sidx = _mm512_add_epi16(hsh, _mm512_set1_epi16(2 * j as i16));
+                    let mut wv = [_mm512_setzero_si512(); R];
+                    let mut sv = [_mm512_setzero_si512(); R];
+                    for ri in 0..R {
+                        let c =
+                            _mm512_broadcast_i64x4(ld(&w.qs[(r0 + ri) * w.qchunks + per * k + j]));
+                        wv[ri] = _mm512_and_si512(_mm512_srlv_epi16(c, nsh), mask);
+                        if K5 {
+                            let h = _mm512_and_si512(hb[ri], one);
+                            wv[ri] = _mm512_or_si512(wv[ri], _mm512_slli_epi16::<4>(h));
+                            hb[ri] = _mm512_srli_epi16::<2>(hb[ri]);
+                        }
+                        sv[ri] = _mm512_permutexvar_epi16(sidx, sc16[ri]);
+                    }
+                    for bi in 0..N {
+                        let blk = (b0 + bi) * nb + k;
+                        let y = ld2(&a.kq[blk * 8 + 2 * j..blk * 8 + 2 * j + 2]);
+                        for ri in 0..R {
+                            let p = _mm512_madd_epi16(sv[ri], _mm512_maddubs_epi16(wv[ri], y));
+                            sumi[ri][bi] = _mm512_add_epi32(sumi[ri][bi], p);
+                        }
+                    }
+                }
+                for ri in 0..R {
+                    let r = r0 + ri;
+                    let dw = h2f(w.d[r * w.nbp + k]);
+                    let dmw = h2f(w.m[r * w.nbp + k]);
+                    let sc = &w.sc[r * nb + k];
+                    // SAFETY: `sc` is 16 readable bytes; the load reads its last eight (the
+                    // mins).
+                    let mins =
+                        _mm_cvtepu8_epi16(unsafe { _mm_loadl_epi64(sc[8..].as_ptr().cast()) });
+                    for bi in 0..N {
+                        let blk = (b0 + bi) * nb + k;
+                        let da = a.kd[blk];
+                        acc[ri][bi] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(da * dw),
+                            _mm256_cvtepi32_ps(fold(sumi[ri][bi])),
+                            acc[ri][bi],
+                        );
+                        let bs = &a.kbs[blk];
+                        // SAFETY: `bs` is sixteen `i16`s: the loads read `bs[0..8]` and
+                        // `bs[8..16]`.
+                        let (b_lo, b_hi) = unsafe {
+                            (
+                                _mm_loadu_si128(bs.as_ptr().cast()),
+                                _mm_loadu_si128(bs.as_ptr().add(8).cast()),
+                            )
+                        };
+                        let prod = _mm_madd_epi16(mins, _mm_hadd_epi16(b_lo, b_hi));
+                        let dmin = -(da * dmw);
+                        if K5 {
+                            let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+                            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+                            let s = _mm_cvtsi128_si32(s);
+                            summs[ri][bi] = dmin.mul_add(s as f32, summs[ri][bi]);
+                        } else {
+                            accm[ri][bi] = _mm_fmadd_ps(
+                                _mm_set1_ps(dmin),
+                                _mm_cvtepi32_ps(prod),
+                                accm[ri][bi],
+                            );
+                        }
+                    }
+                }
+            }
+            let mut res = [[0f32; 4]; 4];
+            for ri in 0..R {
+                for bi in 0..N {
+                    let h = hsum8(acc[ri][bi]);
+                    res[ri][bi] = if K5 {
+                        h + summs[ri][bi]
+                    } else {
+                        let m = accm[ri][bi];
+                        let t = _mm_add_ps(m, _mm_movehl_ps(m, m));
+                        let t = _mm_add_ss(t, _mm_movehdup_ps(t));
+                        h + _mm_cvtss_f32(t)
+                    };
+                }
+            }
+            res
+        }
+
+        /// Q6_K × Q8_K for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`: groups
+        /// `g` and `g + 1` of a super-block in one register. Bounds as in the AVX2 kernel.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        #[inline(never)]
+        fn q6k<const R: usize, const N: usize>(
+            w: &QMatrix,
+            r0: usize,
+            a: &Acts<'_>,
+            b0: usize,
+        ) -> [[f32; 4]; 4] {
+            let nb = w.nb;
+            assert!(a.knb == nb && b0 + N <= a.n && r0 + R <= w.rows);
+            let m4 = _mm512_set1_epi8(0x0F);
+            let m3 = _mm512_set1_epi8(3);
+            let m32 = _mm512_set1_epi8(32);
+            // High-bit pair shifts: groups 4h + 0 / 4h + 1 take bits 0–1 / 2–3 of `qh`,
+            // groups 4h + 2 / 4h + 3 bits 4–5 / 6–7.
+            let s01 = _mm512_setr_epi64(
+                0,
+                0,
+                0,
+                0,
+                0x0002_0002_0002_0002,
+                0x0002_0002_0002_0002,
+                0x0002_0002_0002_0002,
+                0x0002_0002_0002_0002,
+            );
+            let s23 = _mm512_add_epi16(s01, _mm512_set1_epi16(4));
+            // Scale indices of groups `g`, `g + 1`: one per 16-value quarter, `2g + quarter`.
+            let qidx = _mm512_setr_epi64(
+                0,
+                0,
+                0x0001_0001_0001_0001,
+                0x0001_0001_0001_0001,
+                0x0002_0002_0002_0002,
+                0x0002_0002_0002_0002,
+                0x0003_0003_0003_0003,
+                0x0003_0003_0003_0003,
+            );
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            for k in 0..nb {
+                let mut sumi = [[_mm512_setzero_si512(); N]; R];
+                let mut sc16 = [_mm512_setzero_si512(); R];
+                for ri in 0..R {
+                    let sc = &w.sc[(r0 + ri) * nb + k];
+                    // SAFETY: `sc` is 16 readable bytes.
+                    let s8 = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
+                    sc16[ri] = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(s8));
+                }
+                for h in 0..2 {
+                    let mut q = [[_mm512_setzero_si512(); 2]; R];
+                    let mut sv = [[_mm512_setzero_si512(); 2]; R];
+                    for ri in 0..R {
+                        let base = (r0 + ri) * w.qchunks + 6 * k;
+                        let l = pair(&w.qs[base + 2 * h], &w.qs[base + 2 * h + 1]);
+                        let qh = _mm512_broadcast_i64x4(ld(&w.qs[base + 4 + h]));
+                        let h01 = _mm512_and_si512(_mm512_srlv_epi16(qh, s01), m3);
+                        let h23 = _mm512_and_si512(_mm512_srlv_epi16(qh, s23), m3);
+                        q[ri][0] =
+                            _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16::<4>(h01));
+                        q[ri][1] = _mm512_or_si512(
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(l), m4),
+                            _mm512_slli_epi16::<4>(h23),
+                        );
+                        for t in 0..2 {
+                            // groups 4h + 2t and 4h + 2t + 1: scales 8h + 4t + quarter
+                            let g2 = (8 * h + 4 * t) as i16;
+                            let idx = _mm512_add_epi16(qidx, _mm512_set1_epi16(g2));
+                            sv[ri][t] = _mm512_permutexvar_epi16(idx, sc16[ri]);
+                        }
+                    }
+                    for bi in 0..N {
+                        let blk = (b0 + bi) * nb + k;
+                        for t in 0..2 {
+                            let g = 4 * h + 2 * t;
+                            let y = ld2(&a.kq[blk * 8 + g..blk * 8 + g + 2]);
+                            let ys = _mm512_maddubs_epi16(m32, y);
+                            for ri in 0..R {
+                                let p = _mm512_sub_epi16(_mm512_maddubs_epi16(q[ri][t], y), ys);
+                                let p = _mm512_madd_epi16(sv[ri][t], p);
+                                sumi[ri][bi] = _mm512_add_epi32(sumi[ri][bi], p);
+                            }
+                        }
+                    }
+                }
+                for ri in 0..R {
+                    let dw = h2f(w.d[(r0 + ri) * w.nbp + k]);
+                    for bi in 0..N {
+                        let da = a.kd[(b0 + bi) * nb + k];
+                        acc[ri][bi] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(da * dw),
+                            _mm256_cvtepi32_ps(fold(sumi[ri][bi])),
+                            acc[ri][bi],
+                        );
+                    }
+                }
+            }
+            let mut res = [[0f32; 4]; 4];
+            for ri in 0..R {
+                for bi in 0..N {
+                    res[ri][bi] = hsum8(acc[ri][bi]);
+                }
+            }
+            res
+        }
+
+        /// One chunk in the low half, the next in the high half.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        #[inline]
+        fn pair(lo: &Chunk, hi: &Chunk) -> __m512i {
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld(lo)), ld(hi))
+        }
+    }
+}
