@@ -4,19 +4,20 @@
 //! is spelled out in the [module docs](super)); only the exact integer parts are computed
 //! differently:
 //!
-//! * **32-value formats** (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): one 512-bit register holds block `k`
+//! * **32-value formats** (Q4_0, Q5_0, Q5_1, Q8_0): one 512-bit register holds block `k`
 //!   of two weight rows (row `2p` in the low 256 bits, row `2p + 1` in the high), against the
 //!   activation block broadcast to both halves, so one instruction stream serves two rows and
 //!   each row keeps its own chain of fused multiply-adds over the blocks, in order. The weight
 //!   quants are taken unsigned, `u = w + o` (`o` = 8 for Q4_0, 16 for Q5_0, 128 for Q8_0, 0 for
-//!   Q4_1/Q5_1), and the lane sum is `Σ u·a − o·Σ a`, both exact. With VNNI both sums are one
+//!   Q5_1), and the lane sum is `Σ u·a − o·Σ a`, both exact. With VNNI both sums are one
 //!   `vpdpbusd` each; without it `vpmaddubsw` + `vpmaddwd` (Q8_0 keeps the sign trick there,
 //!   since `u` up to 255 could saturate `vpmaddubsw`).
 //! * **K-quants** (Q4_K, Q5_K, Q6_K): one register holds two 32-value groups of one super-block
 //!   (`vpmaddubsw`, then `vpmaddwd` by the groups' scales); the two halves are added at the end
 //!   of the super-block, which leaves every lane sum exact. VNNI would not save an instruction
 //!   here (the per-group scale still needs a multiply), so both AVX-512 levels run this code.
-//! * **F16, BF16, F32** and single weight rows run the AVX2 code.
+//! * **Q4_1, F16, BF16, F32** and single weight rows run the AVX2 code (Q4_1's row pairs were
+//!   not faster than its AVX2 tiles).
 //!
 //! Callers must have checked [`available`] (or [`vnni_available`] for the VNNI entry point).
 //! On other architectures both are `false` and the entry points forward to the scalar code.
@@ -130,7 +131,6 @@ mod imp {
 
     /// `b32` variants.
     const Q4_0: u8 = 0;
-    const Q4_1: u8 = 1;
     const Q5_0: u8 = 2;
     const Q5_1: u8 = 3;
     const Q8_0: u8 = 4;
@@ -177,7 +177,6 @@ mod imp {
                 }
                 match w.format {
                     MatFormat::Q4_0 => go!(Q4_0),
-                    MatFormat::Q4_1 => go!(Q4_1),
                     MatFormat::Q5_0 => go!(Q5_0),
                     MatFormat::Q5_1 => go!(Q5_1),
                     MatFormat::Q8_0 => go!(Q8_0),
@@ -186,7 +185,8 @@ mod imp {
                             return res;
                         }
                     }
-                    MatFormat::F16 | MatFormat::BF16 | MatFormat::F32 => {}
+                    // Q4_1's row pairs measured 0.85–1.0× its AVX2 tiles (see `run_rows`).
+                    MatFormat::Q4_1 | MatFormat::F16 | MatFormat::BF16 | MatFormat::F32 => {}
                 }
                 avx2::dot_tile(w, r0, nr, a, b0, n)
             }
@@ -208,7 +208,7 @@ mod imp {
                 _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld(lo)), ld(hi))
             }
 
-            /// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 for weight rows `r0..r0 + 2P` (as `P` pairs)
+            /// Q4_0, Q5_0, Q5_1 and Q8_0 for weight rows `r0..r0 + 2P` (as `P` pairs)
             /// and activation rows `b0..b0 + N`.
             // One function per tile shape: inlined into the dispatch, the kernels spill.
             #[target_feature(enable = $feat)]
@@ -220,7 +220,7 @@ mod imp {
                 b0: usize,
             ) -> [[f32; 4]; 4] {
                 let nb = w.nb;
-                let has_min = F == Q4_1 || F == Q5_1;
+                let has_min = F == Q5_1;
                 assert!(a.nb == nb && b0 + N <= a.n && r0 + 2 * P <= w.rows && P <= 2);
                 // `s[k · np4 + b0..][..4]` lies inside `s` (len `nb · np4`) for every block `k`:
                 // `b0 % 4 == 0`, `np4 % 4 == 0` and `b0 < np4`.

@@ -1341,16 +1341,18 @@ unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize
             // Q5_K (10 % faster than one), one for Q6_K (10 % faster than two); more activation
             // rows follow the Q8_0 rule.
             // The last rows of a range go one by one: same operations per element, same bits.
-            // AVX-512 (one session, Zen 4, single thread): the 32-value formats run row pairs,
-            // two pairs for one activation row and for more than `ONE_ROW_TILES_UP_TO`, one pair
-            // in between (Q5_0 640 → 2048: 1.3–1.5× the AVX2 speed at 1–16 rows). Q8_0 keeps the
-            // AVX2 rows up to `ONE_ROW_TILES_UP_TO` activation rows: a matrix that does not fit
-            // in the caches streams fastest one row at a time (65,536 × 640 at one row: 3.1 ms
-            // row by row, 7–8 ms in tiles of four rows, at either level). The K-quants follow
-            // the AVX2 rule (their AVX-512 kernels hold two groups of one row per register).
+            // AVX-512 (one session, Zen 4; `benches/matmul.rs`, docs/performance.md): Q4_0, Q5_0
+            // and Q5_1 run row pairs, two pairs for one activation row and for more than
+            // `ONE_ROW_TILES_UP_TO`, one pair in between (1.3–2.4× the AVX2 speed at 1–64 rows
+            // with VNNI). Q4_1 keeps the AVX2 tiles (its row pairs measured 0.85–1.0× them).
+            // Q8_0 keeps the AVX2 rows up to `ONE_ROW_TILES_UP_TO` activation rows: a matrix that
+            // does not fit in the caches streams fastest one row at a time (65,536 × 640 at one
+            // activation row, one thread: 3.1 ms row by row, 7–8 ms in tiles of four rows, at
+            // either level). The K-quants follow the AVX2 rule (their AVX-512 kernels hold two
+            // groups of one row per register).
             let wide = level >= Level::Avx512
                 && match w.format {
-                    MatFormat::Q4_0 | MatFormat::Q4_1 | MatFormat::Q5_0 | MatFormat::Q5_1 => true,
+                    MatFormat::Q4_0 | MatFormat::Q5_0 | MatFormat::Q5_1 => true,
                     MatFormat::Q8_0 => a.n > ONE_ROW_TILES_UP_TO,
                     _ => false,
                 };
