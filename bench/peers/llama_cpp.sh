@@ -10,6 +10,10 @@
 # on the model as given and (unless --no-q8) on a copy re-quantised to Q8_0 with llama-quantize
 # (the peer of nextok's `--requant q8_0`). Writes one JSON summary and prints a table.
 #
+# `nextok bench engine --llama-cpp` runs the tools itself, pair by pair with nextok: it asks this
+# script for them with --print-bin-dir and --print-q8-model (each prints one path on standard
+# output and nothing else).
+#
 # Not run in CI. See bench/peers/README.md.
 set -euo pipefail
 
@@ -51,6 +55,9 @@ usage: bench/peers/llama_cpp.sh [options]
   --no-repack      turn llama.cpp's extra buffer types (weight repacking, AMX) off, for CPUs
                    that advertise an instruction set that then traps
   --build-only     build the tools (llama-bench, llama-batched-bench, llama-quantize) and stop
+  --print-bin-dir  build the tools if needed, print the directory holding them and stop
+  --print-q8-model make the model's Q8_0 copy if needed (llama-quantize), print its path and
+                   stop
   -h, --help       this text
 
 Environment: NEXTOK_CACHE_DIR / XDG_CACHE_HOME (cache: <nextok cache>/peers),
@@ -73,6 +80,8 @@ while [ $# -gt 0 ]; do
     --no-q8) Q8=0; shift ;;
     --no-repack) REPACK=0; shift ;;
     --build-only) BUILD_ONLY=1; shift ;;
+    --print-bin-dir) BUILD_ONLY=1; PRINT_BIN_DIR=1; shift ;;
+    --print-q8-model) PRINT_Q8=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1 (see --help)" ;;
   esac
@@ -162,14 +171,9 @@ else
 fi
 if [ "${BUILD_ONLY:-0}" = 1 ]; then
   say "tools in $BIN"
+  if [ "${PRINT_BIN_DIR:-0}" = 1 ]; then echo "$BIN"; fi
   exit 0
 fi
-
-# ---------------------------------------------------------------------------------------------
-# Measurements
-OUT_DIR="$(dirname "$OUT")"
-WORK="$OUT_DIR/llama_cpp.d"
-rm -rf "$WORK" && mkdir -p "$WORK" || die "cannot create $WORK"
 
 # run LOG CMD...: run CMD with its stderr in LOG; on failure show the log's end and stop
 # (a crash names its signal and, with repacking on, suggests --no-repack: on a CPU that advertises
@@ -186,6 +190,31 @@ run() {
   fi
   die "$(basename "$1") failed ($why): $* (log: $log)$hint"
 }
+
+# ensure_q8 LOG: sets Q8_MODEL to the model's copy re-quantised to Q8_0 by llama-quantize (kept in
+# <nextok cache>/peers/models/, named by the source's SHA-256), making it first if missing
+ensure_q8() {
+  local log="$1" src_sha
+  src_sha="$(sha256sum "$MODEL" | cut -d' ' -f1)" || die "cannot hash $MODEL"
+  Q8_MODEL="$PEERS/models/$(basename "$MODEL" .gguf).requant-Q8_0.${src_sha:0:12}.gguf"
+  [ ! -f "$Q8_MODEL" ] || return 0
+  say "re-quantising to Q8_0 with llama-quantize into $Q8_MODEL"
+  mkdir -p "$(dirname "$Q8_MODEL")" "$(dirname "$log")" || die "cannot create $(dirname "$Q8_MODEL")"
+  run "$log" "$BIN/llama-quantize" --allow-requantize "$MODEL" "$Q8_MODEL.tmp" Q8_0 "$THREADS" >/dev/null
+  mv "$Q8_MODEL.tmp" "$Q8_MODEL" || die "cannot move $Q8_MODEL.tmp to $Q8_MODEL"
+}
+
+if [ "${PRINT_Q8:-0}" = 1 ]; then
+  ensure_q8 "$PEERS/models/quantize.log"
+  echo "$Q8_MODEL"
+  exit 0
+fi
+
+# ---------------------------------------------------------------------------------------------
+# Measurements
+OUT_DIR="$(dirname "$OUT")"
+WORK="$OUT_DIR/llama_cpp.d"
+rm -rf "$WORK" && mkdir -p "$WORK" || die "cannot create $WORK"
 
 # (help text captured first: `grep -q` on a pipe would end the writer early, and pipefail fail it)
 BB_JSONL=0
@@ -229,14 +258,7 @@ measure() { # NAME MODEL
 measure "$(basename "$MODEL" .gguf)" "$MODEL"
 
 if [ "$Q8" -eq 1 ]; then
-  SRC_SHA="$(sha256sum "$MODEL" | cut -d' ' -f1)"
-  Q8_MODEL="$PEERS/models/$(basename "$MODEL" .gguf).requant-Q8_0.${SRC_SHA:0:12}.gguf"
-  if [ ! -f "$Q8_MODEL" ]; then
-    say "re-quantising to Q8_0 with llama-quantize into $Q8_MODEL"
-    mkdir -p "$(dirname "$Q8_MODEL")" || die "cannot create $(dirname "$Q8_MODEL")"
-    run "$WORK/quantize.log" "$BIN/llama-quantize" --allow-requantize "$MODEL" "$Q8_MODEL.tmp" Q8_0 "$THREADS" >/dev/null
-    mv "$Q8_MODEL.tmp" "$Q8_MODEL" || die "cannot move $Q8_MODEL.tmp to $Q8_MODEL"
-  fi
+  ensure_q8 "$WORK/quantize.log"
   measure "requant-q8_0" "$Q8_MODEL"
 fi
 

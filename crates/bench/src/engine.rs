@@ -16,11 +16,29 @@
 //!   tokens/s, requests/s, p50/p99 time to first token and inter-token latency (measured where
 //!   the client receives the events);
 //! * **prefill vs decode** — one 512-token prompt alone: prompt tokens/s against single-stream
-//!   decode tokens/s.
+//!   decode tokens/s (the best of `--reps`), and the same stream through the one-sequence loop
+//!   (engine/loop);
+//! * **decode of 16 streams** — 16 requests of 20-token prompts and 128 tokens submitted
+//!   together: aggregate decode tokens/s;
+//! * the prefix cache (a repeated 500-token prompt's time to first token) and single-stream
+//!   decode at positions 50 and 1800.
 //!
-//! `--llama-cpp` first runs `bench/peers/llama_cpp.sh` on the same GGUF file and prints its
-//! prompt and generation tokens/s beside ours.
+//! `--llama-cpp` pairs llama.cpp with nextok on the same GGUF file (for Q8_0, on the copy
+//! `llama-quantize` makes: the tools and that copy come from `bench/peers/llama_cpp.sh`, which
+//! builds them on first use). Three rows, each run `--pairs` times (default 5) — a pair is
+//! llama.cpp's measurement and nextok's back to back, llama.cpp first in even pairs and nextok
+//! first in odd ones, so drift on a shared machine hits both alike:
+//! * **prompt** — a 512-token prefill (`llama-bench -p 512 -n 0 -r 1`);
+//! * **decode** — single-stream decode of 128 tokens (`llama-bench -p 0 -n 128 -r 1`);
+//! * **16 streams** — 16 sequences of 20 prompt tokens decoding 128 tokens together
+//!   (`llama-batched-bench -npp 20 -ntg 128 -npl 16`, its S_TG).
+//!
+//! llama.cpp runs with as many threads (`-t`) as nextok's pool, repacking on unless
+//! `--llama-no-repack`. Per row the report gives the median tokens/s of each engine, the median
+//! of the per-pair ratios nextok / llama.cpp and their spread (min–max), as `bench speculative`
+//! reports its speed-ups; the header names the CPU and its AVX-512 / VNNI flags.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,6 +50,8 @@ use nextok_model::{LogitsSource, Requant};
 use serde::Serialize;
 
 use crate::frontend;
+use crate::llama_tools::LlamaCpp;
+use crate::sampler::median;
 use crate::BenchArgs;
 
 const TEXT: &str = "The history of the lighthouse is a history of the coast itself. Long before \
@@ -126,15 +146,242 @@ struct Quant {
     levels: Vec<Level>,
 }
 
+/// One row of the llama.cpp comparison: `pairs` pairs of one measurement by each engine.
+#[derive(Serialize, Clone)]
+struct PairedRow {
+    quant: String,
+    /// `prompt`, `decode` or `16 streams`.
+    row: &'static str,
+    pairs: usize,
+    /// Medians over the pairs.
+    nextok_tokens_per_s: f64,
+    llama_cpp_tokens_per_s: f64,
+    /// The median of the per-pair ratios nextok / llama.cpp, and their least and greatest.
+    nextok_over_llama_cpp: f64,
+    ratio_min: f64,
+    ratio_max: f64,
+    /// Per pair, in order (llama.cpp went first in even pairs, nextok in odd ones).
+    nextok_samples: Vec<f64>,
+    llama_cpp_samples: Vec<f64>,
+    ratios: Vec<f64>,
+}
+
+#[derive(Serialize)]
+struct LlamaCppReport {
+    build_commit: Option<String>,
+    threads: usize,
+    repack: bool,
+    pairs: usize,
+    /// The 1-minute load average before the run and after it (`/proc/loadavg`): llama.cpp's
+    /// spinning threads lose far more than nextok's when another process takes a core, so
+    /// ratios from a busy machine mean little.
+    loadavg_before: Option<f64>,
+    loadavg_after: Option<f64>,
+    /// The files llama.cpp ran (names only): as shipped, and re-quantised to Q8_0 by
+    /// `llama-quantize`.
+    model_files: Vec<String>,
+    rows: Vec<PairedRow>,
+}
+
+/// The CPU, from `/proc/cpuinfo` (`unknown` and false where there is none).
+#[derive(Serialize)]
+struct Cpu {
+    model_name: String,
+    avx512f: bool,
+    avx512_vnni: bool,
+    avx_vnni: bool,
+}
+
+/// The 1-minute load average, where `/proc/loadavg` exists.
+fn loadavg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn cpu() -> Cpu {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.split(':').next().map(str::trim) == Some(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let flags = field("flags").unwrap_or_default();
+    let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+    Cpu {
+        model_name: field("model name").unwrap_or_else(|| "unknown".into()),
+        avx512f: has("avx512f"),
+        avx512_vnni: has("avx512_vnni"),
+        avx_vnni: has("avx_vnni"),
+    }
+}
+
 #[derive(Serialize)]
 struct Report {
     model: String,
     simd: String,
+    /// The model kernels' level (`--kernels` caps it).
+    kernels: String,
+    cpu: Cpu,
     threads: usize,
     max_batch_tokens: usize,
     prefill_chunk_tokens: usize,
     quants: Vec<Quant>,
-    llama_cpp: Option<serde_json::Value>,
+    llama_cpp: Option<LlamaCppReport>,
+}
+
+/// One 512-token prompt (the text's first 512 ids) alone, one token out: prompt tokens/s.
+fn prefill_512(engine: &Engine, ids: &[u32]) -> Result<f64, String> {
+    let mut r = GenerateRequest::new(Prompt::Ids(ids[..512].to_vec()));
+    r.params = SamplingParams {
+        temperature: Some(0.8),
+        max_tokens: Some(1),
+        seed: Some(1),
+        ..Default::default()
+    };
+    let c = engine.generate(r).map_err(|e| e.to_string())?;
+    Ok(512.0 / c.timing.time_to_first_token.as_secs_f64())
+}
+
+/// One stream alone: a 20-token prompt, 128 tokens; decode tokens/s after the first token, and
+/// the request's parameters (to run the same stream through the one-sequence loop).
+fn decode_single(engine: &Engine, ids: &[u32]) -> Result<(f64, SamplingParams), String> {
+    let mut r = GenerateRequest::new(Prompt::Ids(ids[600..620].to_vec()));
+    r.params = SamplingParams {
+        temperature: Some(0.8),
+        max_tokens: Some(128),
+        ignore_eos: true,
+        seed: Some(2),
+        ..Default::default()
+    };
+    let c = engine.generate(r).map_err(|e| e.to_string())?;
+    let dec = (c.timing.total - c.timing.time_to_first_token).as_secs_f64();
+    Ok((127.0 / dec, c.info.params))
+}
+
+/// Decode alone, batched: 16 requests of 20-token prompts and 128 tokens (after the first,
+/// which the prefill gives), submitted together (the prefills take one iteration); aggregate
+/// tokens/s from the first token of any stream.
+fn decode_16(engine: &Engine, ids: &[u32]) -> Result<f64, String> {
+    let mut hs = Vec::with_capacity(16);
+    for i in 0..16 {
+        let mut r = GenerateRequest::new(Prompt::Ids(ids[40 * i..40 * i + 20].to_vec()));
+        r.params = SamplingParams {
+            temperature: Some(0.8),
+            top_p: Some(0.95),
+            max_tokens: Some(129),
+            ignore_eos: true,
+            seed: Some(i as u64),
+            ..Default::default()
+        };
+        hs.push(engine.submit(r).map_err(|e| e.to_string())?);
+    }
+    let mut first: Option<Instant> = None;
+    let mut tokens = 0usize;
+    // the clock starts at the first token of any stream (after the prefills)
+    for h in hs.iter_mut() {
+        while let Some(ev) = h.recv() {
+            match ev {
+                Event::Token { .. } => {
+                    first.get_or_insert_with(Instant::now);
+                    tokens += 1;
+                }
+                Event::Done { .. } => break,
+                Event::Error(e) => return Err(e.to_string()),
+                _ => {}
+            }
+        }
+    }
+    let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+    Ok(tokens.saturating_sub(16) as f64 / secs.max(1e-9))
+}
+
+/// The rows of the llama.cpp comparison.
+const PAIRED_ROWS: [&str; 3] = ["prompt", "decode", "16 streams"];
+
+/// One measurement of `row` by nextok (tokens/s).
+fn nextok_row(row: &str, engine: &Engine, ids: &[u32]) -> Result<f64, String> {
+    match row {
+        "prompt" => prefill_512(engine, ids),
+        "decode" => decode_single(engine, ids).map(|(tps, _)| tps),
+        _ => decode_16(engine, ids),
+    }
+}
+
+/// One measurement of `row` by llama.cpp on `file` (tokens/s, and the build commit when the
+/// tool reports one).
+fn llama_row(row: &str, peer: &LlamaCpp, file: &Path) -> Result<(f64, Option<String>), String> {
+    match row {
+        "prompt" => peer.bench(file, 512, 0),
+        "decode" => peer.bench(file, 0, 128),
+        _ => peer.batched(file, 20, 128, 16).map(|tps| (tps, None)),
+    }
+}
+
+/// Runs the paired rows for one weight format: `pairs` pairs per row, the rows in turn within
+/// a pair index, llama.cpp first in even pairs and nextok first in odd ones.
+fn paired_rows(
+    quant: &str,
+    engine: &Engine,
+    ids: &[u32],
+    peer: &LlamaCpp,
+    file: &Path,
+    pairs: usize,
+    build_commit: &mut Option<String>,
+) -> Result<Vec<PairedRow>, String> {
+    let mut samples = vec![(Vec::new(), Vec::new()); PAIRED_ROWS.len()];
+    for i in 0..pairs {
+        for (k, row) in PAIRED_ROWS.into_iter().enumerate() {
+            let (llama, ours) = if i % 2 == 0 {
+                let l = llama_row(row, peer, file)?;
+                (l, nextok_row(row, engine, ids)?)
+            } else {
+                let n = nextok_row(row, engine, ids)?;
+                (llama_row(row, peer, file)?, n)
+            };
+            let ((l, commit), n) = (llama, ours);
+            if build_commit.is_none() {
+                *build_commit = commit;
+            }
+            eprintln!(
+                "  {quant} pair {}/{pairs} {row} ({} first): nextok {n:.1}, llama.cpp {l:.1} tokens/s (x{:.2})",
+                i + 1,
+                if i % 2 == 0 { "llama.cpp" } else { "nextok" },
+                n / l
+            );
+            samples[k].0.push(n);
+            samples[k].1.push(l);
+        }
+    }
+    Ok(PAIRED_ROWS
+        .into_iter()
+        .zip(samples)
+        .map(|(row, (ours, theirs))| {
+            let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(n, l)| n / l).collect();
+            let (lo, hi) = ratios
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &r| {
+                    (lo.min(r), hi.max(r))
+                });
+            PairedRow {
+                quant: quant.to_string(),
+                row,
+                pairs,
+                nextok_tokens_per_s: median(&mut ours.clone()),
+                llama_cpp_tokens_per_s: median(&mut theirs.clone()),
+                nextok_over_llama_cpp: median(&mut ratios.clone()),
+                ratio_min: lo,
+                ratio_max: hi,
+                nextok_samples: ours,
+                llama_cpp_samples: theirs,
+                ratios,
+            }
+        })
+        .collect())
 }
 
 /// One client's output tokens, times to first token and inter-token latencies (seconds).
@@ -209,26 +456,26 @@ fn run_level(
 /// Runs `nextok bench engine`.
 pub fn run(args: &BenchArgs) -> Result<(), String> {
     let path = frontend::model_path(args.model.as_deref())?;
-    let llama_cpp = if args.llama_cpp {
-        let out =
-            std::env::temp_dir().join(format!("nextok-llama-cpp-{}.json", std::process::id()));
-        eprintln!("bench engine: running bench/peers/llama_cpp.sh (builds llama.cpp on first use)");
-        let st = std::process::Command::new("bash")
-            .arg("bench/peers/llama_cpp.sh")
-            .arg("--model")
-            .arg(&path)
-            .arg("--out")
-            .arg(&out)
-            .status()
-            .map_err(|e| format!("bench/peers/llama_cpp.sh: {e} (run from the repository root)"))?;
-        if !st.success() {
-            return Err(format!("bench/peers/llama_cpp.sh failed ({st})"));
-        }
-        let text = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
-        Some(serde_json::from_str::<serde_json::Value>(&text).map_err(|e| e.to_string())?)
+    let threads = rayon::current_num_threads();
+    let pairs = args.pairs.max(1) as usize;
+    // llama.cpp's tools and its Q8_0 copy of the file, before any measurement
+    let peer = if args.llama_cpp {
+        eprintln!("bench engine: finding llama.cpp's tools with bench/peers/llama_cpp.sh (builds them on first use)");
+        let peer = LlamaCpp::locate(threads, !args.llama_no_repack)?;
+        let q8 = peer.q8_0_copy(&path)?;
+        Some((peer, q8))
     } else {
         None
     };
+    let mut build_commit = None;
+    let load_before = loadavg();
+    if let (true, Some(load)) = (peer.is_some(), load_before) {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if load > cpus as f64 / 2.0 {
+            eprintln!("bench engine: warning: load average {load:.2} on {cpus} CPUs: llama.cpp's numbers (its threads spin) will be low and noisy, and the ratios with them");
+        }
+    }
+    let mut paired = Vec::new();
     let levels: Vec<usize> = if args.concurrency.is_empty() {
         vec![1, 4, 16, 64]
     } else {
@@ -236,7 +483,10 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     };
     let scale = args.tokens_scale;
     let mut quants = Vec::new();
-    for (quant, requant) in [("as shipped", Requant::Keep), ("q8_0", Requant::Q8_0)] {
+    for (quant, requant, q8) in [
+        ("as shipped", Requant::Keep, false),
+        ("q8_0", Requant::Q8_0, true),
+    ] {
         let model = Arc::new(frontend::load_model(&path, requant)?);
         let mut ids = Vec::new();
         while ids.len() < 2000 {
@@ -287,37 +537,19 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         let base_tps = base_tokens as f64 / base_secs;
         eprintln!("  {quant} baseline: {nb} requests, {base_tokens} tokens in {base_secs:.1} s ({base_tps:.1} tokens/s)");
         // prefill of 512 tokens vs single-stream decode
-        let long = ids[..512].to_vec();
         let mut best_pp = 0f64;
         let mut best_dec = 0f64;
         let mut best_solo = 0f64;
         for _ in 0..args.reps.max(1) {
-            let mut r = GenerateRequest::new(Prompt::Ids(long.clone()));
-            r.params = SamplingParams {
-                temperature: Some(0.8),
-                max_tokens: Some(1),
-                seed: Some(1),
-                ..Default::default()
-            };
-            let c = engine.generate(r).map_err(|e| e.to_string())?;
-            best_pp = best_pp.max(512.0 / c.timing.time_to_first_token.as_secs_f64());
-            let mut r = GenerateRequest::new(Prompt::Ids(ids[600..620].to_vec()));
-            r.params = SamplingParams {
-                temperature: Some(0.8),
-                max_tokens: Some(128),
-                ignore_eos: true,
-                seed: Some(2),
-                ..Default::default()
-            };
-            let c = engine.generate(r).map_err(|e| e.to_string())?;
-            let dec = (c.timing.total - c.timing.time_to_first_token).as_secs_f64();
-            best_dec = best_dec.max(127.0 / dec);
+            best_pp = best_pp.max(prefill_512(&engine, &ids)?);
+            let (dec, params) = decode_single(&engine, &ids)?;
+            best_dec = best_dec.max(dec);
             // the same stream through the one-sequence loop
             let mut src = model.source();
             let p = engine
                 .prepare(&{
                     let mut r = GenerateRequest::new(Prompt::Ids(ids[600..620].to_vec()));
-                    r.params = c.info.params.clone();
+                    r.params = params;
                     r
                 })
                 .map_err(|e| e.to_string())?;
@@ -353,52 +585,11 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             }
             Ok(best)
         };
-        // decode alone, batched: 16 requests of 20-token prompts and 128 tokens, submitted
-        // together (the prefills take one iteration), against one such stream alone
-        let decode16 = {
-            let reqs: Vec<GenerateRequest> = (0..16)
-                .map(|i| {
-                    let mut r =
-                        GenerateRequest::new(Prompt::Ids(ids[40 * i..40 * i + 20].to_vec()));
-                    r.params = SamplingParams {
-                        temperature: Some(0.8),
-                        top_p: Some(0.95),
-                        max_tokens: Some(129),
-                        ignore_eos: true,
-                        seed: Some(i as u64),
-                        ..Default::default()
-                    };
-                    r
-                })
-                .collect();
-            let mut best = 0f64;
-            for _ in 0..args.reps.max(1) {
-                let hs: Vec<_> = reqs
-                    .iter()
-                    .map(|r| engine.submit(r.clone()).map_err(|e| e.to_string()))
-                    .collect::<Result<_, _>>()?;
-                let mut first: Option<Instant> = None;
-                let mut tokens = 0usize;
-                let mut hs = hs;
-                // the clock starts at the first token of any stream (after the prefills)
-                for h in hs.iter_mut() {
-                    while let Some(ev) = h.recv() {
-                        match ev {
-                            Event::Token { .. } => {
-                                first.get_or_insert_with(Instant::now);
-                                tokens += 1;
-                            }
-                            Event::Done { .. } => break,
-                            Event::Error(e) => return Err(e.to_string()),
-                            _ => {}
-                        }
-                    }
-                }
-                let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
-                best = best.max((tokens - 16) as f64 / secs.max(1e-9));
-            }
-            best
-        };
+        // decode alone, batched: 16 streams together, against one such stream alone
+        let mut decode16 = 0f64;
+        for _ in 0..args.reps.max(1) {
+            decode16 = decode16.max(decode_16(&engine, &ids)?);
+        }
         eprintln!("  {quant} decode of 16 streams together: {decode16:.1} tokens/s");
         // the prefix cache: a repeated 500-token prompt's time to first token, first and second
         let prefix_ttft = {
@@ -428,6 +619,22 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         let at50 = at(50)?;
         let at1800 = at(1800)?;
         eprintln!("  {quant} single-stream decode: {at50:.1} tokens/s at position 50, {at1800:.1} at 1800");
+        if let Some((peer, q8_file)) = &peer {
+            let file = if q8 {
+                q8_file.as_path()
+            } else {
+                path.as_path()
+            };
+            paired.extend(paired_rows(
+                quant,
+                &engine,
+                &ids,
+                peer,
+                file,
+                pairs,
+                &mut build_commit,
+            )?);
+        }
         let mut q = Quant {
             decode_16_streams_tokens_per_s: decode16,
             prefix_repeat_ttft_first_ms: prefix_ttft.0 * 1e3,
@@ -474,7 +681,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_default(),
         simd: nextok_model::simd_features(),
-        threads: rayon::current_num_threads(),
+        kernels: nextok_model::kernels::Level::detect().name().to_string(),
+        cpu: cpu(),
+        threads,
         max_batch_tokens: args
             .max_batch_tokens
             .unwrap_or(EngineConfig::default().max_batch_tokens),
@@ -482,7 +691,23 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             .prefill_chunk_tokens
             .unwrap_or(EngineConfig::default().prefill_chunk_tokens),
         quants,
-        llama_cpp,
+        llama_cpp: peer.as_ref().map(|(_, q8_file)| LlamaCppReport {
+            build_commit,
+            threads,
+            repack: !args.llama_no_repack,
+            loadavg_before: load_before,
+            loadavg_after: loadavg(),
+            pairs,
+            model_files: [path.as_path(), q8_file.as_path()]
+                .iter()
+                .map(|p| {
+                    p.file_name()
+                        .map(|f| f.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                })
+                .collect(),
+            rows: paired,
+        }),
     };
     if args.json {
         outln!(
@@ -492,8 +717,16 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         return Ok(());
     }
     outln!(
-        "engine: {} ({} threads, SIMD {}); workload: prompts 20-600 tokens, max_tokens 64-256 x {scale}, temperature 0.8, 1 in 4 JSON-schema constrained",
-        report.model, report.threads, report.simd
+        "engine: {} ({} threads, SIMD {}, model kernels {}); workload: prompts 20-600 tokens, max_tokens 64-256 x {scale}, temperature 0.8, 1 in 4 JSON-schema constrained",
+        report.model, report.threads, report.simd, report.kernels
+    );
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    outln!(
+        "cpu: {} (avx512f {}, avx512_vnni {}, avx_vnni {})",
+        report.cpu.model_name,
+        yes(report.cpu.avx512f),
+        yes(report.cpu.avx512_vnni),
+        yes(report.cpu.avx_vnni)
     );
     for q in &report.quants {
         outln!(
@@ -543,11 +776,36 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         }
     }
     if let Some(l) = &report.llama_cpp {
-        outln!("\nllama.cpp on the same file (bench/peers/llama_cpp.sh):");
         outln!(
-            "{}",
-            serde_json::to_string_pretty(l).map_err(|e| e.to_string())?
+            "\nllama.cpp (build {}, {} threads, repacking {}; {}; load average {} before, {} after) paired with nextok: {} pairs per row, back to back, llama.cpp first in even pairs and nextok in odd ones; tokens/s are medians over the pairs, the ratio is the median of the per-pair ratios nextok / llama.cpp, the spread their min–max",
+            l.build_commit.as_deref().unwrap_or("unknown"),
+            l.threads,
+            if l.repack { "on" } else { "off" },
+            l.model_files.join(", "),
+            l.loadavg_before
+                .map_or("unknown".into(), |x| format!("{x:.2}")),
+            l.loadavg_after
+                .map_or("unknown".into(), |x| format!("{x:.2}")),
+            l.pairs
         );
+        outln!("| weights | row | nextok tokens/s | llama.cpp tokens/s | nextok / llama.cpp | spread |");
+        outln!("|---|---|---:|---:|---:|---:|");
+        for r in &l.rows {
+            outln!(
+                "| {} | {} | {:.1} | {:.1} | {:.2} | {:.2}–{:.2} |",
+                r.quant,
+                match r.row {
+                    "prompt" => "prompt (512-token prefill)",
+                    "decode" => "decode (1 stream, 128 tokens)",
+                    _ => "16 streams (20-token prompts, 128 tokens)",
+                },
+                r.nextok_tokens_per_s,
+                r.llama_cpp_tokens_per_s,
+                r.nextok_over_llama_cpp,
+                r.ratio_min,
+                r.ratio_max
+            );
+        }
     }
     Ok(())
 }

@@ -31,6 +31,8 @@ pub mod fixtures;
 #[cfg(feature = "cli")]
 mod llama_peer;
 #[cfg(feature = "cli")]
+mod llama_tools;
+#[cfg(feature = "cli")]
 mod sampler;
 #[cfg(feature = "cli")]
 mod speculative;
@@ -43,4 +45,27 @@ pub use sampler::BenchArgs;
 pub fn run(args: BenchArgs, frontend: Frontend) -> Result<(), String> {
     frontend::install(frontend);
     sampler::run(args)
+}
+
+#[cfg(all(test, feature = "cli"))]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: super::BenchArgs,
+    }
+
+    #[test]
+    fn pairs_default_to_five_and_zero_is_rejected_by_name() {
+        let ok = Cli::try_parse_from(["nextok", "engine", "--llama-cpp"]).unwrap();
+        assert_eq!(ok.bench.pairs, 5);
+        let ok = Cli::try_parse_from(["nextok", "engine", "--pairs", "1"]).unwrap();
+        assert_eq!(ok.bench.pairs, 1);
+        let err = Cli::try_parse_from(["nextok", "engine", "--llama-cpp", "--pairs", "0"])
+            .err()
+            .expect("--pairs 0 is rejected");
+        assert!(err.to_string().contains("--pairs"), "{err}");
+    }
 }

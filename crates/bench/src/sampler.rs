@@ -56,6 +56,11 @@ pub struct BenchArgs {
     /// Use at most these kernels: `baseline`, `avx2` or `avx512` (results do not change).
     #[arg(long)]
     pub simd: Option<String>,
+    /// `engine`, `decode`, `speculative`: use at most these model (matrix) kernels: `scalar`,
+    /// `avx2`, `avx512` or `avx512-vnni` (default: the best this CPU has; results do not
+    /// change, only the speed).
+    #[arg(long)]
+    pub kernels: Option<String>,
     /// `engine`: concurrency levels, comma-separated (default: 1,4,16,64).
     #[arg(long, value_delimiter = ',')]
     pub concurrency: Vec<usize>,
@@ -82,10 +87,20 @@ pub struct BenchArgs {
     /// (default: all).
     #[arg(long, value_delimiter = ',')]
     pub tasks: Vec<String>,
-    /// `engine`: first run llama.cpp on the same file (`bench/peers/llama_cpp.sh`) and print
-    /// its figures beside ours.
+    /// `engine`: also run llama.cpp on the same file (the tools `bench/peers/llama_cpp.sh`
+    /// builds; run from the repository root) paired with nextok: prompt (512-token prefill),
+    /// single-stream decode and 16 streams, each `--pairs` times, the two engines back to back
+    /// and alternating which goes first; the report gives the median of the paired ratios and
+    /// their spread.
     #[arg(long)]
     pub llama_cpp: bool,
+    /// `engine --llama-cpp`: pairs per row (at least 1).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub pairs: u32,
+    /// `engine --llama-cpp`: turn llama.cpp's weight repacking (extra buffer types) off, for
+    /// CPUs that advertise an instruction set that then traps.
+    #[arg(long)]
+    pub llama_no_repack: bool,
     /// `sampler`: also run both cases on a real logits row — the default model's (or
     /// `--model`'s) row after a chat prompt, with its vocabulary and the prompt as history.
     #[arg(long)]
@@ -183,6 +198,12 @@ fn ns(d: Duration) -> f64 {
 
 /// Runs `nextok bench`.
 pub fn run(args: BenchArgs) -> Result<(), String> {
+    if let Some(name) = &args.kernels {
+        let level = nextok_model::kernels::Level::from_name(name).ok_or_else(|| {
+            format!("unknown --kernels `{name}` (expected scalar, avx2, avx512 or avx512-vnni)")
+        })?;
+        nextok_model::kernels::set_max_level(level);
+    }
     match args.what.as_str() {
         "sampler" => {}
         "decode" => return crate::decode::run(&args),

@@ -4,9 +4,10 @@
 //! * `nextok bench sampler [--json]` — interleaved sampler benchmarks (floor / naive / nextok).
 //! * `nextok bench decode [--json]` — decode tokens/s on the real model: unconstrained, JSON
 //!   schema (mask overlapped or inline), trace on; Q4_1 and Q8_0.
-//! * `nextok bench engine [--json] [--llama-cpp]` — continuous batching: aggregate tokens/s,
-//!   time to first token and inter-token latency at 1, 4, 16 and 64 concurrent requests against
-//!   the one-at-a-time loop; prefill against decode; optionally llama.cpp on the same file.
+//! * `nextok bench engine [--json] [--llama-cpp [--pairs N]]` — continuous batching: aggregate
+//!   tokens/s, time to first token and inter-token latency at 1, 4, 16 and 64 concurrent
+//!   requests against the one-at-a-time loop; prefill against decode; optionally llama.cpp on
+//!   the same file, paired with nextok (prompt, decode and 16 streams, alternating).
 //! * `nextok serve [--model PATH] [--host H] [--port P] [--max-num-seqs N] [--api-key KEY]` —
 //!   the OpenAI-compatible server (chat and completions, streaming, metrics, explain, traces).
 //! * `nextok vocab --tokenizer FILE | --model FILE.gguf [--id N...] [--json]` — a vocabulary's
