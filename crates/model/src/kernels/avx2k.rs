@@ -86,14 +86,14 @@ pub(super) fn dot_tile(
 /// `f32` of the `f16` with these bits (exact).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn h2f(bits: u16) -> f32 {
+pub(super) fn h2f(bits: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 /// llama.cpp's `hsum_float_8` (see [`super::scalar::hsum8`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn hsum8(x: __m256) -> f32 {
+pub(super) fn hsum8(x: __m256) -> f32 {
     let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
     let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     let r = _mm_add_ss(r, _mm_movehdup_ps(r));
@@ -127,7 +127,7 @@ fn bytes_from_bits(x: u32) -> __m256i {
 /// Loads one chunk.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn ld(c: &Chunk) -> __m256i {
+pub(super) fn ld(c: &Chunk) -> __m256i {
     // SAFETY: a `Chunk` is 32 readable bytes aligned to 32.
     unsafe { _mm256_load_si256(c.0.as_ptr().cast()) }
 }
@@ -279,56 +279,79 @@ fn kq45<const K5: bool, const R: usize, const N: usize>(
             }
         }
         for ri in 0..R {
-            let r = r0 + ri;
-            let dw = h2f(w.d[r * w.nbp + k]);
-            let dmw = h2f(w.m[r * w.nbp + k]);
-            // SAFETY: `sc[ri]` is 16 readable bytes; the load reads its last eight (the mins).
-            let mins = _mm_cvtepu8_epi16(unsafe { _mm_loadl_epi64(sc[ri][8..].as_ptr().cast()) });
             for bi in 0..N {
                 let blk = (b0 + bi) * nb + k;
-                let da = a.kd[blk];
-                acc[ri][bi] = _mm256_fmadd_ps(
-                    _mm256_set1_ps(da * dw),
-                    _mm256_cvtepi32_ps(sumi[ri][bi]),
-                    acc[ri][bi],
-                );
-                let bs = &a.kbs[blk];
-                // SAFETY: `bs` is sixteen `i16`s: the loads read `bs[0..8]` and `bs[8..16]`.
-                let (b_lo, b_hi) = unsafe {
-                    (
-                        _mm_loadu_si128(bs.as_ptr().cast()),
-                        _mm_loadu_si128(bs.as_ptr().add(8).cast()),
-                    )
-                };
-                let prod = _mm_madd_epi16(mins, _mm_hadd_epi16(b_lo, b_hi));
-                let dmin = -(da * dmw);
-                if K5 {
-                    let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
-                    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
-                    let s = _mm_cvtsi128_si32(s);
-                    summs[ri][bi] = dmin.mul_add(s as f32, summs[ri][bi]);
-                } else {
-                    accm[ri][bi] =
-                        _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), accm[ri][bi]);
-                }
+                let (acc, accm, summs) = (&mut acc[ri][bi], &mut accm[ri][bi], &mut summs[ri][bi]);
+                kq45_add::<K5>(w, r0 + ri, k, a, blk, sumi[ri][bi], acc, accm, summs);
             }
         }
     }
     let mut res = [[0f32; 4]; 4];
     for ri in 0..R {
         for bi in 0..N {
-            let h = hsum8(acc[ri][bi]);
-            res[ri][bi] = if K5 {
-                h + summs[ri][bi]
-            } else {
-                let m = accm[ri][bi];
-                let t = _mm_add_ps(m, _mm_movehl_ps(m, m));
-                let t = _mm_add_ss(t, _mm_movehdup_ps(t));
-                h + _mm_cvtss_f32(t)
-            };
+            res[ri][bi] = kq45_result::<K5>(acc[ri][bi], accm[ri][bi], summs[ri][bi]);
         }
     }
     res
+}
+
+/// Q4_K (`K5 = false`) / Q5_K: adds super-block `k` of weight row `r` against activation
+/// super-block `blk` to that pair's accumulators, given the eight exact lane sums `isum` (the
+/// float part of the [module docs](super)). Shared by the AVX2 and AVX-512 kernels.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+// The accumulators of one weight row × activation row, as the kernels keep them.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn kq45_add<const K5: bool>(
+    w: &QMatrix,
+    r: usize,
+    k: usize,
+    a: &Acts<'_>,
+    blk: usize,
+    isum: __m256i,
+    acc: &mut __m256,
+    accm: &mut __m128,
+    summs: &mut f32,
+) {
+    let dw = h2f(w.d[r * w.nbp + k]);
+    let dmw = h2f(w.m[r * w.nbp + k]);
+    let sc = &w.sc[r * w.nb + k];
+    // SAFETY: `sc` is 16 readable bytes; the load reads its last eight (the mins).
+    let mins = _mm_cvtepu8_epi16(unsafe { _mm_loadl_epi64(sc[8..].as_ptr().cast()) });
+    let da = a.kd[blk];
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(da * dw), _mm256_cvtepi32_ps(isum), *acc);
+    let bs = &a.kbs[blk];
+    // SAFETY: `bs` is sixteen `i16`s: the loads read `bs[0..8]` and `bs[8..16]`.
+    let (b_lo, b_hi) = unsafe {
+        (
+            _mm_loadu_si128(bs.as_ptr().cast()),
+            _mm_loadu_si128(bs.as_ptr().add(8).cast()),
+        )
+    };
+    let prod = _mm_madd_epi16(mins, _mm_hadd_epi16(b_lo, b_hi));
+    let dmin = -(da * dmw);
+    if K5 {
+        let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+        let s = _mm_cvtsi128_si32(s);
+        *summs = dmin.mul_add(s as f32, *summs);
+    } else {
+        *accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), *accm);
+    }
+}
+
+/// The result of a Q4_K / Q5_K dot from its accumulators (see [`kq45_add`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn kq45_result<const K5: bool>(acc: __m256, accm: __m128, summs: f32) -> f32 {
+    let h = hsum8(acc);
+    if K5 {
+        h + summs
+    } else {
+        let t = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+        let t = _mm_add_ss(t, _mm_movehdup_ps(t));
+        h + _mm_cvtss_f32(t)
+    }
 }
 
 /// Q6_K × Q8_K for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`.

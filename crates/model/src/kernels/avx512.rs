@@ -79,6 +79,7 @@ mod fallback {
 mod imp {
     use std::arch::x86_64::*;
 
+    use super::super::avx2k::{h2f, hsum8, kq45_add, kq45_result, ld};
     use super::super::{avx2, Acts, Chunk, MatFormat, QMatrix};
 
     /// Whether this CPU has AVX-512 F, BW and VL (and the AVX2 level's AVX2, FMA, F16C).
@@ -135,12 +136,11 @@ mod imp {
     const Q5_1: u8 = 3;
     const Q8_0: u8 = 4;
 
-    /// Loads one chunk.
-    #[target_feature(enable = "avx2")]
+    /// `lo` in every 16-bit lane of the low 256 bits, `hi` in every lane of the high 256.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
     #[inline]
-    fn ld(c: &Chunk) -> __m256i {
-        // SAFETY: a `Chunk` is 32 readable bytes aligned to 32.
-        unsafe { _mm256_load_si256(c.0.as_ptr().cast()) }
+    fn halves16(lo: i16, hi: i16) -> __m512i {
+        _mm512_inserti64x4::<1>(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi))
     }
 
     /// The 32-value kernels, the tile dispatch and the shared helpers, compiled once per
@@ -189,16 +189,6 @@ mod imp {
                     MatFormat::Q4_1 | MatFormat::F16 | MatFormat::BF16 | MatFormat::F32 => {}
                 }
                 avx2::dot_tile(w, r0, nr, a, b0, n)
-            }
-
-            /// llama.cpp's `hsum_float_8` (see [`super::super::scalar::hsum8`]).
-            #[target_feature(enable = $feat)]
-            #[inline]
-            fn hsum8(x: __m256) -> f32 {
-                let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
-                let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-                let r = _mm_add_ss(r, _mm_movehdup_ps(r));
-                _mm_cvtss_f32(r)
             }
 
             /// One chunk of row `ra` in the low half and of row `rb` in the high half.
@@ -478,23 +468,6 @@ mod imp {
             })
         }
 
-        /// `f32` of the `f16` with these bits (exact).
-        #[target_feature(enable = "avx2,fma,f16c")]
-        #[inline]
-        fn h2f(bits: u16) -> f32 {
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-        }
-
-        /// See the `kernels!` helper of the same name.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        #[inline]
-        fn hsum8(x: __m256) -> f32 {
-            let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
-            let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-            let r = _mm_add_ss(r, _mm_movehdup_ps(r));
-            _mm_cvtss_f32(r)
-        }
-
         /// Two consecutive chunks (two 32-value groups of a Q8_K super-block) as one register.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
         #[inline]
@@ -529,27 +502,9 @@ mod imp {
             let mask = _mm512_set1_epi8(0x0F);
             let one = _mm512_set1_epi8(1);
             // Nibble shift per half: low nibbles for group 2j, high for 2j + 1.
-            let nsh = _mm512_setr_epi64(
-                0,
-                0,
-                0,
-                0,
-                0x0004_0004_0004_0004,
-                0x0004_0004_0004_0004,
-                0x0004_0004_0004_0004,
-                0x0004_0004_0004_0004,
-            );
+            let nsh = halves16(0, 4);
             // High-bit shift per half: bit 2j for group 2j, 2j + 1 for 2j + 1 (then 2 per j).
-            let hsh = _mm512_setr_epi64(
-                0,
-                0,
-                0,
-                0,
-                0x0001_0001_0001_0001,
-                0x0001_0001_0001_0001,
-                0x0001_0001_0001_0001,
-                0x0001_0001_0001_0001,
-            );
+            let hsh = halves16(0, 1);
             let mut acc = [[_mm256_setzero_ps(); N]; R];
             let mut accm = [[_mm_setzero_ps(); N]; R];
             let mut summs = [[0f32; N]; R];
@@ -594,60 +549,19 @@ mod imp {
                     }
                 }
                 for ri in 0..R {
-                    let r = r0 + ri;
-                    let dw = h2f(w.d[r * w.nbp + k]);
-                    let dmw = h2f(w.m[r * w.nbp + k]);
-                    let sc = &w.sc[r * nb + k];
-                    // SAFETY: `sc` is 16 readable bytes; the load reads its last eight (the
-                    // mins).
-                    let mins =
-                        _mm_cvtepu8_epi16(unsafe { _mm_loadl_epi64(sc[8..].as_ptr().cast()) });
                     for bi in 0..N {
                         let blk = (b0 + bi) * nb + k;
-                        let da = a.kd[blk];
-                        acc[ri][bi] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(da * dw),
-                            _mm256_cvtepi32_ps(fold(sumi[ri][bi])),
-                            acc[ri][bi],
-                        );
-                        let bs = &a.kbs[blk];
-                        // SAFETY: `bs` is sixteen `i16`s: the loads read `bs[0..8]` and
-                        // `bs[8..16]`.
-                        let (b_lo, b_hi) = unsafe {
-                            (
-                                _mm_loadu_si128(bs.as_ptr().cast()),
-                                _mm_loadu_si128(bs.as_ptr().add(8).cast()),
-                            )
-                        };
-                        let prod = _mm_madd_epi16(mins, _mm_hadd_epi16(b_lo, b_hi));
-                        let dmin = -(da * dmw);
-                        if K5 {
-                            let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
-                            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
-                            let s = _mm_cvtsi128_si32(s);
-                            summs[ri][bi] = dmin.mul_add(s as f32, summs[ri][bi]);
-                        } else {
-                            accm[ri][bi] = _mm_fmadd_ps(
-                                _mm_set1_ps(dmin),
-                                _mm_cvtepi32_ps(prod),
-                                accm[ri][bi],
-                            );
-                        }
+                        let isum = fold(sumi[ri][bi]);
+                        let (acc, accm) = (&mut acc[ri][bi], &mut accm[ri][bi]);
+                        let summs = &mut summs[ri][bi];
+                        kq45_add::<K5>(w, r0 + ri, k, a, blk, isum, acc, accm, summs);
                     }
                 }
             }
             let mut res = [[0f32; 4]; 4];
             for ri in 0..R {
                 for bi in 0..N {
-                    let h = hsum8(acc[ri][bi]);
-                    res[ri][bi] = if K5 {
-                        h + summs[ri][bi]
-                    } else {
-                        let m = accm[ri][bi];
-                        let t = _mm_add_ps(m, _mm_movehl_ps(m, m));
-                        let t = _mm_add_ss(t, _mm_movehdup_ps(t));
-                        h + _mm_cvtss_f32(t)
-                    };
+                    res[ri][bi] = kq45_result::<K5>(acc[ri][bi], accm[ri][bi], summs[ri][bi]);
                 }
             }
             res
@@ -670,16 +584,7 @@ mod imp {
             let m32 = _mm512_set1_epi8(32);
             // High-bit pair shifts: groups 4h + 0 / 4h + 1 take bits 0–1 / 2–3 of `qh`,
             // groups 4h + 2 / 4h + 3 bits 4–5 / 6–7.
-            let s01 = _mm512_setr_epi64(
-                0,
-                0,
-                0,
-                0,
-                0x0002_0002_0002_0002,
-                0x0002_0002_0002_0002,
-                0x0002_0002_0002_0002,
-                0x0002_0002_0002_0002,
-            );
+            let s01 = halves16(0, 2);
             let s23 = _mm512_add_epi16(s01, _mm512_set1_epi16(4));
             // Scale indices of groups `g`, `g + 1`: one per 16-value quarter, `2g + quarter`.
             let qidx = _mm512_setr_epi64(
