@@ -119,13 +119,10 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             ..Default::default()
         };
         let constrained_params = SamplingParams {
-            constraint: Some(
-                serde_json::to_value(ConstraintSpec::JsonSchema {
-                    schema: schema(),
-                    options: Default::default(),
-                })
-                .map_err(|e| e.to_string())?,
-            ),
+            constraint: Some(ConstraintSpec::JsonSchema {
+                schema: schema(),
+                options: Default::default(),
+            }),
             ..base_params.clone()
         };
         let model = std::sync::Arc::new(model);

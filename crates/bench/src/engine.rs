@@ -94,7 +94,7 @@ fn workload(text_ids: &[u32], i: usize, tokens_scale: f64) -> GenerateRequest {
         ..Default::default()
     };
     if i % 4 == 3 {
-        req.constraint = Some(ConstraintSpec::JsonSchema {
+        req.params.constraint = Some(ConstraintSpec::JsonSchema {
             schema: crate::decode::schema(),
             options: Default::default(),
         });

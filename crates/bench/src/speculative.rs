@@ -62,7 +62,7 @@ fn task(name: &str, max_tokens: u64) -> GenerateRequest {
     if name != "chat" {
         // what a structured-output user sends: the fields asked for, as a JSON schema
         let text = serde_json::json!({"type": "string"});
-        r.constraint = Some(ConstraintSpec::JsonSchema {
+        r.params.constraint = Some(ConstraintSpec::JsonSchema {
             schema: serde_json::json!({
                 "type": "object",
                 "properties": {

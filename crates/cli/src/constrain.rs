@@ -131,7 +131,7 @@ fn spec(a: &ConstrainArgs) -> Result<ConstraintSpec, CliError> {
 }
 
 /// The flag that gives a constraint of `spec`'s kind.
-fn flag(spec: &ConstraintSpec) -> &'static str {
+pub(crate) fn flag(spec: &ConstraintSpec) -> &'static str {
     match spec {
         ConstraintSpec::JsonSchema { .. } => "--json-schema",
         ConstraintSpec::Regex { .. } => "--regex",

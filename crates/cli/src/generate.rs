@@ -33,6 +33,7 @@ use std::sync::Arc;
 use nextok_engine::speculative::{Acceptance, SpecOptions};
 
 use nextok_constraint::ConstraintSpec;
+use nextok_core::pipeline::resolve::{resolve, Request as ResolveRequest};
 use nextok_core::{FinishReason, Layer, PipelineConfig, Preset, SamplingParams, StopConfig};
 use nextok_engine::solo::BeamEnd;
 use nextok_engine::trace::{self, TraceHeader};
@@ -345,6 +346,43 @@ fn layer_name(l: Layer) -> &'static str {
     }
 }
 
+/// The flag of each resolver field: the CLI's names for what the resolver checks (a field
+/// with no flag keeps its name).
+const FLAGS: [(&str, &str); 18] = [
+    ("temperature", "--temperature"),
+    ("top_k", "--top-k"),
+    ("top_p", "--top-p"),
+    ("min_p", "--min-p"),
+    ("typical_p", "--typical-p"),
+    ("presence_penalty", "--presence-penalty"),
+    ("frequency_penalty", "--frequency-penalty"),
+    ("repetition_penalty", "--repetition-penalty"),
+    ("logit_bias", "--logit-bias"),
+    ("min_tokens", "--min-tokens"),
+    ("max_tokens", "--max-tokens"),
+    ("stop", "--stop"),
+    ("stop_token_ids", "--stop-token-id"),
+    ("seed", "--seed"),
+    ("n", "-n"),
+    ("top_logprobs", "--logprobs"),
+    ("grammar_policy", "--grammar-policy"),
+    ("pipeline", "--pipeline"),
+];
+
+/// The flag that gave resolver field `field` (`logit_bias[5]` is `--logit-bias[5]`; the
+/// constraint is the flag that gave it).
+fn flag(field: &str, constraint: Option<&str>) -> String {
+    let head = field.split(['[', '.']).next().unwrap_or(field);
+    let rest = &field[head.len()..];
+    match (head, constraint) {
+        ("constraint", Some(c)) => format!("{c}{rest}"),
+        _ => match FLAGS.iter().find(|f| f.0 == head) {
+            Some((_, flag)) => format!("{flag}{rest}"),
+            None => field.to_string(),
+        },
+    }
+}
+
 /// The request the flags describe.
 fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), CliError> {
     let prompt = if a.chat {
@@ -385,30 +423,7 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), CliError> {
     let (pipeline, source) = match a.pipeline.parse::<Preset>() {
         Ok(p) => (PipelineChoice::Preset(p), a.pipeline.clone()),
         Err(_) => {
-            // a pipeline file carries its own processors: a sampling flag would be ignored
-            let conflicts: Vec<&str> = [
-                (a.temperature.is_some(), "--temperature"),
-                (a.top_k.is_some(), "--top-k"),
-                (a.top_p.is_some(), "--top-p"),
-                (a.min_p.is_some(), "--min-p"),
-                (a.typical_p.is_some(), "--typical-p"),
-                (a.presence_penalty.is_some(), "--presence-penalty"),
-                (a.frequency_penalty.is_some(), "--frequency-penalty"),
-                (a.repetition_penalty.is_some(), "--repetition-penalty"),
-                (!a.logit_bias.is_empty(), "--logit-bias"),
-                (a.min_tokens.is_some(), "--min-tokens"),
-            ]
-            .iter()
-            .filter(|c| c.0)
-            .map(|c| c.1)
-            .collect();
-            if !conflicts.is_empty() {
-                return Err(format!(
-                    "--pipeline `{}` (a pipeline file) cannot be combined with {}: the file's processors set them",
-                    a.pipeline,
-                    conflicts.join(", ")
-                ).into());
-            }
+            // a pipeline file carries its own processors (the resolver refuses a sampling flag)
             let text = std::fs::read_to_string(&a.pipeline).map_err(|e| {
                 format!(
                     "--pipeline `{}`: not a preset and cannot read: {e}",
@@ -423,11 +438,24 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), CliError> {
         .trace
         .as_ref()
         .map(|_| a.trace_candidates.max(a.logprobs.unwrap_or(0)));
+    let constraint = constraint_spec(a)?;
+    let constraint_flag = constraint.as_ref().map(crate::constrain::flag);
+    let params = SamplingParams {
+        constraint,
+        ..params
+    };
+    // every rule about the decoding side, once: the resolver's errors under the flags' names
+    resolve(&ResolveRequest {
+        params: &params,
+        pipeline: &pipeline,
+        n: a.n,
+        top_logprobs: a.logprobs,
+    })
+    .map_err(|e| e.renamed(|f| flag(f, constraint_flag)))?;
     Ok((
         GenerateRequest {
             prompt,
             params,
-            constraint: constraint_spec(a)?,
             pipeline,
             n: a.n,
             logprobs: a.logprobs.map(|top| LogprobOptions {
@@ -457,9 +485,6 @@ struct Pending {
 
 /// Runs `nextok generate`.
 pub fn run(a: GenerateArgs) -> Result<(), CliError> {
-    if a.n == 0 {
-        return Err("-n must be at least 1".into());
-    }
     if a.beam_width.is_some() {
         let conflicts: Vec<&str> = [
             (a.trace.is_some(), "--trace"),

@@ -291,9 +291,54 @@ fn pipeline_file_and_beam_search_run() {
 #[test]
 fn bad_flags_fail_with_a_message() {
     let Some(m) = model() else { return };
+    // the resolver's error, under the flag's name, before the model is loaded
     let o = nextok(&m, &["generate", "hi", "--top-p", "1.5"]);
     assert!(!o.status.success());
-    assert!(text(&o.stderr).contains("top_p"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("error: invalid `--top-p`: 1.5 is outside (0, 1]"),
+        "{}",
+        text(&o.stderr)
+    );
+    for (args, flag) in [
+        (&["-n", "0"][..], "`-n`"),
+        (&["--max-tokens", "0"], "`--max-tokens`"),
+        (&["--logprobs", "21"], "`--logprobs`"),
+        (&["--stop", "a", "--stop", ""], "`--stop[1]`"),
+        (&["--logit-bias", "5=101"], "`--logit-bias[5]`"),
+    ] {
+        let mut a = vec!["generate", "hi"];
+        a.extend_from_slice(args);
+        let o = nextok(&m, &a);
+        assert!(!o.status.success());
+        assert!(
+            text(&o.stderr).contains(flag),
+            "{args:?}: {}",
+            text(&o.stderr)
+        );
+    }
+    // a pipeline file carries its own processors: a sampling flag is refused, and a constraint
+    // needs the file's grammar mask
+    let pipe = tmp("greedy-pipeline.json");
+    std::fs::write(
+        &pipe,
+        r#"{"format_version": 1, "processors": [], "selector": {"type": "greedy"}}"#,
+    )
+    .unwrap();
+    let pipe = pipe.to_string_lossy().into_owned();
+    for (flags, flag) in [
+        (["--temperature", "0.5"], "`--temperature`"),
+        (["--regex", "a"], "`--pipeline`"),
+    ] {
+        let mut a = vec!["generate", "hi", "--pipeline", &pipe];
+        a.extend_from_slice(&flags);
+        let o = nextok(&m, &a);
+        assert!(!o.status.success());
+        assert!(
+            text(&o.stderr).contains(flag),
+            "{flags:?}: {}",
+            text(&o.stderr)
+        );
+    }
     let o = nextok(&m, &["generate", "hi", "--logit-bias", "nope"]);
     assert!(!o.status.success());
 }

@@ -46,37 +46,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// How a JSON-schema constraint orders an object's properties.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PropertyOrder {
-    /// Schema order: declared properties in the order the schema lists them, additional
-    /// properties after them (llguidance's JSON compiler; key tokens are forced; fastest).
-    Schema,
-    /// Any order, each key at most once, required keys present (a parametric grammar).
-    Any,
-}
-
-impl PropertyOrder {
-    /// `schema` or `any`.
-    pub fn name(self) -> &'static str {
-        match self {
-            PropertyOrder::Schema => "schema",
-            PropertyOrder::Any => "any",
-        }
-    }
-}
-
-impl std::str::FromStr for PropertyOrder {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "schema" => Ok(PropertyOrder::Schema),
-            "any" => Ok(PropertyOrder::Any),
-            other => Err(format!("unknown property order `{other}` (schema, any)")),
-        }
-    }
-}
+pub use nextok_core::constraint::spec::PropertyOrder;
 
 /// An object that keeps schema order, and why.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

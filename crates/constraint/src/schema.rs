@@ -23,43 +23,7 @@ use serde_json::{Map, Value};
 use crate::error::ConstraintError;
 use crate::property_order::{OrderKept, PropertyOrder};
 
-/// How the keywords that the mask cannot enforce exactly are handled.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SchemaMode {
-    /// Refuse the schema, naming the keyword and its JSON pointer.
-    #[default]
-    Strict,
-    /// Mask with those keywords relaxed to a superset; validate the output against the full
-    /// schema after generation.
-    Relaxed,
-}
-
-impl SchemaMode {
-    /// `strict` or `relaxed`.
-    pub fn name(self) -> &'static str {
-        match self {
-            SchemaMode::Strict => "strict",
-            SchemaMode::Relaxed => "relaxed",
-        }
-    }
-
-    /// Whether this is the default, [`SchemaMode::Strict`].
-    pub fn is_strict(&self) -> bool {
-        *self == SchemaMode::Strict
-    }
-}
-
-impl std::str::FromStr for SchemaMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "strict" => Ok(SchemaMode::Strict),
-            "relaxed" => Ok(SchemaMode::Relaxed),
-            other => Err(format!("unknown schema mode `{other}` (strict, relaxed)")),
-        }
-    }
-}
+pub use nextok_core::constraint::spec::SchemaMode;
 
 /// Keywords the mask enforces (llguidance's implemented set; `oneOf`, `minProperties`,
 /// `maxProperties` and `patternProperties` only in the cases it can decide exactly).

@@ -104,6 +104,19 @@ impl Error {
         }
     }
 
+    /// The same error with its field renamed by `rename`: how a front end names a field its own
+    /// way (the CLI's `--top-p` for `top_p`), message included.
+    pub fn renamed(mut self, rename: impl Fn(&str) -> String) -> Self {
+        match &mut self.kind {
+            ErrorKind::InvalidParameter { field, .. }
+            | ErrorKind::Contradiction { field, .. }
+            | ErrorKind::TokenOutOfRange { field, .. }
+            | ErrorKind::Parse { field, .. } => *field = rename(field),
+            _ => {}
+        }
+        self
+    }
+
     pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
         ErrorKind::InvalidParameter {
             field: field.into(),

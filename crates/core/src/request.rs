@@ -8,7 +8,8 @@
 //!
 //! `pipeline` is a preset name (`reference`, `hf`, `vllm`, `llama.cpp`) built from `params`, or
 //! a full pipeline object; with a pipeline object, `params` may only carry the request-level
-//! fields (`max_tokens`, `stop_token_ids`, `ignore_eos`, `seed`). Logits may be numbers or the
+//! fields (`max_tokens`, `stop_token_ids`, `stop`, `ignore_eos`, `seed`, `constraint`, ...): the
+//! request goes through the one resolver, [`crate::pipeline::resolve`]. Logits may be numbers or the
 //! strings `"-inf"`, `"inf"`, `"nan"` (so bad input can be written down). `selector` is
 //! `{"u": x}` (a fixed inverse-CDF position) or `{"seed": n}` (the request's random stream).
 
@@ -16,8 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::pipeline::params::SamplingParams;
-use crate::pipeline::presets::{self, Preset};
-use crate::pipeline::{PipelineConfig, StopConfig};
+use crate::pipeline::resolve::{resolve, PipelineChoice, Request as ResolveRequest, Resolved};
+use crate::pipeline::PipelineConfig;
 use crate::record::StepRecord;
 use crate::sampler::{Explanation, Sampler, TokenRow};
 use crate::select::Draw;
@@ -156,66 +157,14 @@ impl StepRequest {
             eos_token_ids: self.eos_token_ids.clone(),
             special_token_ids: self.special_token_ids.clone(),
         };
-        let (cfg, stop) = match &self.pipeline {
-            PipelineSpec::Preset(name) => {
-                let preset: Preset = name.parse()?;
-                presets::build(preset, &self.params)?
-            }
-            PipelineSpec::Custom(cfg) => {
-                let p = &self.params;
-                let request_level = SamplingParams {
-                    max_tokens: p.max_tokens,
-                    stop_token_ids: p.stop_token_ids.clone(),
-                    ignore_eos: p.ignore_eos,
-                    seed: p.seed,
-                    stop: p.stop.clone(),
-                    include_stop_str_in_output: p.include_stop_str_in_output,
-                    skip_special_tokens: p.skip_special_tokens,
-                    constraint: p.constraint.clone(),
-                    grammar_policy: p.grammar_policy,
-                    ..Default::default()
-                };
-                if *p != request_level {
-                    return Err(Error::contradiction(
-                        "params",
-                        "with a custom pipeline object, sampling parameters belong in the pipeline; params may only set max_tokens, stop_token_ids, stop, include_stop_str_in_output, skip_special_tokens, ignore_eos and seed",
-                    ));
-                }
-                cfg.check_format()?;
-                let stop = StopConfig {
-                    stop_token_ids: p.stop_token_ids.clone(),
-                    max_tokens: p.max_tokens,
-                    ignore_eos: p.ignore_eos,
-                    stop: p.stop.clone(),
-                    include_stop_str_in_output: p.include_stop_str_in_output,
-                    skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
-                    grammar_policy: p.grammar_policy.unwrap_or_default(),
-                };
-                (cfg.clone(), stop)
-            }
+        let choice = match &self.pipeline {
+            PipelineSpec::Preset(name) => PipelineChoice::Preset(name.parse()?),
+            PipelineSpec::Custom(cfg) => PipelineChoice::Config(cfg.clone()),
         };
-        // the constraint is declared once: a pipeline has a grammar mask exactly when the
-        // request has a constraint (never a constraint silently ignored, nor a mask with nothing
-        // to mask)
-        let has_mask = cfg
-            .processors
-            .iter()
-            .any(|p| matches!(p, crate::processors::ProcessorConfig::GrammarMask(_)));
-        match (self.params.constraint.is_some(), has_mask) {
-            (true, false) => {
-                return Err(Error::contradiction(
-                    "pipeline",
-                    "the request has a constraint but the pipeline has no grammar_mask processor",
-                ))
-            }
-            (false, true) => {
-                return Err(Error::contradiction(
-                    "pipeline",
-                    "the pipeline has a grammar_mask processor but the request no constraint",
-                ))
-            }
-            _ => {}
-        }
+        let Resolved {
+            pipeline: cfg,
+            stop,
+        } = resolve(&ResolveRequest::new(&self.params, &choice))?;
         let sampler = Sampler::new(cfg, vocab, stop)?;
         let (draw, seed) = match self.selector {
             Some(SelectorInput {

@@ -63,35 +63,40 @@ pub struct StopHit {
     pub end_in_token: usize,
 }
 
-impl StopStrings {
-    /// Compiles `stops`. An empty stop string is rejected (`stop[i]`).
-    pub fn new(stops: &[String]) -> Result<StopStrings> {
-        for (i, s) in stops.iter().enumerate() {
-            if s.is_empty() {
-                return Err(Error::invalid(
-                    format!("stop[{i}]"),
-                    "a stop string cannot be empty",
-                ));
-            }
-            if s.len() > MAX_STOP_BYTES {
-                return Err(Error::invalid(
-                    format!("stop[{i}]"),
-                    format!(
-                        "{} bytes; a stop string has at most {MAX_STOP_BYTES}",
-                        s.len()
-                    ),
-                ));
-            }
-        }
-        let total: usize = stops.iter().map(String::len).sum();
-        if total > MAX_STOP_TOTAL_BYTES {
+/// The rules of a request's stop strings: none empty, each at most [`MAX_STOP_BYTES`], all
+/// together at most [`MAX_STOP_TOTAL_BYTES`]. Errors name `stop[i]` or `stop`.
+pub fn check(stops: &[String]) -> Result<()> {
+    for (i, s) in stops.iter().enumerate() {
+        if s.is_empty() {
             return Err(Error::invalid(
-                "stop",
+                format!("stop[{i}]"),
+                "a stop string cannot be empty",
+            ));
+        }
+        if s.len() > MAX_STOP_BYTES {
+            return Err(Error::invalid(
+                format!("stop[{i}]"),
                 format!(
-                    "{total} bytes in all; the stop strings have at most {MAX_STOP_TOTAL_BYTES}"
+                    "{} bytes; a stop string has at most {MAX_STOP_BYTES}",
+                    s.len()
                 ),
             ));
         }
+    }
+    let total: usize = stops.iter().map(String::len).sum();
+    if total > MAX_STOP_TOTAL_BYTES {
+        return Err(Error::invalid(
+            "stop",
+            format!("{total} bytes in all; the stop strings have at most {MAX_STOP_TOTAL_BYTES}"),
+        ));
+    }
+    Ok(())
+}
+
+impl StopStrings {
+    /// Compiles `stops`. An empty stop string is rejected (`stop[i]`).
+    pub fn new(stops: &[String]) -> Result<StopStrings> {
+        check(stops)?;
         let patterns: Vec<Vec<u8>> = stops.iter().map(|s| s.as_bytes().to_vec()).collect();
         let dfa = DFA::builder()
             .match_kind(MatchKind::Standard)

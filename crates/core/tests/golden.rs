@@ -45,7 +45,9 @@ fn rich_params() -> SamplingParams {
         stop: vec!["\n\n".into()],
         include_stop_str_in_output: false,
         skip_special_tokens: None,
-        constraint: Some(serde_json::json!({"json": true})),
+        constraint: Some(nextok_core::constraint::spec::ConstraintSpec::Json {
+            options: Default::default(),
+        }),
         grammar_policy: None,
     }
 }

@@ -108,7 +108,9 @@ fn vocab() -> VocabInfo {
 
 fn sampler(policy: GrammarPolicy, top_k: Option<i64>) -> Sampler {
     let params = SamplingParams {
-        constraint: Some(serde_json::json!({"choice": LANGUAGE})),
+        constraint: Some(nextok_core::constraint::spec::ConstraintSpec::Choice {
+            choices: LANGUAGE.iter().map(|s| s.to_string()).collect(),
+        }),
         grammar_policy: Some(policy),
         top_k,
         ..Default::default()

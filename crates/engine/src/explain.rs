@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use nextok_constraint::{ConstraintEngine, ConstraintSpec, ConstraintVocab};
+use nextok_constraint::{ConstraintEngine, ConstraintVocab};
 use nextok_core::request::{ExplainOutput, NamedRow};
 use nextok_core::{Explanation, StepRequest, TokenBytes};
 use nextok_model::Model;
@@ -32,8 +32,6 @@ pub fn explain_step(req: &StepRequest) -> Result<ExplainOutput> {
             "a constraint needs token names (their bytes are the tokens' bytes)",
         )
     })?;
-    let spec: ConstraintSpec = serde_json::from_value(spec)
-        .map_err(|e| EngineError::invalid("params.constraint", e.to_string()))?;
     let mut constraint_error = None;
     let out = req.explain_output_with(|sampler, state| {
         let bytes = TokenBytes::new(names.iter().map(|n| n.as_bytes()))?;

@@ -31,7 +31,7 @@
 //! let engine = Engine::new(model, EngineConfig::default())?;
 //! let schema = serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]});
 //! let mut req = GenerateRequest::new(Prompt::Text("A person as JSON: ".into()));
-//! req.constraint = Some(ConstraintSpec::JsonSchema { schema, options: Default::default() });
+//! req.params.constraint = Some(ConstraintSpec::JsonSchema { schema, options: Default::default() });
 //! println!("{}", engine.generate(req)?.sequences[0].text);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

@@ -10,9 +10,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use nextok_constraint::{CompiledConstraint, ConstraintEngine, ConstraintSpec, ConstraintVocab};
-use nextok_core::pipeline::presets;
-use nextok_core::processors::ProcessorConfig;
-use nextok_core::{Sampler, StopConfig, TokenBytes};
+use nextok_core::pipeline::resolve::{resolve, Request as ResolveRequest, Resolved};
+use nextok_core::{Sampler, TokenBytes};
 use nextok_model::Model;
 use sha2::{Digest, Sha256};
 
@@ -186,10 +185,15 @@ impl ModelShared {
         id: u64,
         config: &crate::EngineConfig,
     ) -> Result<Prepared> {
+        // every rule about the request's decoding side, once (errors name the request's fields)
+        let resolved = resolve(&ResolveRequest {
+            params: &req.params,
+            pipeline: &req.pipeline,
+            n: req.n,
+            top_logprobs: req.logprobs.map(|l| l.top),
+        })
+        .map_err(EngineError::core)?;
         let max_seqs = config.max_num_seqs;
-        if req.n == 0 {
-            return Err(EngineError::invalid("n", "must be at least 1"));
-        }
         if req.n > max_seqs {
             return Err(EngineError::new(
                 ErrorKind::TooLarge,
@@ -233,7 +237,6 @@ impl ModelShared {
                 Some(d) => d.min(room),
                 None => room,
             },
-            Some(0) => return Err(EngineError::invalid("max_tokens", "must be at least 1")),
             Some(m) if m > room => {
                 return Err(EngineError::new(
                     ErrorKind::TooLarge,
@@ -247,65 +250,12 @@ impl ModelShared {
             Some(m) => m,
         };
         params.max_tokens = Some(max_tokens);
-        // the constraint, declared once
-        let spec = match (&req.constraint, &params.constraint) {
-            (Some(s), None) => Some(s.clone()),
-            (None, Some(v)) => Some(
-                serde_json::from_value::<ConstraintSpec>(v.clone())
-                    .map_err(|e| EngineError::invalid("constraint", e.to_string()))?,
-            ),
-            (None, None) => None,
-            (Some(s), Some(v)) => {
-                let same = serde_json::to_value(s).ok().as_ref() == Some(v);
-                if !same {
-                    return Err(EngineError::invalid(
-                        "constraint",
-                        "given twice (the request's constraint and params.constraint) and they differ",
-                    ));
-                }
-                Some(s.clone())
-            }
-        };
-        params.constraint = match &spec {
-            Some(s) => Some(
-                serde_json::to_value(s)
-                    .map_err(|e| EngineError::invalid("constraint", e.to_string()))?,
-            ),
-            None => None,
-        };
         // the request's seed, resolved once: every sequence's seed derives from it
         params.seed = Some(params.seed.unwrap_or_else(fresh_seed));
-        let (pipeline, stop) = match &req.pipeline {
-            PipelineChoice::Preset(p) => presets::build(*p, &params).map_err(EngineError::core)?,
-            PipelineChoice::Config(cfg) => (
-                cfg.clone(),
-                StopConfig {
-                    stop_token_ids: params.stop_token_ids.clone(),
-                    max_tokens: params.max_tokens,
-                    ignore_eos: params.ignore_eos,
-                    stop: params.stop.clone(),
-                    include_stop_str_in_output: params.include_stop_str_in_output,
-                    skip_special_tokens: params.skip_special_tokens.unwrap_or(true),
-                    grammar_policy: params.grammar_policy.unwrap_or_default(),
-                },
-            ),
-            PipelineChoice::Exact { pipeline, stop } => (pipeline.clone(), stop.clone()),
-        };
-        let has_mask = pipeline
-            .processors
-            .iter()
-            .any(|p| matches!(p, ProcessorConfig::GrammarMask(_)));
-        if spec.is_some() && !has_mask {
-            return Err(EngineError::invalid(
-                "pipeline",
-                "the request has a constraint but the pipeline has no grammar_mask processor",
-            ));
-        }
-        if spec.is_none() && has_mask {
-            return Err(EngineError::invalid(
-                "pipeline",
-                "the pipeline has a grammar_mask processor but the request no constraint",
-            ));
+        // the output limit is the engine's: the stop conditions take the effective one
+        let Resolved { pipeline, mut stop } = resolved;
+        if !matches!(req.pipeline, PipelineChoice::Exact { .. }) {
+            stop.max_tokens = Some(max_tokens);
         }
         let sampler = Sampler::new_with_tokens(
             pipeline.clone(),
@@ -314,7 +264,7 @@ impl ModelShared {
             Some(self.token_bytes.clone()),
         )
         .map_err(EngineError::core)?;
-        let constraint = match &spec {
+        let constraint = match &params.constraint {
             Some(s) => Some(self.compile(s, config.constraint_cache_bytes)?),
             None => None,
         };
@@ -322,11 +272,6 @@ impl ModelShared {
         sampler
             .new_state(&prompt_ids, params.sequence_seed(0))
             .map_err(EngineError::core)?;
-        if let Some(l) = &req.logprobs {
-            if l.top > 20 {
-                return Err(EngineError::invalid("top_logprobs", "at most 20"));
-            }
-        }
         let seeds = (0..req.n as u64).map(|i| params.sequence_seed(i)).collect();
         Ok(Prepared {
             info: RequestInfo {

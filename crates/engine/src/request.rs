@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use nextok_constraint::ConstraintSpec;
 use nextok_core::{
-    Explanation, FinishReason, Layer, PipelineConfig, Preset, SamplingParams, StepRecord,
-    StopConfig,
+    Explanation, FinishReason, Layer, PipelineConfig, SamplingParams, StepRecord, StopConfig,
 };
 use nextok_model::chat::Message;
 
@@ -23,27 +21,7 @@ pub enum Prompt {
     Ids(Vec<u32>),
 }
 
-/// Which pipeline runs the request.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PipelineChoice {
-    /// A preset, built from the request's sampling parameters.
-    Preset(Preset),
-    /// A pipeline given as data; the stop conditions come from the sampling parameters.
-    Config(PipelineConfig),
-    /// A pipeline and stop conditions exactly as recorded (replay).
-    Exact {
-        /// The pipeline.
-        pipeline: PipelineConfig,
-        /// The stop conditions.
-        stop: StopConfig,
-    },
-}
-
-impl Default for PipelineChoice {
-    fn default() -> Self {
-        PipelineChoice::Preset(Preset::Reference)
-    }
-}
+pub use nextok_core::pipeline::resolve::PipelineChoice;
 
 /// Per-token logprobs a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,12 +38,10 @@ pub struct GenerateRequest {
     /// The prompt.
     pub prompt: Prompt,
     /// Sampling parameters (vLLM / OpenAI names). `seed: None` draws a fresh seed, reported in
-    /// [`RequestInfo::seeds`]. `max_tokens: None` runs to the context length.
+    /// [`RequestInfo::seeds`]. `max_tokens: None` runs to the context length. The
+    /// structured-output constraint is `params.constraint`, declared once: the engine compiles
+    /// it (cached by its content) and a preset's pipeline gets its grammar mask.
     pub params: SamplingParams,
-    /// The structured-output constraint, declared once: the engine compiles it (cached by its
-    /// content) and the pipeline gets its grammar mask. Setting `params.constraint` instead is
-    /// the same thing in JSON form.
-    pub constraint: Option<ConstraintSpec>,
     /// The pipeline.
     pub pipeline: PipelineChoice,
     /// Number of sequences; sequence `i` uses seed `seed + i` (wrapping) and shares the
@@ -88,7 +64,6 @@ impl Default for GenerateRequest {
         GenerateRequest {
             prompt: Prompt::Ids(Vec::new()),
             params: SamplingParams::default(),
-            constraint: None,
             pipeline: PipelineChoice::default(),
             n: 1,
             logprobs: None,
@@ -116,7 +91,7 @@ pub struct RequestInfo {
     pub id: u64,
     /// The prompt's token ids.
     pub prompt_ids: Vec<u32>,
-    /// The sampling parameters as run (`seed` filled in; the constraint in JSON form).
+    /// The sampling parameters as run (`seed` and `max_tokens` filled in).
     pub params: SamplingParams,
     /// The pipeline as run.
     pub pipeline: PipelineConfig,

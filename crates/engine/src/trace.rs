@@ -157,7 +157,6 @@ pub fn replay_request(h: &TraceHeader) -> Result<GenerateRequest> {
     Ok(GenerateRequest {
         prompt: Prompt::Ids(h.prompt_ids.clone()),
         params,
-        constraint: None,
         pipeline: PipelineChoice::Exact {
             pipeline: h.pipeline.clone(),
             stop: h.stop.clone(),
@@ -183,14 +182,10 @@ fn check_params(h: &TraceHeader, params: &SamplingParams) -> Result<()> {
             .retain(|x| !matches!(x, nextok_core::processors::ProcessorConfig::GrammarMask(_)));
         p
     };
+    // the grammar policy is compared as recorded
     let stop_of = |p: &SamplingParams| StopConfig {
-        stop_token_ids: p.stop_token_ids.clone(),
-        max_tokens: p.max_tokens,
-        ignore_eos: p.ignore_eos,
-        stop: p.stop.clone(),
-        include_stop_str_in_output: p.include_stop_str_in_output,
-        skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
-        ..h.stop.clone()
+        grammar_policy: h.stop.grammar_policy,
+        ..StopConfig::from_params(p)
     };
     let mismatch = |what: &str| {
         EngineError::invalid(

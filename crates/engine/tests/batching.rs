@@ -48,7 +48,7 @@ fn request(
         ..Default::default()
     };
     if constrained {
-        r.constraint = Some(ConstraintSpec::JsonSchema {
+        r.params.constraint = Some(ConstraintSpec::JsonSchema {
             schema: serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}),
             options: Default::default(),
         });
@@ -198,7 +198,7 @@ fn bad_requests_fail_alone_and_the_batch_goes_on() {
     assert_eq!(e.field(), Some("max_tokens"), "{e}");
     // a constraint that does not compile
     let mut bad = request(0, 1, 4, 0.8, false);
-    bad.constraint = Some(ConstraintSpec::Regex {
+    bad.params.constraint = Some(ConstraintSpec::Regex {
         pattern: "(unclosed".into(),
     });
     let e = engine.submit(bad).unwrap_err();
@@ -423,7 +423,7 @@ fn the_trace_header_records_the_schema_mode_and_report() {
     let Some(m) = model() else { return };
     let engine = Engine::new(m.clone(), EngineConfig::default()).unwrap();
     let mut req = request(5, 3, 4, 0.0, false);
-    req.constraint = Some(ConstraintSpec::JsonSchema {
+    req.params.constraint = Some(ConstraintSpec::JsonSchema {
         schema: serde_json::json!({"type": "array", "items": {"type": "integer"},
                                    "uniqueItems": true}),
         options: nextok_constraint::JsonOptions {
@@ -445,12 +445,12 @@ fn the_trace_header_records_the_schema_mode_and_report() {
     let text = serde_json::to_string(&h).unwrap();
     let (back, _) = nextok_engine::trace::parse(&text).unwrap();
     let again = nextok_engine::trace::replay_request(&back).unwrap();
-    let spec: ConstraintSpec = match (&again.constraint, &again.params.constraint) {
-        (Some(s), _) => s.clone(),
-        (None, Some(c)) => serde_json::from_value(c.clone()).unwrap(),
-        _ => panic!("replay lost the constraint"),
-    };
-    assert_eq!(Some(spec), req.constraint);
+    let spec: ConstraintSpec = again
+        .params
+        .constraint
+        .clone()
+        .expect("replay lost the constraint");
+    assert_eq!(Some(spec), req.params.constraint);
     assert_eq!(p.info.validate_output("[1, 2]").unwrap().valid, Some(true));
     assert_eq!(p.info.validate_output("[1, 1]").unwrap().valid, Some(false));
 }
@@ -595,7 +595,7 @@ fn the_constraint_cache_is_bounded_by_count_and_bytes() {
     };
     let req = |i: usize| {
         let mut r = request(0, 1, 4, 0.0, false);
-        r.constraint = Some(schema(i));
+        r.params.constraint = Some(schema(i));
         r
     };
     let engine = Engine::new(m.clone(), EngineConfig::default()).unwrap();

@@ -191,7 +191,7 @@ fn speculation_changes_nothing_but_the_time() {
             ..Default::default()
         },
     );
-    r.constraint = Some(ConstraintSpec::JsonSchema {
+    r.params.constraint = Some(ConstraintSpec::JsonSchema {
         schema: serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}),
         options: Default::default(),
     });
@@ -610,7 +610,7 @@ proptest::proptest! {
                 nextok_core::Preset::LlamaCpp,
             ][preset],
         );
-        req.constraint = match constraint {
+        req.params.constraint = match constraint {
             1 => Some(ConstraintSpec::Regex {
                 pattern: "( the| cat| sat| on| a| mat| dog| ran)+( yes| no)?".into(),
             }),

@@ -99,7 +99,7 @@ fn request(
     } else {
         Prompt::Ids(token_ids(&format!("prompts[{index}]"), prompt)?)
     };
-    let params: SamplingParams = match get("params") {
+    let mut params: SamplingParams = match get("params") {
         None => SamplingParams::default(),
         Some(p) => from_json(to_json(&p, "", NonFinite::Refuse)?, "")?,
     };
@@ -146,13 +146,18 @@ fn request(
             }
         }
     };
-    let constraint: Option<ConstraintSpec> = match get("constraint") {
-        None => None,
-        Some(c) => Some(from_json(
-            to_json(&c, "constraint", NonFinite::Refuse)?,
-            "constraint",
-        )?),
-    };
+    // the constraint has one slot, `params.constraint`; `SamplingParams(constraint=...)` fills it
+    if let Some(c) = get("constraint") {
+        if params.constraint.is_some() {
+            return Err(Failure::argument(
+                "constraint",
+                "given twice (constraint= and params' constraint); give it once",
+            ));
+        }
+        let spec: ConstraintSpec =
+            from_json(to_json(&c, "constraint", NonFinite::Refuse)?, "constraint")?;
+        params.constraint = Some(spec);
+    }
     let records = match get("trace") {
         None => None,
         Some(v) => Some(
@@ -170,7 +175,6 @@ fn request(
     Ok(GenerateRequest {
         prompt,
         params,
-        constraint,
         pipeline,
         n,
         logprobs,

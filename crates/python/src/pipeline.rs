@@ -4,7 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
-use nextok_core::pipeline::presets;
+use nextok_core::pipeline::resolve::{resolve, PipelineChoice, Request, Resolved};
 use nextok_core::{PipelineConfig, Preset, SamplingParams, StopConfig};
 
 use crate::convert::{from_json, to_json, to_python, type_name, NonFinite};
@@ -27,7 +27,11 @@ impl PyPipeline {
         let preset: Preset = name
             .parse()
             .map_err(|e: nextok_core::Error| Failure::parameter("preset", e.to_string()))?;
-        let (config, stop) = presets::build(preset, &params)?;
+        // the one resolver (ranges, max_tokens, stop strings, the constraint's grammar mask)
+        let Resolved {
+            pipeline: config,
+            stop,
+        } = resolve(&Request::new(&params, &PipelineChoice::Preset(preset)))?;
         Ok(PyPipeline {
             config,
             stop,

@@ -437,10 +437,7 @@ impl PySampler {
             match (&spec, p.preset) {
                 (Some(spec), Some(preset)) if !has_mask(&p.config) => {
                     let mut params = p.params.clone();
-                    params.constraint = Some(
-                        serde_json::to_value(spec)
-                            .map_err(|e| internal(&format!("constraint as JSON: {e}")))?,
-                    );
+                    params.constraint = Some(spec.clone());
                     presets::build(preset, &params).map_err(Failure::from)?.0
                 }
                 (Some(_), _) if !has_mask(&p.config) => return Err(Failure::from(

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use nextok_constraint::{PropertyOrder, SchemaMode};
+use nextok_core::pipeline::resolve::{self, resolve};
 use nextok_core::pipeline::GrammarPolicy;
 use nextok_core::{Layer, PipelineConfig, Preset, SamplingParams};
 use nextok_engine::speculative::{Acceptance, SpecOptions};
@@ -133,19 +134,6 @@ const COMMON: &[&str] = &[
 ];
 const CHAT_ONLY: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
 const COMPLETIONS_ONLY: &[&str] = &["prompt", "echo", "suffix", "best_of"];
-/// Sampling parameters a preset reads; an inline pipeline carries its own.
-const PIPELINE_PARAMS: &[&str] = &[
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "typical_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "min_tokens",
-];
 
 /// A body's fields, read one at a time, each error naming its field.
 pub struct Fields<'a> {
@@ -280,20 +268,11 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
             max_tokens_param = "max_completion_tokens";
         }
     }
-    if params.max_tokens == Some(0) {
-        return Err(ApiError::invalid(max_tokens_param, "must be at least 1"));
-    }
     params.stop = match f.get::<OneOrMany>("stop")? {
         None => Vec::new(),
         Some(OneOrMany::One(s)) => vec![s],
         Some(OneOrMany::Many(v)) => v,
     };
-    if let Some(i) = params.stop.iter().position(String::is_empty) {
-        return Err(ApiError::invalid(
-            format!("stop[{i}]"),
-            "a stop string may not be empty",
-        ));
-    }
     // OpenAI's seed is a signed 64-bit integer
     params.seed = match obj.get("seed") {
         None | Some(Value::Null) => None,
@@ -318,9 +297,6 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
     }
 
     let n: usize = f.get("n")?.unwrap_or(1);
-    if n == 0 {
-        return Err(ApiError::invalid("n", "must be at least 1"));
-    }
     if endpoint == Endpoint::Completions {
         if let Some(b) = f.get::<usize>("best_of")? {
             if b != n {
@@ -347,13 +323,6 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
         }
         Endpoint::Completions => f.get::<usize>("logprobs")?,
     };
-    let top_param = match endpoint {
-        Endpoint::Chat => "top_logprobs",
-        Endpoint::Completions => "logprobs",
-    };
-    if top.is_some_and(|t| t > 20) {
-        return Err(ApiError::invalid(top_param, "at most 20"));
-    }
     let layer = nx.logprob_layer.unwrap_or(Layer::Raw);
 
     // stream
@@ -425,12 +394,6 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
                 let path = e.field().map(|f| format!(".{f}")).unwrap_or_default();
                 ApiError::invalid(format!("{}pipeline{path}", nx.prefix), e.to_string())
             })?;
-            if let Some(p) = PIPELINE_PARAMS.iter().find(|p| f.has(p)) {
-                return Err(ApiError::invalid(
-                    *p,
-                    "an inline pipeline carries its own sampling parameters; give them in the pipeline",
-                ));
-            }
             (PipelineChoice::Config(cfg), "inline".into())
         }
         Some(_) => {
@@ -443,13 +406,13 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
 
     // field by field: the engine's defaults for whatever else a request may hold
     let mut gen = GenerateRequest::new(prompt);
+    params.constraint = constraint;
     gen.params = params;
-    gen.constraint = constraint;
     gen.pipeline = pipeline;
     gen.n = n;
     gen.logprobs = top.map(|top| LogprobOptions { top, layer });
     gen.records = nx.trace.then_some(TRACE_CANDIDATES);
-    Ok(ApiRequest {
+    let r = ApiRequest {
         endpoint,
         model,
         gen,
@@ -463,7 +426,16 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
         max_tokens_param,
         nextok_prefix: nx.prefix,
         speculative: nx.speculative,
+    };
+    // every rule about the decoding side, once, errors under the request's names
+    resolve(&resolve::Request {
+        params: &r.gen.params,
+        pipeline: &r.gen.pipeline,
+        n: r.gen.n,
+        top_logprobs: r.gen.logprobs.map(|l| l.top),
     })
+    .map_err(|e| ApiError::from_core(e, |f| r.param(f)))?;
+    Ok(r)
 }
 
 fn messages(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
@@ -929,37 +901,74 @@ mod tests {
         };
         let r = with("structured_outputs", json!({"regex": "[0-9]+"}));
         assert_eq!(
-            r.gen.constraint,
+            r.gen.params.constraint,
             Some(ConstraintSpec::Regex {
                 pattern: "[0-9]+".into()
             })
         );
         let r = with("guided_choice", json!(["yes", "no"]));
         assert!(matches!(
-            r.gen.constraint,
+            r.gen.params.constraint,
             Some(ConstraintSpec::Choice { .. })
         ));
         let r = with("guided_json", json!("{\"type\": \"object\"}"));
         assert!(matches!(
-            r.gen.constraint,
+            r.gen.params.constraint,
             Some(ConstraintSpec::JsonSchema { .. })
         ));
         let r = with("guided_grammar", json!("root ::= \"a\""));
         assert!(matches!(
-            r.gen.constraint,
+            r.gen.params.constraint,
             Some(ConstraintSpec::Gbnf { .. })
         ));
         let r = with("structured_outputs", json!({"grammar": "start: \"a\""}));
         assert!(matches!(
-            r.gen.constraint,
+            r.gen.params.constraint,
             Some(ConstraintSpec::Grammar { .. })
         ));
         assert_eq!(r.param("constraint"), "structured_outputs.grammar");
         let r = with("response_format", json!({"type": "json_object"}));
         assert!(matches!(
-            r.gen.constraint,
+            r.gen.params.constraint,
             Some(ConstraintSpec::Json { .. })
         ));
+    }
+
+    /// The resolver's rules apply at parse time, under the request's own names.
+    #[test]
+    fn the_resolver_names_the_request_field() {
+        let m = json!([{"role": "user", "content": "hi"}]);
+        for (endpoint, body, param) in [
+            (
+                Endpoint::Chat,
+                json!({"messages": m, "top_p": 2.0}),
+                "top_p",
+            ),
+            (
+                Endpoint::Chat,
+                json!({"messages": m, "max_completion_tokens": 0}),
+                "max_completion_tokens",
+            ),
+            (
+                Endpoint::Completions,
+                json!({"prompt": "p", "logprobs": 21}),
+                "logprobs",
+            ),
+            (
+                Endpoint::Completions,
+                json!({"prompt": "p", "stop": ["a", ""]}),
+                "stop[1]",
+            ),
+            (
+                Endpoint::Completions,
+                json!({"prompt": "p", "logit_bias": {"7": 101}}),
+                "logit_bias[7]",
+            ),
+        ] {
+            let e = err(endpoint, body);
+            assert_eq!(e.param.as_deref(), Some(param), "{e}");
+            assert!(e.message.contains(&format!("`{param}`")), "{e}");
+        }
     }
 
     #[test]

@@ -77,6 +77,14 @@ impl ApiError {
         }})
     }
 
+    /// A request the resolver refused, its field renamed by `param` (the resolver names
+    /// [`SamplingParams`](nextok_core::SamplingParams) fields; the request may have said it
+    /// otherwise), message included.
+    pub fn from_core(e: nextok_core::Error, param: impl Fn(&str) -> String) -> ApiError {
+        let e = e.renamed(param);
+        ApiError::invalid(e.field().unwrap_or_default().to_string(), e.to_string())
+    }
+
     /// An engine error, its field renamed by `param` (the engine names
     /// [`SamplingParams`](nextok_core::SamplingParams) fields; the request may have said it
     /// otherwise).

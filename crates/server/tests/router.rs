@@ -888,7 +888,7 @@ async fn the_model_step_after_accepted_tokens_is_the_generations_step() {
         req.params.seed = Some(3);
         req.params.max_tokens = Some(4);
         if let Some(c) = &constraint {
-            req.constraint = Some(nextok_engine::ConstraintSpec::Choice {
+            req.params.constraint = Some(nextok_engine::ConstraintSpec::Choice {
                 choices: serde_json::from_value(c["choice"].clone()).unwrap(),
             });
         }

@@ -8,6 +8,7 @@
 
 pub mod params;
 pub mod presets;
+pub mod resolve;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -121,6 +122,22 @@ impl PipelineConfig {
             s.push_str(&format!("{b:02x}"));
         }
         s
+    }
+}
+
+impl StopConfig {
+    /// The stop conditions a request's parameters set: the one place they are read from
+    /// [`SamplingParams`](params::SamplingParams).
+    pub fn from_params(p: &params::SamplingParams) -> StopConfig {
+        StopConfig {
+            stop_token_ids: p.stop_token_ids.clone(),
+            max_tokens: p.max_tokens,
+            ignore_eos: p.ignore_eos,
+            stop: p.stop.clone(),
+            include_stop_str_in_output: p.include_stop_str_in_output,
+            skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
+            grammar_policy: p.grammar_policy.unwrap_or_default(),
+        }
     }
 }
 

@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::constraint::spec::ConstraintSpec;
+
 /// Sampling parameters of one request. Unknown fields are rejected by name.
 ///
 /// Disabled values (what users of vLLM / OpenAI expect): `top_k <= 0`, `top_p = 1`,
@@ -77,18 +79,55 @@ pub struct SamplingParams {
     /// Hide special tokens' bytes from the text and from stop matching (default true).
     #[serde(default)]
     pub skip_special_tokens: Option<bool>,
-    /// A structured-output constraint (`{"choice": [..]}`, `{"regex": ".."}`,
-    /// `{"json_schema": {..}}`, `{"json": true}`, `{"grammar": ".."}`, `{"gbnf": ".."}`),
-    /// compiled at the edge by the constraint engine; its presence puts the grammar mask into the
-    /// pipeline.
+    /// The request's structured-output constraint — the one place a request gives it
+    /// (`{"type": "choice", "choices": [..]}`, `{"type": "regex", "pattern": ".."}`,
+    /// `{"type": "json_schema", "schema": {..}}`, `{"type": "json"}`, `{"type": "grammar",
+    /// "lark": ".."}`, `{"type": "gbnf", "gbnf": ".."}`). The constraint engine compiles it; its
+    /// presence puts the grammar mask into a preset's pipeline, and an inline pipeline must have
+    /// one.
     #[serde(default)]
-    pub constraint: Option<serde_json::Value>,
+    pub constraint: Option<ConstraintSpec>,
     /// What happens once the constraint accepts (default `only_end`).
     #[serde(default)]
     pub grammar_policy: Option<super::GrammarPolicy>,
 }
 
+/// Whether a request sets one parameter.
+type IsSet = fn(&SamplingParams) -> bool;
+
+/// The parameters a preset turns into processors, under their request names, with whether
+/// `p` sets each: an inline pipeline carries its own processors, so a request with one may set
+/// none of these ([`resolve`](super::resolve::resolve) refuses it naming the first).
+const PIPELINE_FIELDS: [(&str, IsSet); 14] = [
+    ("temperature", |p| p.temperature.is_some()),
+    ("top_k", |p| p.top_k.is_some()),
+    ("top_p", |p| p.top_p.is_some()),
+    ("min_p", |p| p.min_p.is_some()),
+    ("typical_p", |p| p.typical_p.is_some()),
+    ("presence_penalty", |p| p.presence_penalty.is_some()),
+    ("frequency_penalty", |p| p.frequency_penalty.is_some()),
+    ("repetition_penalty", |p| p.repetition_penalty.is_some()),
+    ("logit_bias", |p| !p.logit_bias.is_empty()),
+    ("min_tokens", |p| p.min_tokens.is_some()),
+    ("allowed_token_ids", |p| p.allowed_token_ids.is_some()),
+    ("bad_words_ids", |p| !p.bad_words_ids.is_empty()),
+    ("no_repeat_ngram_size", |p| p.no_repeat_ngram_size.is_some()),
+    ("penalty_last_n", |p| p.penalty_last_n.is_some()),
+];
+
 impl SamplingParams {
+    /// The names of every parameter a preset turns into processors (`temperature`, `top_p`,
+    /// ...): what an inline pipeline excludes. Front ends map these names onto their own.
+    pub fn pipeline_fields() -> impl Iterator<Item = &'static str> {
+        PIPELINE_FIELDS.iter().map(|f| f.0)
+    }
+
+    /// The first parameter this request sets that a preset would turn into a processor, if
+    /// any (in [`pipeline_fields`](Self::pipeline_fields) order).
+    pub fn first_pipeline_field(&self) -> Option<&'static str> {
+        PIPELINE_FIELDS.iter().find(|f| (f.1)(self)).map(|f| f.0)
+    }
+
     /// The seed of sequence `i` of this request, `seed + i` (wrapping; a missing seed reads as
     /// 0): the value to give [`Sampler::new_state`](crate::Sampler::new_state) for that
     /// sequence, so that each of `n` sequences equals a single request with its seed.

@@ -95,88 +95,65 @@ struct Checked {
     repetition: f32,
 }
 
+/// A range rule of a processor, applied to the parameter `name` it is built from.
+fn rule<T: Copy>(
+    name: &str,
+    v: Option<T>,
+    check: fn(T) -> std::result::Result<(), String>,
+) -> Result<()> {
+    match v {
+        Some(x) => check(x).map_err(|reason| Error::invalid(name, reason)),
+        None => Ok(()),
+    }
+}
+
+/// The parameters with the preset's defaults, each checked by the range rule of the processor
+/// it becomes (written once, in that processor's module); a value that disables its processor
+/// (`top_p = 1`, `min_p = 0`, `typical_p = 1`, `top_k <= 0`) is accepted and leaves it out.
 fn check(p: &SamplingParams, preset: Preset) -> Result<Checked> {
+    use crate::processors::{
+        logit_bias, min_p, no_repeat_ngram, presence_frequency, repetition, temperature, typical_p,
+    };
     let (dt, dk, dp, dm) = match preset {
         Preset::Hf => (1.0, Some(50), None, None),
         Preset::LlamaCpp => (0.8, Some(40), Some(0.95), Some(0.05)),
         _ => (1.0, None, None, None),
     };
     let temperature = p.temperature.unwrap_or(dt);
-    if !temperature.is_finite() || temperature < 0.0 {
-        return Err(Error::invalid(
-            "temperature",
-            format!("{temperature} must be finite and >= 0"),
-        ));
-    }
+    rule("temperature", Some(temperature), temperature::check)?;
     let top_k = p.top_k.or(dk).filter(|&k| k > 0);
     let top_p = p.top_p.or(dp);
-    if let Some(x) = top_p {
-        if !(x > 0.0 && x <= 1.0) {
-            return Err(Error::invalid("top_p", format!("{x} is outside (0, 1]")));
-        }
-    }
-    let min_p = p.min_p.or(dm);
-    if let Some(x) = min_p {
-        if !(0.0..=1.0).contains(&x) {
-            return Err(Error::invalid("min_p", format!("{x} is outside [0, 1]")));
-        }
-    }
-    if let Some(x) = p.typical_p {
-        if !(x > 0.0 && x <= 1.0) {
-            return Err(Error::invalid(
-                "typical_p",
-                format!("{x} is outside (0, 1]"),
-            ));
-        }
-    }
+    rule("top_p", top_p, top_p::check)?;
+    let min_p = p.min_p.or(dm).filter(|&x| x != 0.0);
+    rule("min_p", min_p, min_p::check)?;
+    rule("typical_p", p.typical_p, typical_p::check)?;
     let presence = p.presence_penalty.unwrap_or(0.0);
     let frequency = p.frequency_penalty.unwrap_or(0.0);
-    for (name, v) in [
-        ("presence_penalty", presence),
-        ("frequency_penalty", frequency),
-    ] {
-        if !v.is_finite() || !(-2.0..=2.0).contains(&v) {
-            return Err(Error::invalid(name, format!("{v} is outside [-2, 2]")));
-        }
-    }
+    rule(
+        "presence_penalty",
+        Some(presence),
+        presence_frequency::check,
+    )?;
+    rule(
+        "frequency_penalty",
+        Some(frequency),
+        presence_frequency::check,
+    )?;
     let repetition = p.repetition_penalty.unwrap_or(1.0);
-    if let Some(n) = p.no_repeat_ngram_size {
-        use crate::processors::no_repeat_ngram::MAX_NGRAM_SIZE;
-        if n > MAX_NGRAM_SIZE {
-            return Err(Error::invalid(
-                "no_repeat_ngram_size",
-                format!("{n} is above the limit of {MAX_NGRAM_SIZE}"),
-            ));
-        }
-    }
-    {
-        use crate::processors::repetition::{MAX_PENALTY, MIN_PENALTY};
-        if !repetition.is_finite() || !(MIN_PENALTY..=MAX_PENALTY).contains(&repetition) {
-            return Err(Error::invalid(
-                "repetition_penalty",
-                format!("{repetition} must be in [{MIN_PENALTY}, {MAX_PENALTY}]"),
-            ));
-        }
-    }
+    rule(
+        "no_repeat_ngram_size",
+        p.no_repeat_ngram_size.filter(|&n| n > 0),
+        no_repeat_ngram::check,
+    )?;
+    rule("repetition_penalty", Some(repetition), repetition::check)?;
     for (&id, &b) in &p.logit_bias {
-        if !b.is_finite() || !(-100.0..=100.0).contains(&b) {
-            return Err(Error::invalid(
-                format!("logit_bias[{id}]"),
-                format!("{b} is outside [-100, 100]"),
-            ));
-        }
-    }
-    if p.max_tokens == Some(0) {
-        return Err(Error::invalid("max_tokens", "must be at least 1"));
-    }
-    if p.penalty_last_n == Some(0) && preset == Preset::LlamaCpp {
-        // llama.cpp: 0 disables penalties; accepted
+        rule(&format!("logit_bias[{id}]"), Some(b), logit_bias::check)?;
     }
     Ok(Checked {
         temperature,
         top_k,
         top_p: top_p.filter(|&x| x < 1.0),
-        min_p: min_p.filter(|&x| x > 0.0),
+        min_p,
         typical_p: p.typical_p.filter(|&x| x < 1.0),
         presence,
         frequency,
@@ -184,20 +161,14 @@ fn check(p: &SamplingParams, preset: Preset) -> Result<Checked> {
     })
 }
 
-/// Builds the pipeline and stop config of `preset` for `params`.
+/// Builds the pipeline and stop config of `preset` for `params`, checking each parameter's
+/// range. The request's other rules (`max_tokens`, `n`, the stop strings, the constraint) are
+/// [`resolve`](super::resolve::resolve)'s, which calls this.
 pub fn build(preset: Preset, params: &SamplingParams) -> Result<(PipelineConfig, StopConfig)> {
     let c = check(params, preset)?;
     let greedy = c.temperature == 0.0;
     let mut v: Vec<P> = Vec::new();
-    let stop = StopConfig {
-        stop_token_ids: params.stop_token_ids.clone(),
-        max_tokens: params.max_tokens,
-        ignore_eos: params.ignore_eos,
-        stop: params.stop.clone(),
-        include_stop_str_in_output: params.include_stop_str_in_output,
-        skip_special_tokens: params.skip_special_tokens.unwrap_or(true),
-        grammar_policy: params.grammar_policy.unwrap_or_default(),
-    };
+    let stop = StopConfig::from_params(params);
     let special = || {
         P::SpecialTokenMask(SpecialTokenMask {
             version: 1,

@@ -31,6 +31,14 @@ pub struct Compiled {
     list: Vec<(u32, f32)>,
 }
 
+/// The range rule of one bias (`[-100, 100]`); the reason when `b` breaks it.
+pub(crate) fn check(b: f32) -> std::result::Result<(), String> {
+    if !b.is_finite() || !(-100.0..=100.0).contains(&b) {
+        return Err(format!("{b} is outside [-100, 100]"));
+    }
+    Ok(())
+}
+
 impl Compile for LogitBias {
     const NAME: &'static str = "logit_bias";
     const VERSION: u32 = VERSION;
@@ -50,12 +58,7 @@ impl Compile for LogitBias {
                     ctx.vocab.vocab_size,
                 ));
             }
-            if !b.is_finite() || !(-100.0..=100.0).contains(&b) {
-                return Err(Error::invalid(
-                    format!("{field}.logit_bias[{id}]"),
-                    format!("{b} is outside [-100, 100]"),
-                ));
-            }
+            check(b).map_err(|r| Error::invalid(format!("{field}.logit_bias[{id}]"), r))?;
             list.push((id, b));
         }
         Ok(Compiled { list })

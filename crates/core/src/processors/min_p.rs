@@ -37,6 +37,14 @@ pub struct Compiled {
     min_keep: usize,
 }
 
+/// The range rule of `min_p` (`(0, 1]`); the reason when `x` breaks it.
+pub(crate) fn check(x: f64) -> std::result::Result<(), String> {
+    if !(x > 0.0 && x <= 1.0) {
+        return Err(format!("{x} is outside (0, 1]"));
+    }
+    Ok(())
+}
+
 impl Compile for MinP {
     const NAME: &'static str = "min_p";
     const VERSION: u32 = VERSION;
@@ -48,12 +56,7 @@ impl Compile for MinP {
 
     fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let a = self.min_p;
-        if !(a > 0.0 && a <= 1.0) {
-            return Err(Error::invalid(
-                format!("{field}.min_p"),
-                format!("{a} is outside (0, 1]"),
-            ));
-        }
+        check(a).map_err(|r| Error::invalid(format!("{field}.min_p"), r))?;
         if self.min_keep == 0 {
             return Err(Error::invalid(
                 format!("{field}.min_keep"),

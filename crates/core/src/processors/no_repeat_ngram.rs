@@ -47,6 +47,14 @@ fn hash_window(st: &DecoderState, start: usize, len: usize) -> u64 {
     h
 }
 
+/// The range rule of an n-gram size (`1..=MAX_NGRAM_SIZE`); the reason when `n` breaks it.
+pub(crate) fn check(n: usize) -> std::result::Result<(), String> {
+    if n == 0 || n > MAX_NGRAM_SIZE {
+        return Err(format!("{n} must be in 1..={MAX_NGRAM_SIZE}"));
+    }
+    Ok(())
+}
+
 impl Compile for NoRepeatNgram {
     const NAME: &'static str = "no_repeat_ngram";
     const VERSION: u32 = VERSION;
@@ -57,12 +65,7 @@ impl Compile for NoRepeatNgram {
     }
 
     fn compile(&self, field: &str, ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
-        if self.ngram_size == 0 || self.ngram_size > MAX_NGRAM_SIZE {
-            return Err(Error::invalid(
-                format!("{field}.ngram_size"),
-                format!("{} must be in 1..={MAX_NGRAM_SIZE}", self.ngram_size),
-            ));
-        }
+        check(self.ngram_size).map_err(|r| Error::invalid(format!("{field}.ngram_size"), r))?;
         let slot = ctx.take_slot();
         Ok(Compiled {
             n: self.ngram_size,

@@ -51,6 +51,15 @@ pub struct Compiled {
     exclude_special: bool,
 }
 
+/// The range rule of a presence or frequency penalty (`[-2, 2]`); the reason when `v` breaks
+/// it.
+pub(crate) fn check(v: f32) -> std::result::Result<(), String> {
+    if !v.is_finite() || !(-2.0..=2.0).contains(&v) {
+        return Err(format!("{v} is outside [-2, 2]"));
+    }
+    Ok(())
+}
+
 impl Compile for PresenceFrequencyPenalty {
     const NAME: &'static str = "presence_frequency_penalty";
     const VERSION: u32 = VERSION;
@@ -65,12 +74,7 @@ impl Compile for PresenceFrequencyPenalty {
             ("presence_penalty", self.presence_penalty),
             ("frequency_penalty", self.frequency_penalty),
         ] {
-            if !v.is_finite() || !(-2.0..=2.0).contains(&v) {
-                return Err(Error::invalid(
-                    format!("{field}.{name}"),
-                    format!("{v} is outside [-2, 2]"),
-                ));
-            }
+            check(v).map_err(|r| Error::invalid(format!("{field}.{name}"), r))?;
         }
         self.scope.validate(field)?;
         Ok(Compiled {

@@ -49,6 +49,15 @@ pub struct Compiled {
     exclude_special: bool,
 }
 
+/// The range rule of a repetition penalty (`[MIN_PENALTY, MAX_PENALTY]`); the reason when
+/// `r` breaks it.
+pub(crate) fn check(r: f32) -> std::result::Result<(), String> {
+    if !r.is_finite() || !(MIN_PENALTY..=MAX_PENALTY).contains(&r) {
+        return Err(format!("{r} must be in [{MIN_PENALTY}, {MAX_PENALTY}]"));
+    }
+    Ok(())
+}
+
 impl Compile for RepetitionPenalty {
     const NAME: &'static str = "repetition_penalty";
     const VERSION: u32 = VERSION;
@@ -60,12 +69,7 @@ impl Compile for RepetitionPenalty {
 
     fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let r = self.repetition_penalty;
-        if !r.is_finite() || !(MIN_PENALTY..=MAX_PENALTY).contains(&r) {
-            return Err(Error::invalid(
-                format!("{field}.repetition_penalty"),
-                format!("{r} must be in [{MIN_PENALTY}, {MAX_PENALTY}]"),
-            ));
-        }
+        check(r).map_err(|e| Error::invalid(format!("{field}.repetition_penalty"), e))?;
         self.scope.validate(field)?;
         Ok(Compiled {
             r,

@@ -35,6 +35,14 @@ pub struct Compiled {
     pub(crate) t: f32,
 }
 
+/// The range rule of a temperature (finite, `>= 0`); the reason when `t` breaks it.
+pub(crate) fn check(t: f32) -> std::result::Result<(), String> {
+    if !t.is_finite() || t < 0.0 {
+        return Err(format!("{t} must be finite and >= 0"));
+    }
+    Ok(())
+}
+
 impl Compile for Temperature {
     const NAME: &'static str = "temperature";
     const VERSION: u32 = VERSION;
@@ -46,12 +54,7 @@ impl Compile for Temperature {
 
     fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let t = self.temperature;
-        if !t.is_finite() || t < 0.0 {
-            return Err(Error::invalid(
-                format!("{field}.temperature"),
-                format!("{t} must be finite and >= 0"),
-            ));
-        }
+        check(t).map_err(|r| Error::invalid(format!("{field}.temperature"), r))?;
         Ok(Compiled { t })
     }
 }

@@ -59,6 +59,14 @@ pub struct Compiled {
     rule: Rule,
 }
 
+/// The range rule of `top_p` (`(0, 1]`); the reason when `x` breaks it.
+pub(crate) fn check(x: f64) -> std::result::Result<(), String> {
+    if !(x > 0.0 && x <= 1.0) {
+        return Err(format!("{x} is outside (0, 1]"));
+    }
+    Ok(())
+}
+
 impl Compile for TopP {
     const NAME: &'static str = "top_p";
     const VERSION: u32 = VERSION;
@@ -70,12 +78,7 @@ impl Compile for TopP {
 
     fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let p = self.top_p;
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(Error::invalid(
-                format!("{field}.top_p"),
-                format!("{p} is outside (0, 1]"),
-            ));
-        }
+        check(p).map_err(|r| Error::invalid(format!("{field}.top_p"), r))?;
         if self.min_keep == 0 {
             return Err(Error::invalid(
                 format!("{field}.min_keep"),

@@ -43,6 +43,14 @@ pub struct Compiled {
     keep_ties: bool,
 }
 
+/// The range rule of `typical_p` (`(0, 1]`); the reason when `x` breaks it.
+pub(crate) fn check(x: f64) -> std::result::Result<(), String> {
+    if !(x > 0.0 && x <= 1.0) {
+        return Err(format!("{x} is outside (0, 1]"));
+    }
+    Ok(())
+}
+
 impl Compile for TypicalP {
     const NAME: &'static str = "typical_p";
     const VERSION: u32 = VERSION;
@@ -54,12 +62,7 @@ impl Compile for TypicalP {
 
     fn compile(&self, field: &str, _ctx: &mut CompileCtx<'_>) -> Result<Compiled> {
         let t = self.typical_p;
-        if !(t > 0.0 && t <= 1.0) {
-            return Err(Error::invalid(
-                format!("{field}.typical_p"),
-                format!("{t} is outside (0, 1]"),
-            ));
-        }
+        check(t).map_err(|r| Error::invalid(format!("{field}.typical_p"), r))?;
         if self.min_keep == 0 {
             return Err(Error::invalid(
                 format!("{field}.min_keep"),

@@ -6,6 +6,12 @@
 //! some legal output; after selection it consumes the token (`q_{t+1} = δ(q_t, bytes(y_t))`).
 //! The core never looks inside: it only asks for the mask, commits tokens, reads the status,
 //! forks for beams, rolls back for speculative decoding, and records the state's digest.
+//!
+//! What a request asks the output to match is plain data, [`spec::ConstraintSpec`]: the one
+//! slot a request has for it is [`SamplingParams::constraint`](crate::SamplingParams), and the
+//! constraint engine compiles it.
+
+pub mod spec;
 
 use std::fmt::Debug;
 
