@@ -105,13 +105,17 @@ impl Error {
     }
 
     /// The same error with its field renamed by `rename`: how a front end names a field its own
-    /// way (the CLI's `--top-p` for `top_p`), message included.
+    /// way (the CLI's `--top-p` for `top_p`). The fields a reason names in backticks are renamed
+    /// too (`rename` leaves a name it does not know as it is).
     pub fn renamed(mut self, rename: impl Fn(&str) -> String) -> Self {
         match &mut self.kind {
-            ErrorKind::InvalidParameter { field, .. }
-            | ErrorKind::Contradiction { field, .. }
-            | ErrorKind::TokenOutOfRange { field, .. }
-            | ErrorKind::Parse { field, .. } => *field = rename(field),
+            ErrorKind::InvalidParameter { field, reason }
+            | ErrorKind::Contradiction { field, reason }
+            | ErrorKind::Parse { field, reason } => {
+                *field = rename(field);
+                *reason = rename_quoted(reason, &rename);
+            }
+            ErrorKind::TokenOutOfRange { field, .. } => *field = rename(field),
             _ => {}
         }
         self
@@ -241,4 +245,28 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(s: &str, root: &str) ->
     de.end()
         .map_err(|e| Error::parse(root, format!("trailing data after the JSON document: {e}")))?;
     Ok(value)
+}
+
+/// `text` with every backticked field name (`` `top_k` ``, `` `stop[1]` ``) renamed.
+fn rename_quoted(text: &str, rename: &impl Fn(&str) -> String) -> String {
+    let is_name = |w: &str| {
+        !w.is_empty()
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']'))
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut parts = text.split('`');
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    // odd parts sit between backticks
+    for (i, part) in parts.enumerate() {
+        out.push('`');
+        if i % 2 == 0 && is_name(part) {
+            out.push_str(&rename(part));
+        } else {
+            out.push_str(part);
+        }
+    }
+    out
 }

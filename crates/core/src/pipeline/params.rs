@@ -122,10 +122,15 @@ impl SamplingParams {
         PIPELINE_FIELDS.iter().map(|f| f.0)
     }
 
-    /// The first parameter this request sets that a preset would turn into a processor, if
-    /// any (in [`pipeline_fields`](Self::pipeline_fields) order).
+    /// The parameters this request sets that a preset would turn into processors (in
+    /// [`pipeline_fields`](Self::pipeline_fields) order).
+    pub fn pipeline_fields_set(&self) -> impl Iterator<Item = &'static str> + '_ {
+        PIPELINE_FIELDS.iter().filter(|f| (f.1)(self)).map(|f| f.0)
+    }
+
+    /// The first of [`pipeline_fields_set`](Self::pipeline_fields_set), if any.
     pub fn first_pipeline_field(&self) -> Option<&'static str> {
-        PIPELINE_FIELDS.iter().find(|f| (f.1)(self)).map(|f| f.0)
+        self.pipeline_fields_set().next()
     }
 
     /// The seed of sequence `i` of this request, `seed + i` (wrapping; a missing seed reads as

@@ -109,9 +109,13 @@ pub fn resolve(req: &Request<'_>) -> Result<Resolved> {
         PipelineChoice::Preset(preset) => presets::build(*preset, p)?,
         PipelineChoice::Config(cfg) => {
             if let Some(field) = p.first_pipeline_field() {
+                let set: Vec<String> = p.pipeline_fields_set().map(|f| format!("`{f}`")).collect();
                 return Err(Error::contradiction(
                     field,
-                    "an inline pipeline carries its own sampling parameters; give them in the pipeline",
+                    format!(
+                        "an inline pipeline carries its own sampling parameters; give {} in the pipeline",
+                        set.join(", ")
+                    ),
                 ));
             }
             cfg.check_format()?;
