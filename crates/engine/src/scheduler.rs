@@ -35,8 +35,8 @@ use nextok_core::{DecoderState, Draw, FinishReason, Layer, Sampler, Workspace};
 use nextok_model::{BatchSeq, KvGeometry, LogitRows, Scratch, SeqKv};
 use rayon::prelude::*;
 
-use crate::engine::{Inner, ReqCtx};
 use crate::error::{EngineError, ErrorKind};
+use crate::queue::{Inner, ReqCtx};
 use crate::request::{Event, Timing, TokenLogprobs, Usage};
 use crate::speculative::{Adaptive, Drafter, DrafterKind, ModelDrafter, SpecOptions};
 
