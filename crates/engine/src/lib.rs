@@ -38,10 +38,12 @@
 
 #![warn(missing_docs)]
 
+mod config;
 mod engine;
 mod error;
 pub mod explain;
 mod prepare;
+mod queue;
 pub mod request;
 pub(crate) mod scheduler;
 pub mod solo;
@@ -49,10 +51,8 @@ pub mod speculative;
 pub mod teaching;
 pub mod trace;
 
-pub use engine::{
-    Completion, Engine, EngineConfig, EngineStats, Recv, RequestHandle, SequenceOutput,
-    PREFILL_CHUNK_TOKENS,
-};
+pub use config::{EngineConfig, PREFILL_CHUNK_TOKENS};
+pub use engine::{Completion, Engine, EngineStats, Recv, RequestHandle, SequenceOutput};
 pub use error::{EngineError, ErrorKind, Result};
 pub use nextok_constraint::ConstraintSpec;
 pub use prepare::{fresh_seed, Prepared};
