@@ -681,7 +681,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_default(),
         simd: nextok_model::simd_features(),
-        kernels: nextok_model::kernels::Level::detect().name().to_string(),
+        kernels: nextok_model::kernels::Level::current().name().to_string(),
         cpu: cpu(),
         threads,
         max_batch_tokens: args

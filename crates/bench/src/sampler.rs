@@ -17,7 +17,7 @@ use crate::fixtures::{
     BatchBench, Case, StepBench, BATCH_ROWS, FLAT_VOCAB_SIZES, SPECIAL_TOKENS, TARGET_VOCAB,
     VOCAB_SIZES,
 };
-use nextok_core::math::simd;
+use nextok_core::cpu::{self, Level};
 use serde::Serialize;
 
 use crate::llama_peer::{ChainConfig, LlamaChain, LlamaLib};
@@ -53,12 +53,13 @@ pub struct BenchArgs {
     /// Evict the caches before every timed call instead of warming them.
     #[arg(long)]
     pub cold: bool,
-    /// Use at most these kernels: `baseline`, `avx2` or `avx512` (results do not change).
+    /// Use at most these kernels: `baseline`, `avx2` or `avx512` (results do not change). The
+    /// sampler's names for the levels of the one cap that `--kernels` sets too (this one wins).
     #[arg(long)]
     pub simd: Option<String>,
     /// `engine`, `decode`, `speculative`: use at most these model (matrix) kernels: `scalar`,
     /// `avx2`, `avx512` or `avx512-vnni` (default: the best this CPU has; results do not
-    /// change, only the speed).
+    /// change, only the speed). One cap for every kernel: the sampler's follow it too.
     #[arg(long)]
     pub kernels: Option<String>,
     /// `engine`: concurrency levels, comma-separated (default: 1,4,16,64).
@@ -199,10 +200,10 @@ fn ns(d: Duration) -> f64 {
 /// Runs `nextok bench`.
 pub fn run(args: BenchArgs) -> Result<(), String> {
     if let Some(name) = &args.kernels {
-        let level = nextok_model::kernels::Level::from_name(name).ok_or_else(|| {
+        let level = Level::from_name(name).ok_or_else(|| {
             format!("unknown --kernels `{name}` (expected scalar, avx2, avx512 or avx512-vnni)")
         })?;
-        nextok_model::kernels::set_max_level(level);
+        cpu::set_max_level(level);
     }
     match args.what.as_str() {
         "sampler" => {}
@@ -230,10 +231,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         return Err("--iters must be at least 1".into());
     }
     if let Some(level) = &args.simd {
-        simd::set_max_level(match level.as_str() {
-            "baseline" => simd::BASELINE,
-            "avx2" => simd::AVX2,
-            "avx512" => simd::AVX512,
+        cpu::set_max_level(match level.as_str() {
+            "baseline" => Level::Scalar,
+            "avx2" => Level::Avx2,
+            "avx512" => Level::Avx512,
             other => {
                 return Err(format!(
                     "unknown --simd `{other}` (expected baseline, avx2 or avx512)"
@@ -241,11 +242,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             }
         });
     }
-    let kernels = match simd::level() {
-        simd::AVX512 => "avx512",
-        simd::AVX2 => "avx2",
-        _ => "baseline",
-    };
+    let kernels = nextok_core::math::kernel_name(Level::current());
     let threads_available = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);

@@ -27,6 +27,7 @@
 
 #[doc(hidden)]
 pub mod constraint;
+pub mod cpu;
 pub mod error;
 mod fxhash;
 mod kernels;

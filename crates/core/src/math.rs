@@ -21,69 +21,32 @@
 //!
 //! The slice functions ([`sum_f64_lanes`], [`max_f32`], [`exp_weights`], [`exp_sum`]) run on
 //! the vector kernels of the crate's `kernels` module, compiled for several instruction sets
-//! and chosen at run time; every version returns the same bits (see that module).
-//! [`simd::set_max_level`] caps the choice process-wide (for benchmarks).
+//! and chosen at run time by [`crate::cpu`]; every version returns the same bits (see that
+//! module). [`crate::cpu::set_max_level`] caps the choice process-wide (for benchmarks).
 
 // The polynomial and ln-2 constants are the published Cephes/fdlibm decimals; they parse to the
 // intended doubles, and the tests check the results against the standard library.
 #![allow(clippy::excessive_precision)]
 
-use crate::kernels::{self, Level};
+use crate::cpu::Level;
+use crate::kernels::{self, Isa};
 
+pub use crate::kernels::common::{exp_f32, EXP_F32_FLUSH};
+
+/// The level whose code the slice kernels (these functions' and the sampler's) run when asked
+/// for `level`: the best one this CPU supports up to `level`, and at most [`Level::Avx512`]
+/// (they have no VNNI code; a build without AVX-512 kernels stops at [`Level::Avx2`]). The
+/// sampler's benchmark and tests name and pick their levels by it.
 #[doc(hidden)]
-pub use crate::kernels::simd;
+pub fn kernel_level(level: Level) -> Level {
+    Isa::of(level).get()
+}
 
-/// Inputs below this give `exp_f32(x) == 0.0` (the result would be subnormal).
-pub const EXP_F32_FLUSH: f32 = -87.0;
-
-// The constants of `exp_f32` (shared with the vector versions).
-pub(crate) const EXP_LOG2E: f32 = std::f32::consts::LOG2_E;
-pub(crate) const EXP_C1: f32 = 0.693_359_4; // ln 2, high part (0.693359375)
-pub(crate) const EXP_C2: f32 = -2.121_944_4e-4; // ln 2, low part
-pub(crate) const EXP_MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to nearest integer
-pub(crate) const EXP_CLAMP: f32 = 88.0;
-pub(crate) const EXP_P: [f32; 6] = [
-    1.987_569_2e-4,
-    1.398_2e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    5.000_000_1e-1,
-];
-// 2^n from the bits of t: the low mantissa bits of t hold n + 0x400000.
-pub(crate) const EXP_BIAS: u32 = 127u32.wrapping_sub(0x4B40_0000);
-
-/// `e^x` in `f32`, deterministic on every platform. `x < -87` (and `-inf`) gives `0.0`;
-/// `x > 88` is clamped to `88` (callers only pass `x <= 0`).
-#[inline(always)]
-pub fn exp_f32(x: f32) -> f32 {
-    let flush = x < EXP_F32_FLUSH;
-    let xc = if flush {
-        0.0
-    } else if x > EXP_CLAMP {
-        EXP_CLAMP
-    } else {
-        x
-    };
-    let t = xc * EXP_LOG2E + EXP_MAGIC;
-    let n = t - EXP_MAGIC;
-    // fused multiply-adds: one rounding each (IEEE-754 fusedMultiplyAdd), in hardware or in
-    // software, so every platform and vector width computes the same bits
-    let r = (-n).mul_add(EXP_C2, (-n).mul_add(EXP_C1, xc));
-    let z = r * r;
-    let mut y = EXP_P[0];
-    y = y.mul_add(r, EXP_P[1]);
-    y = y.mul_add(r, EXP_P[2]);
-    y = y.mul_add(r, EXP_P[3]);
-    y = y.mul_add(r, EXP_P[4]);
-    y = y.mul_add(r, EXP_P[5]);
-    y = y.mul_add(z, r) + 1.0;
-    let pow2 = f32::from_bits(t.to_bits().wrapping_add(EXP_BIAS) << 23);
-    if flush {
-        0.0
-    } else {
-        y * pow2
-    }
+/// The name the sampler's benchmark and tests give the slice kernels' code at `level` (see
+/// [`kernel_level`]): `baseline`, `avx2` or `avx512`.
+#[doc(hidden)]
+pub fn kernel_name(level: Level) -> &'static str {
+    Isa::of(level).name()
 }
 
 /// Natural logarithm in `f64` (fdlibm's algorithm). `ln(0) = -inf`, negative or NaN gives NaN.
@@ -288,23 +251,23 @@ pub fn logprob(z: f32, (m, ln_s): (f32, f64)) -> f64 {
 /// Sum with a fixed association: lane `j` sums elements `j, j+8, j+16, ...` in `f64`, then the
 /// eight lanes are added in order 0..8.
 pub fn sum_f64_lanes(xs: &[f32]) -> f64 {
-    kernels::sum_f64_lanes(Level::current(), xs)
+    kernels::sum_f64_lanes(Isa::current(), xs)
 }
 
 /// Maximum of a slice that holds no NaN (`-inf` allowed). Empty gives `-inf`.
 pub fn max_f32(xs: &[f32]) -> f32 {
-    kernels::max_f32(Level::current(), xs)
+    kernels::max_f32(Isa::current(), xs)
 }
 
 /// Writes `w[i] = exp_f32(z[i] - m)` for every `i` and returns the lane sum of `w` in `f64`.
 pub fn exp_weights(z: &[f32], m: f32, w: &mut [f32]) -> f64 {
     debug_assert_eq!(z.len(), w.len());
-    kernels::exp_weights(Level::current(), z, m, w)
+    kernels::exp_weights(Isa::current(), z, m, w)
 }
 
 /// `sum_i exp_f32(z[i] - m)` in the lane order of [`sum_f64_lanes`], without storing weights.
 pub fn exp_sum(z: &[f32], m: f32) -> f64 {
-    kernels::exp_sum(Level::current(), z, m)
+    kernels::exp_sum(Isa::current(), z, m)
 }
 
 #[cfg(test)]
@@ -413,5 +376,29 @@ mod tests {
             max_f32(&xs),
             xs.iter().cloned().fold(f32::NEG_INFINITY, f32::max)
         );
+    }
+
+    /// The slice functions at the process-wide level give the bits of the obvious scalar code.
+    #[test]
+    fn slice_functions_at_the_process_wide_level() {
+        let row = &crate::kernels::tests::rows()[40];
+        let m = max_f32(row);
+        assert_eq!(
+            exp_sum(row, m).to_bits(),
+            crate::kernels::tests::exp_sum_ref(row, m).0.to_bits()
+        );
+    }
+
+    /// The kernels' levels: at most what the CPU has and what they have code for.
+    #[test]
+    fn kernel_levels_and_names() {
+        for l in Level::ALL {
+            let k = kernel_level(l);
+            assert!(k <= l && k.supported() && k <= Level::Avx512);
+        }
+        assert_eq!(kernel_name(Level::Scalar), "baseline");
+        let best = kernel_level(Level::Avx512Vnni);
+        let want = ["baseline", "avx2", "avx512"][best as usize];
+        assert_eq!(kernel_name(Level::Avx512Vnni), want);
     }
 }

@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::kernels::{cand_weights, Level};
+use crate::kernels::{cand_weights, Isa};
 use crate::math::{exp_f32, ln_f64};
 use crate::rng::{Purpose, RngState};
 use crate::support::{Cand, Workspace};
@@ -134,7 +134,7 @@ fn walk(dense: bool, buf: &[f32], ids: &[Cand], w: &[f32], mut f: impl FnMut(u32
 /// it: the candidates themselves when already in id order (the dense top-p leaves its nucleus
 /// so), else a copy sorted by id in `scratch` (the canonical order stays for the record).
 fn sparse_in_id_order<'a>(
-    level: Level,
+    level: Isa,
     cands: &'a [Cand],
     scratch: &'a mut Vec<Cand>,
     aux: &mut Vec<Cand>,
@@ -393,7 +393,7 @@ fn sequential_cdf(c: &[Cand], w: &[f32], s: f64, u: f64) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::simd;
+    use crate::kernels::tests::supported_levels;
 
     /// The blocked walk against the definition, at every kernel level, on lists with zeros,
     /// ties, tiny and huge weights, for draws at, just below and just above every running sum
@@ -446,7 +446,7 @@ mod tests {
                     }
                 }
                 us.extend([0.0, 1.0 - f64::EPSILON / 2.0, *cums.last().unwrap()]);
-                for level in (simd::BASELINE..=simd::detected()).map(Level::at_most) {
+                for level in supported_levels() {
                     for &u in &us {
                         assert_eq!(
                             inverse_cdf(level, &c, &w, s, u),

@@ -9,7 +9,8 @@
 //! support it leaves (min-p, typical-p, top-k, a second top-p of either rule), with categorical
 //! or Gumbel selection.
 
-use nextok_core::math::simd;
+use nextok_core::cpu::{self, Level};
+use nextok_core::math;
 use nextok_core::processors::{
     min_p::MinP, temperature::Temperature, top_k, top_k::TopK, top_p, top_p::TopP,
     typical_p::TypicalP, ProcessorConfig as P,
@@ -304,11 +305,15 @@ proptest! {
 /// same bits, so other tests running meanwhile are unaffected).
 #[test]
 fn benchmark_flat_rows() {
-    let levels: Vec<u8> = (simd::BASELINE..=simd::detected()).collect();
-    eprintln!("benchmark_flat_rows: kernel levels tested: {levels:?}");
+    let levels: Vec<Level> = Level::ALL
+        .into_iter()
+        .filter(|&l| math::kernel_level(l) == l)
+        .collect();
+    let names: Vec<&str> = levels.iter().map(|&l| math::kernel_name(l)).collect();
+    eprintln!("benchmark_flat_rows: kernel levels tested: {names:?}");
     for level in levels {
-        simd::with_max_level(level, || {
-            assert_eq!(simd::level(), level);
+        cpu::with_max_level(level, || {
+            assert_eq!(math::kernel_level(Level::current()), level);
             for v in nextok_bench::fixtures::FLAT_VOCAB_SIZES {
                 let f = nextok_bench::fixtures::flat_fixture(v, v as u64);
                 for p in [0.5, 0.9, 0.95, 0.99] {

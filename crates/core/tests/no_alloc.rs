@@ -8,7 +8,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use nextok_bench::fixtures::{fixture, Case, StepBench, FLAT_VOCAB_SIZES, TARGET_VOCAB};
-use nextok_core::math::simd;
+use nextok_core::cpu::{self, Level};
+use nextok_core::math;
 use nextok_core::{Draw, Preset, Sampler, SamplingParams};
 
 /// Counts the allocations made by threads that asked to be counted.
@@ -59,8 +60,11 @@ fn allocations(f: impl FnOnce()) -> usize {
 }
 
 /// The kernel versions to try: every one up to what this CPU supports.
-fn levels() -> Vec<u8> {
-    (simd::BASELINE..=simd::detected()).collect()
+fn levels() -> Vec<Level> {
+    Level::ALL
+        .into_iter()
+        .filter(|&l| math::kernel_level(l) == l)
+        .collect()
 }
 
 const WARM_UP: usize = 2;
@@ -194,11 +198,12 @@ fn selector_cases() -> Vec<(&'static str, Preset, SamplingParams)> {
 #[test]
 fn step_and_select_do_not_allocate() {
     let levels = levels();
-    eprintln!("step_and_select_do_not_allocate: kernel levels tested: {levels:?}");
+    let names: Vec<&str> = levels.iter().map(|&l| math::kernel_name(l)).collect();
+    eprintln!("step_and_select_do_not_allocate: kernel levels tested: {names:?}");
     for level in levels {
         // the level is process-wide here: `with_max_level` serialises the tests that set it
-        simd::with_max_level(level, || {
-            assert_eq!(simd::level(), level);
+        cpu::with_max_level(level, || {
+            assert_eq!(math::kernel_level(Level::current()), level);
             for case in Case::ALL {
                 check_bench_case(case);
                 // flat rows: the dense top-p's large-nucleus path (nuclei of 14 and 53 thousand)

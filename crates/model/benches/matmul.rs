@@ -143,7 +143,7 @@ fn bench(c: &mut Criterion) {
                 if level == Level::Scalar {
                     continue;
                 }
-                let name = if level == Level::detect() {
+                let name = if level == Level::current() {
                     "ours".to_string()
                 } else {
                     format!("ours-{}", level.name())

@@ -197,7 +197,8 @@ pub struct Scratch {
     rows: Vec<(usize, usize)>,
     /// Rows whose logits are returned, in order.
     logit_rows: Vec<usize>,
-    /// The kernels' implementation (`None`: the best this CPU has; all give the same bits).
+    /// The kernels' implementation (`None`: the process-wide one, [`kernels::Level::current`];
+    /// all give the same bits).
     level: Option<kernels::Level>,
 }
 
@@ -551,7 +552,7 @@ impl ModelWeights {
         resize(&mut s.tmp, n * d);
         resize(&mut s.gate, n * ff);
         resize(&mut s.up, n * ff);
-        let level = s.level.unwrap_or_else(kernels::Level::detect);
+        let level = s.level.unwrap_or_else(kernels::Level::current);
         let eps = cfg.rms_eps;
         // scores are scaled here unless the queries were scaled before attention
         let score_scale = match cfg.query_scale {

@@ -143,8 +143,8 @@ fn gemma3_local_layers_see_only_their_window() {
     let a = prompt(10, 3);
     let mut b = a.clone();
     b[0] = (b[0] + 1) % V as u32;
-    let la = logits_in_chunks(&w, &a, &[10], Level::detect());
-    let lb = logits_in_chunks(&w, &b, &[10], Level::detect());
+    let la = logits_in_chunks(&w, &a, &[10], Level::current());
+    let lb = logits_in_chunks(&w, &b, &[10], Level::current());
     let row = |l: &[f32], p: usize| bits(&l[p * V as usize..(p + 1) * V as usize]);
     for p in 0..=4 {
         assert_ne!(row(&la, p), row(&lb, p), "position {p} sees token 0");
@@ -156,8 +156,8 @@ fn gemma3_local_layers_see_only_their_window() {
     let tiny = Tiny { layers: 6, ..tiny };
     let w = tiny.load();
     assert_eq!(w.config.layers[5].window, None);
-    let la = logits_in_chunks(&w, &a, &[10], Level::detect());
-    let lb = logits_in_chunks(&w, &b, &[10], Level::detect());
+    let la = logits_in_chunks(&w, &a, &[10], Level::current());
+    let lb = logits_in_chunks(&w, &b, &[10], Level::current());
     assert_ne!(row(&la, 9), row(&lb, 9));
 }
 
@@ -195,8 +195,8 @@ fn fused_and_separate_projections_give_the_same_logits() {
     let ws = ModelWeights::load(&separate.file(&ts), Requant::Keep).unwrap();
     let a = prompt(7, 4);
     assert_eq!(
-        bits(&logits_in_chunks(&wf, &a, &[7], Level::detect())),
-        bits(&logits_in_chunks(&ws, &a, &[7], Level::detect()))
+        bits(&logits_in_chunks(&wf, &a, &[7], Level::current())),
+        bits(&logits_in_chunks(&ws, &a, &[7], Level::current()))
     );
 }
 

@@ -1,17 +1,17 @@
 //! The AVX2 kernels, written with intrinsics: the band collection (the compiler does not find
 //! the packing permutations on its own) and the `exp` passes (the compiler's vectorisation of
 //! the portable code keeps the lane sums in memory and reloads every constant). Every function
-//! here requires AVX2, BMI1, POPCNT and FMA: the dispatch in [`super`] calls them only at
-//! [`simd::AVX2`](super::simd::AVX2) or above. The `exp` is the portable [`exp_f32`] operation
-//! for operation (fused multiply-adds exactly where it has `mul_add`), so it gives the same bits.
+//! here requires AVX2, BMI1, POPCNT and FMA: the dispatch in [`super`] calls them only at an
+//! [`Isa`](super::Isa) of [`Level::Avx2`](crate::cpu::Level::Avx2) or above. The `exp` is the
+//! portable [`exp_f32`] operation for operation (fused multiply-adds exactly where it has
+//! `mul_add`), so it gives the same bits.
 
 use std::arch::x86_64::*;
 
-use super::{Band, BLOCK};
-use crate::math::{
-    exp_f32, EXP_BIAS, EXP_C1, EXP_C2, EXP_CLAMP, EXP_F32_FLUSH, EXP_LOG2E, EXP_MAGIC, EXP_P,
+use super::common::{
+    exp_f32, Cand, EXP_BIAS, EXP_C1, EXP_C2, EXP_CLAMP, EXP_F32_FLUSH, EXP_LOG2E, EXP_MAGIC, EXP_P,
 };
-use crate::support::Cand;
+use super::{Band, BLOCK};
 
 /// The first half of [`exp_f32`] on 8 lanes: from `x` the reduced argument `r` and the scale
 /// `2^n`, the same operations in the same order as the scalar code. The selection differs

@@ -5,15 +5,14 @@
 //! [`exp16x4`]).
 //!
 //! Every function here requires AVX-512 F/BW/DQ/VL (with AVX2, BMI1, POPCNT and FMA): the
-//! dispatch in [`super`] calls them only at a [`Level`](super::Level) of
-//! [`simd::AVX512`](super::simd::AVX512). Their only other unsafe operations are unaligned
+//! dispatch in [`super`] calls them only at an [`Isa`](super::Isa) of
+//! [`Level::Avx512`](crate::cpu::Level::Avx512). Their only other unsafe operations are unaligned
 //! loads and stores through raw pointers, each within the slice the pointer was taken from.
 
 use std::arch::x86_64::*;
 
+use super::common::{exp_f32, Cand, EXP_C1, EXP_C2, EXP_CLAMP, EXP_F32_FLUSH, EXP_LOG2E, EXP_P};
 use super::{Band, TopKScan, BLOCK};
-use crate::math::{exp_f32, EXP_C1, EXP_C2, EXP_CLAMP, EXP_F32_FLUSH, EXP_LOG2E, EXP_P};
-use crate::support::Cand;
 
 /// [`exp_f32`] on four vectors of 16 lanes, with the same bits for every input (checked
 /// exhaustively over all non-NaN `f32` inputs when this was written; the unit test

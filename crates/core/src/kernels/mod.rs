@@ -1,9 +1,10 @@
 //! The slice kernels and their run-time dispatch: one place for every vectorised loop.
 //!
-//! * [`simd`] — which kernel versions this CPU supports, and the process-wide cap on them;
-//! * [`Level`] — a kernel version this CPU is known to support, passed explicitly to every
-//!   kernel here (the workspace carries one, so tests can pin a level without touching the
-//!   process-wide cap);
+//! * [`Isa`] — a [`Level`] of the crate's one CPU-feature switch ([`crate::cpu`]) that this
+//!   CPU supports, as these kernels see it, passed explicitly to every kernel here (the
+//!   workspace carries one, so tests can pin a level without touching the process-wide cap);
+//! * `common` — what the kernels share with the rest of the crate (the candidate type, the top-k
+//!   heap, `exp_f32` and its constants), a leaf that `support` and `math` import from;
 //! * `scalar` — the portable bodies, written as plain arithmetic; [`multiversion!`] compiles
 //!   each of them for the baseline target and, on x86-64, with AVX2 and AVX-512 enabled; and
 //!   the branch-free compactions of the nucleus search;
@@ -16,135 +17,69 @@
 //! the numerics themselves.
 //!
 //! Every `unsafe` block here says why it is sound: a target-feature function is only called at
-//! a [`Level`] the CPU supports, and every raw-pointer access stays within the slice it was
+//! an [`Isa`] the CPU supports, and every raw-pointer access stays within the slice it was
 //! taken from.
+//!
+//! The kernels use nothing from the crate but `common` and [`crate::cpu`].
 
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
-use crate::support::{sift_down, Cand};
+use crate::cpu::Level;
+use common::{sift_down, Cand};
 
 /// Block length of the block bounds (`Workspace::bmax`): scans skip whole blocks by them.
 pub(crate) const BLOCK: usize = 64;
 
-#[doc(hidden)]
-pub mod simd {
-    //! Run-time choice of the kernel versions (see the module docs of `kernels`).
-
-    use std::sync::atomic::{AtomicU8, Ordering};
-    use std::sync::Mutex;
-
-    /// Plain code for the compilation target.
-    pub const BASELINE: u8 = 1;
-    /// AVX2 (x86-64).
-    pub const AVX2: u8 = 2;
-    /// AVX-512 F/BW/DQ/VL (x86-64).
-    pub const AVX512: u8 = 3;
-
-    static LEVEL: AtomicU8 = AtomicU8::new(0);
-    static CAP: AtomicU8 = AtomicU8::new(u8::MAX);
-    /// Held by [`with_max_level`] while the cap is changed.
-    static CAP_LOCK: Mutex<()> = Mutex::new(());
-
-    /// The widest version this CPU (and build) supports.
-    pub fn detected() -> u8 {
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[cfg(nextok_avx512)]
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512dq")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("bmi1")
-                && std::arch::is_x86_feature_detected!("popcnt")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return AVX512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("bmi1")
-                && std::arch::is_x86_feature_detected!("popcnt")
-            {
-                return AVX2;
-            }
-        }
-        BASELINE
-    }
-
-    /// The version the kernels use now (never above [`detected`]).
-    #[inline]
-    pub fn level() -> u8 {
-        let l = LEVEL.load(Ordering::Relaxed);
-        if l != 0 {
-            return l;
-        }
-        let l = detected().min(CAP.load(Ordering::Relaxed));
-        LEVEL.store(l, Ordering::Relaxed);
-        l
-    }
-
-    /// Uses at most `level` from now on, process-wide (for benchmarks; results do not change).
-    /// Tests that compare the versions pass a level explicitly instead, or use
-    /// [`with_max_level`].
-    pub fn set_max_level(level: u8) {
-        CAP.store(level.max(BASELINE), Ordering::Relaxed);
-        LEVEL.store(detected().min(level.max(BASELINE)), Ordering::Relaxed);
-    }
-
-    /// Runs `f` with the process-wide cap at `level`, then restores the previous cap. Callers
-    /// are serialised (one lock for the process), so two of them never change the cap under
-    /// each other; code that reads the level without this lock may still see either value,
-    /// which only changes its speed.
-    pub fn with_max_level<R>(level: u8, f: impl FnOnce() -> R) -> R {
-        struct Restore(u8);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                CAP.store(self.0, Ordering::Relaxed);
-                LEVEL.store(0, Ordering::Relaxed);
-            }
-        }
-        let _lock = CAP_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let _restore = Restore(CAP.load(Ordering::Relaxed));
-        set_max_level(level);
-        f()
-    }
-}
-
-/// A kernel version that this CPU supports: it can only be made by [`Level::current`] and
-/// [`Level::at_most`], which never go above [`simd::detected`]. The target-feature kernels rely
-/// on that for their soundness.
+/// A [`Level`] that this CPU supports, as the slice kernels run it: [`Level::Scalar`] (the
+/// baseline code), [`Level::Avx2`] or [`Level::Avx512`] ([`Level::Avx512Vnni`] runs the
+/// AVX-512 code, which needs no VNNI; a build without AVX-512 kernels runs the AVX2 code
+/// there). It can only be made by [`Isa::current`] and [`Isa::of`], which never go above
+/// [`Level::detected`]; the target-feature kernels rely on that for their soundness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Level(u8);
+pub(crate) struct Isa(Level);
 
-impl Level {
-    /// The process-wide level ([`simd::level`]).
+impl Isa {
+    /// The highest level these kernels have code for.
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    const TOP: Level = Level::Avx512;
+    #[cfg(not(all(target_arch = "x86_64", nextok_avx512)))]
+    const TOP: Level = Level::Avx2;
+
+    /// The process-wide level ([`Level::current`]).
     #[inline]
-    pub(crate) fn current() -> Level {
-        Level(simd::level())
+    pub(crate) fn current() -> Isa {
+        Isa(Level::current().min(Isa::TOP))
     }
 
-    /// The widest level this CPU supports, but at most `max` (at least [`simd::BASELINE`]): a
-    /// level for tests to pin.
-    #[cfg(test)]
-    pub(crate) fn at_most(max: u8) -> Level {
-        Level(simd::detected().min(max.max(simd::BASELINE)))
+    /// The code these kernels run for `level`: the best level this CPU supports up to `level`,
+    /// at most the highest these kernels have.
+    pub(crate) fn of(level: Level) -> Isa {
+        Isa(level.effective().min(Isa::TOP))
     }
 
-    /// One of [`simd::BASELINE`], [`simd::AVX2`], [`simd::AVX512`].
+    /// One of [`Level::Scalar`], [`Level::Avx2`], [`Level::Avx512`].
     #[inline]
-    pub(crate) fn get(self) -> u8 {
+    pub(crate) fn get(self) -> Level {
         self.0
+    }
+
+    /// The name the sampler's reports give the level: `baseline`, `avx2`, `avx512`.
+    pub(crate) fn name(self) -> &'static str {
+        match self.0 {
+            Level::Scalar => "baseline",
+            Level::Avx2 => "avx2",
+            Level::Avx512 | Level::Avx512Vnni => "avx512",
+        }
     }
 }
 
 /// Defines a function whose body is compiled for the baseline target and, on x86-64, with AVX2
-/// and AVX-512 enabled; the defined function takes a [`Level`] first and runs that copy. The
+/// and AVX-512 enabled; the defined function takes an [`Isa`] first and runs that copy. The
 /// body must be plain arithmetic (see the module docs): every copy returns identical results.
 macro_rules! multiversion {
     ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$attr])*
-        $vis fn $name(level: $crate::kernels::Level, $($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name(level: $crate::kernels::Isa, $($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
             fn generic($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
@@ -155,8 +90,8 @@ macro_rules! multiversion {
                     fn avx512($($arg: $ty),*) $(-> $ret)? {
                         generic($($arg),*)
                     }
-                    if level.get() >= $crate::kernels::simd::AVX512 {
-                        // SAFETY: a `Level` never exceeds what the CPU supports, so it has
+                    if level.get() >= $crate::cpu::Level::Avx512 {
+                        // SAFETY: an `Isa` never exceeds what the CPU supports, so it has
                         // these features.
                         return unsafe { avx512($($arg),*) };
                     }
@@ -165,8 +100,8 @@ macro_rules! multiversion {
                 fn avx2($($arg: $ty),*) $(-> $ret)? {
                     generic($($arg),*)
                 }
-                if level.get() >= $crate::kernels::simd::AVX2 {
-                    // SAFETY: a `Level` never exceeds what the CPU supports, so it has these
+                if level.get() >= $crate::cpu::Level::Avx2 {
+                    // SAFETY: an `Isa` never exceeds what the CPU supports, so it has these
                     // features.
                     return unsafe { avx2($($arg),*) };
                 }
@@ -178,6 +113,7 @@ macro_rules! multiversion {
 }
 pub(crate) use multiversion;
 
+pub(crate) mod common;
 mod scalar;
 
 #[cfg(target_arch = "x86_64")]
@@ -196,16 +132,16 @@ pub(crate) use scalar::{
 
 /// Writes `w[i] = exp_f32(z[i] - m)` for every `i` and returns the lane sum of `w` in `f64`
 /// (see [`crate::math::exp_weights`]).
-pub(crate) fn exp_weights(level: Level, z: &[f32], m: f32, w: &mut [f32]) -> f64 {
+pub(crate) fn exp_weights(level: Isa, z: &[f32], m: f32, w: &mut [f32]) -> f64 {
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-    if level.get() >= simd::AVX512 {
-        let mut acc = [0.0f64; 8]; // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+    if level.get() >= Level::Avx512 {
+        let mut acc = [0.0f64; 8]; // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
         let n = unsafe { avx512::exp_blocks::<true>(z, m, Some(&mut *w), &mut acc) };
         return exp_rest(z, m, Some(w), n, acc);
     }
     #[cfg(target_arch = "x86_64")]
-    if level.get() >= simd::AVX2 {
-        let mut acc = [0.0f64; 8]; // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA.
+    if level.get() >= Level::Avx2 {
+        let mut acc = [0.0f64; 8]; // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2 and FMA.
         let n = unsafe { avx2::exp_blocks::<true>(z, m, Some(&mut *w), &mut acc) };
         return exp_rest(z, m, Some(w), n, acc);
     }
@@ -213,16 +149,16 @@ pub(crate) fn exp_weights(level: Level, z: &[f32], m: f32, w: &mut [f32]) -> f64
 }
 
 /// `sum_i exp_f32(z[i] - m)` in the lane order of [`sum_f64_lanes`], without storing weights.
-pub(crate) fn exp_sum(level: Level, z: &[f32], m: f32) -> f64 {
+pub(crate) fn exp_sum(level: Isa, z: &[f32], m: f32) -> f64 {
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-    if level.get() >= simd::AVX512 {
-        let mut acc = [0.0f64; 8]; // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+    if level.get() >= Level::Avx512 {
+        let mut acc = [0.0f64; 8]; // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
         let n = unsafe { avx512::exp_blocks::<true>(z, m, None, &mut acc) };
         return exp_rest(z, m, None, n, acc);
     }
     #[cfg(target_arch = "x86_64")]
-    if level.get() >= simd::AVX2 {
-        let mut acc = [0.0f64; 8]; // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA.
+    if level.get() >= Level::Avx2 {
+        let mut acc = [0.0f64; 8]; // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2 and FMA.
         let n = unsafe { avx2::exp_blocks::<true>(z, m, None, &mut acc) };
         return exp_rest(z, m, None, n, acc);
     }
@@ -231,19 +167,19 @@ pub(crate) fn exp_sum(level: Level, z: &[f32], m: f32) -> f64 {
 
 /// [`exp_sum`] when `m` is at least every `z[i]` (the maximum): the same result, a little faster
 /// (the clamp of large inputs cannot apply).
-pub(crate) fn exp_sum_at_max(level: Level, z: &[f32], m: f32) -> f64 {
+pub(crate) fn exp_sum_at_max(level: Isa, z: &[f32], m: f32) -> f64 {
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-    if level.get() >= simd::AVX512 && !m.is_nan() {
+    if level.get() >= Level::Avx512 && !m.is_nan() {
         let mut acc = [0.0f64; 8];
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512. (`z[i] - m <=
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512. (`z[i] - m <=
         // 0` for every `i`, the caller's contract, so skipping `min(88, x)` changes nothing.)
         let n = unsafe { avx512::exp_blocks::<false>(z, m, None, &mut acc) };
         return exp_rest(z, m, None, n, acc);
     }
     #[cfg(target_arch = "x86_64")]
-    if level.get() >= simd::AVX2 && !m.is_nan() {
+    if level.get() >= Level::Avx2 && !m.is_nan() {
         let mut acc = [0.0f64; 8];
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA. (`z[i] -
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2 and FMA. (`z[i] -
         // m <= 0` for every `i`, the caller's contract, so skipping `min(88, x)` changes
         // nothing.)
         let n = unsafe { avx2::exp_blocks::<false>(z, m, None, &mut acc) };
@@ -258,7 +194,7 @@ pub(crate) fn exp_sum_at_max(level: Level, z: &[f32], m: f32) -> f64 {
 #[cfg(target_arch = "x86_64")]
 fn exp_rest(z: &[f32], m: f32, mut w: Option<&mut [f32]>, n: usize, mut acc: [f64; 8]) -> f64 {
     for (i, &x) in z.iter().enumerate().skip(n) {
-        let e = crate::math::exp_f32(x - m);
+        let e = common::exp_f32(x - m);
         if let Some(w) = w.as_deref_mut() {
             w[i] = e;
         }
@@ -268,16 +204,16 @@ fn exp_rest(z: &[f32], m: f32, mut w: Option<&mut [f32]>, n: usize, mut acc: [f6
 }
 
 /// `w[i] = exp_f32(c[i].z - m)` for every candidate (`w` at least as long as `c`).
-pub(crate) fn cand_weights(level: Level, c: &[Cand], m: f32, w: &mut [f32]) {
+pub(crate) fn cand_weights(level: Isa, c: &[Cand], m: f32, w: &mut [f32]) {
     assert!(w.len() >= c.len());
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-    if level.get() >= simd::AVX512 {
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+    if level.get() >= Level::Avx512 {
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
         return unsafe { avx512::cand_weights(c, m, w) };
     }
     #[cfg(target_arch = "x86_64")]
-    if level.get() >= simd::AVX2 {
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2 and FMA.
+    if level.get() >= Level::Avx2 {
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2 and FMA.
         return unsafe { avx2::cand_weights(c, m, w) };
     }
     scalar::cand_weights(level, c, m, w)
@@ -287,15 +223,15 @@ pub(crate) fn cand_weights(level: Level, c: &[Cand], m: f32, w: &mut [f32]) {
 /// returns (whether a NaN or `+inf` was seen, the number of values above `-inf`, the maximum
 /// exactly as [`max_f32`] gives it).
 pub(crate) fn load(
-    level: Level,
+    level: Isa,
     raw: &[f32],
     buf: &mut [f32],
     bmax: &mut [f32],
 ) -> (bool, usize, f32) {
     assert!(raw.len() == buf.len() && bmax.len() == raw.len().div_ceil(BLOCK));
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-    let (bad, count, max) = if level.get() >= simd::AVX512 {
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+    let (bad, count, max) = if level.get() >= Level::Avx512 {
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
         unsafe { avx512::load(raw, buf, bmax) }
     } else {
         scalar::load(level, raw, buf, bmax)
@@ -308,7 +244,7 @@ pub(crate) fn load(
 /// [`load`] without the copy: writes the block maxima of `raw` to `bmax` and returns (whether a
 /// NaN or `+inf` was seen, the number of values above `-inf`, the maximum exactly as
 /// [`max_f32`] gives it). The portable pass at every level (its AVX-512 build included).
-pub(crate) fn scan(level: Level, raw: &[f32], bmax: &mut [f32]) -> (bool, usize, f32) {
+pub(crate) fn scan(level: Isa, raw: &[f32], bmax: &mut [f32]) -> (bool, usize, f32) {
     assert!(bmax.len() == raw.len().div_ceil(BLOCK));
     let (bad, count, max) = scalar::scan(level, raw, bmax);
     (bad, count, settle_zero_max(level, raw, bad, max))
@@ -316,7 +252,7 @@ pub(crate) fn scan(level: Level, raw: &[f32], bmax: &mut [f32]) -> (bool, usize,
 
 /// The maximum a load pass found, as [`max_f32`] gives it: its value is right, only the sign of
 /// a zero maximum depends on the order the pass took.
-fn settle_zero_max(level: Level, raw: &[f32], bad: bool, max: f32) -> f32 {
+fn settle_zero_max(level: Isa, raw: &[f32], bad: bool, max: f32) -> f32 {
     if max == 0.0 && !bad {
         max_f32(level, raw)
     } else {
@@ -345,7 +281,7 @@ impl WeightKey {
 /// Copies the candidates (and weights) whose weight is in the bucket `key` to `out` (and
 /// `out_w`), in order ([`gather`] with that test).
 pub(crate) fn gather_weight_key(
-    level: Level,
+    level: Isa,
     c: &[Cand],
     w: &[f32],
     key: WeightKey,
@@ -353,14 +289,14 @@ pub(crate) fn gather_weight_key(
     out_w: &mut Vec<f32>,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if level.get() >= simd::AVX2 {
+    if level.get() >= Level::Avx2 {
         let n = c.len().min(w.len());
         out.clear();
         out_w.clear();
         // the workspace's buffers hold any collection: no allocation there
         out.reserve(n);
         out_w.reserve(n);
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2.
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2.
         return unsafe { avx2::gather_weight_key(c, w, key, out, out_w) };
     }
     let _ = level;
@@ -405,14 +341,14 @@ impl<'a> TopKScan<'a> {
 /// kept one enter. The values up to the next block boundary and after the last whole block are
 /// offered one by one; the whole blocks in between go to a kernel, which skips the blocks whose
 /// bound in `bmax` (when given) cannot enter and offers the others' candidates in id order.
-pub(crate) fn top_k_scan(level: Level, buf: &[f32], bmax: &[f32], start: usize, heap: &mut [Cand]) {
+pub(crate) fn top_k_scan(level: Isa, buf: &[f32], bmax: &[f32], start: usize, heap: &mut [Cand]) {
     let mut scan = TopKScan::new(heap);
     let first = start.next_multiple_of(BLOCK).min(buf.len());
     let end = first + (buf.len() - first) / BLOCK * BLOCK;
     scan.offer_run(start, &buf[start..first]);
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-    if level.get() >= simd::AVX512 {
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+    if level.get() >= Level::Avx512 {
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
         unsafe { avx512::top_k_blocks(&buf[..end], bmax, first, &mut scan) };
     } else {
         scalar::top_k_blocks(level, &buf[..end], bmax, first, &mut scan);
@@ -454,7 +390,7 @@ impl Band {
 /// `id <= at.id` — in order, to `out` and `out_w` ([`filter_cands_w`] with that test, for values
 /// that are never NaN); returns how many.
 pub(crate) fn filter_upto(
-    level: Level,
+    level: Isa,
     c: &[Cand],
     w: &[f32],
     at: Cand,
@@ -462,10 +398,10 @@ pub(crate) fn filter_upto(
     out_w: &mut [f32],
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if level.get() >= simd::AVX2 && out_w.len() >= c.len().min(w.len()) {
+    if level.get() >= Level::Avx2 && out_w.len() >= c.len().min(w.len()) {
         out.clear();
         out.reserve(c.len().min(w.len()));
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
         return unsafe { avx2::filter_upto(c, w, at, out, out_w) };
     }
     let _ = level;
@@ -484,7 +420,7 @@ pub(crate) fn filter_upto(
 /// within the usual rounding bound of any other), the others are copied in order to `out` and
 /// `out_w`. Returns the heavy count and sum.
 pub(crate) fn split_heavy(
-    level: Level,
+    level: Isa,
     c: &[Cand],
     w: &[f32],
     above: i32,
@@ -493,10 +429,10 @@ pub(crate) fn split_heavy(
 ) -> (usize, f64) {
     let n = c.len().min(w.len());
     #[cfg(target_arch = "x86_64")]
-    if level.get() >= simd::AVX2 && out_w.len() >= n {
+    if level.get() >= Level::Avx2 && out_w.len() >= n {
         out.clear();
         out.reserve(n);
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
         let (heavy, sums) = unsafe { avx2::split_heavy(c, w, above, out, out_w) };
         return (heavy, sums.iter().sum());
     }
@@ -520,19 +456,13 @@ pub(crate) fn split_heavy(
 
 /// Appends `(id, z)` for every token of `band`, in id order. Blocks of [`BLOCK`] values whose
 /// bound in `bmax` (when given) is below `band.lo` are skipped unread.
-pub(crate) fn collect_band(
-    level: Level,
-    buf: &[f32],
-    bmax: &[f32],
-    band: Band,
-    out: &mut Vec<Cand>,
-) {
+pub(crate) fn collect_band(level: Isa, buf: &[f32], bmax: &[f32], band: Band, out: &mut Vec<Cand>) {
     // the bands of one step are disjoint, so this never allocates for a workspace's own buffers
     // (capacity `v + 16`); the AVX-512 version stores 16 candidates at a time
     out.reserve(buf.len().saturating_sub(out.len()) + 16);
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-    if level.get() >= simd::AVX512 {
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX-512.
+    if level.get() >= Level::Avx512 {
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
         return unsafe {
             if band.tie_z.is_nan() {
                 avx512::collect_band::<false>(buf, bmax, band, out)
@@ -542,8 +472,8 @@ pub(crate) fn collect_band(
         };
     }
     #[cfg(target_arch = "x86_64")]
-    if level.get() >= simd::AVX2 {
-        // SAFETY: a `Level` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
+    if level.get() >= Level::Avx2 {
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
         return unsafe {
             if band.tie_z.is_nan() {
                 avx2::collect_band::<false>(buf, bmax, band, out)

@@ -1,12 +1,11 @@
 //! The portable kernel bodies: plain arithmetic, written so that the compiler can vectorise it.
-//! Each `multiversion!` function here is compiled for every [`Level`](super::Level) and takes
+//! Each `multiversion!` function here is compiled for every [`Isa`](super::Isa) and takes
 //! the level to run first; the others are inlined into them. Last, the branch-free compactions
 //! of the nucleus search ([`gather`], [`filter_cands`], [`filter_cands_w`]), which write through
 //! raw pointers so that only the count depends on the data.
 
+use super::common::{exp_f32, Cand};
 use super::{Band, TopKScan, BLOCK};
-use crate::math::exp_f32;
-use crate::support::Cand;
 
 multiversion! {
     /// Sum with a fixed association: lane `j` sums elements `j, j+8, j+16, ...` in `f64`, then

@@ -7,7 +7,7 @@
 //! it on CI runners that do): then the missing level fails the test.
 
 use super::*;
-use crate::math::{self, exp_f32};
+use common::exp_f32;
 
 pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
@@ -94,23 +94,24 @@ fn avx512_expected() -> bool {
 }
 
 /// The name of a level, for the reports.
-fn name(level: Level) -> &'static str {
-    match level.get() {
-        simd::AVX512 => "avx512",
-        simd::AVX2 => "avx2",
-        _ => "baseline",
-    }
+fn name(level: Isa) -> &'static str {
+    level.name()
+}
+
+/// Every kernel level this CPU (and build) supports, lowest first.
+pub(crate) fn supported_levels() -> Vec<Isa> {
+    let mut levels: Vec<Isa> = Level::ALL.into_iter().map(Isa::of).collect();
+    levels.dedup();
+    levels
 }
 
 /// Every kernel level this CPU (and build) supports, reported on stderr for `test`. Fails when
 /// `NEXTOK_EXPECT_AVX512` is set and AVX-512 is not among them.
-pub(crate) fn levels(test: &str) -> Vec<Level> {
-    let levels: Vec<Level> = (simd::BASELINE..=simd::detected())
-        .map(Level::at_most)
-        .collect();
+pub(crate) fn levels(test: &str) -> Vec<Isa> {
+    let levels = supported_levels();
     let names: Vec<&str> = levels.iter().map(|&l| name(l)).collect();
     eprintln!("{test}: kernel levels tested: {}", names.join(", "));
-    if simd::detected() < simd::AVX512 {
+    if levels.last().is_none_or(|l| l.get() < Level::Avx512) {
         let why = if cfg!(all(target_arch = "x86_64", nextok_avx512)) {
             "this CPU lacks AVX-512"
         } else {
@@ -210,13 +211,6 @@ fn exp_kernels_match_scalar_at_every_level() {
             assert_eq!(sum_f64_lanes(level, &row).to_bits(), lanes.to_bits());
         }
     }
-    // the public functions at the process-wide level give the same bits
-    let row = &rows()[40];
-    let m = math::max_f32(row);
-    assert_eq!(
-        math::exp_sum(row, m).to_bits(),
-        exp_sum_ref(row, m).0.to_bits()
-    );
 }
 
 /// The inputs of the `exp` checks: every 61st `f32` bit pattern, and the values around 0, the
@@ -259,7 +253,7 @@ fn check_exp8x4(v: &[f32; 32]) {
         }
         out
     }
-    assert!(simd::detected() >= simd::AVX2);
+    assert!(Level::Avx2.supported());
     // SAFETY: the CPU supports AVX2 and FMA (checked above).
     let out = unsafe { run::<true>(v) };
     for (x, y) in v.iter().zip(out) {
@@ -282,7 +276,7 @@ fn check_exp8x4(v: &[f32; 32]) {
 #[test]
 fn exp8x4_matches_scalar() {
     let tested = levels("exp8x4_matches_scalar");
-    if tested.last().is_none_or(|l| l.get() < simd::AVX2) {
+    if tested.last().is_none_or(|l| l.get() < Level::Avx2) {
         eprintln!("exp8x4_matches_scalar: skipped (no AVX2 here)");
         return;
     }
@@ -306,7 +300,7 @@ fn exp8x4_matches_scalar() {
 #[test]
 #[ignore]
 fn exp8x4_matches_scalar_everywhere() {
-    if simd::detected() < simd::AVX2 {
+    if !Level::Avx2.supported() {
         eprintln!("exp8x4_matches_scalar_everywhere: skipped (no AVX2 here)");
         return;
     }
@@ -346,7 +340,7 @@ fn check_exp16x4(v: &[f32; 64]) {
         }
         out
     }
-    assert!(simd::detected() >= simd::AVX512);
+    assert!(Level::Avx512.supported());
     // SAFETY: the CPU supports AVX-512 (checked above).
     let out = unsafe { run(v) };
     for (x, y) in v.iter().zip(out) {
@@ -360,7 +354,7 @@ fn check_exp16x4(v: &[f32; 64]) {
 #[test]
 fn exp16x4_matches_scalar() {
     let tested = levels("exp16x4_matches_scalar");
-    if tested.last().is_none_or(|l| l.get() < simd::AVX512) {
+    if tested.last().is_none_or(|l| l.get() < Level::Avx512) {
         eprintln!("exp16x4_matches_scalar: skipped (no AVX-512 here)");
         return;
     }
@@ -385,7 +379,7 @@ fn exp16x4_matches_scalar() {
 #[ignore]
 fn exp16x4_matches_scalar_everywhere() {
     let tested = levels("exp16x4_matches_scalar_everywhere");
-    if tested.last().is_none_or(|l| l.get() < simd::AVX512) {
+    if tested.last().is_none_or(|l| l.get() < Level::Avx512) {
         eprintln!("exp16x4_matches_scalar_everywhere: skipped (no AVX-512 here)");
         return;
     }
@@ -404,12 +398,11 @@ fn exp16x4_matches_scalar_everywhere() {
 
 #[test]
 fn levels_never_exceed_the_cpu() {
-    for max in [0, simd::BASELINE, simd::AVX2, simd::AVX512, u8::MAX] {
-        let l = Level::at_most(max);
-        assert!(l.get() <= simd::detected() && l.get() >= simd::BASELINE);
-        assert!(l.get() <= max.max(simd::BASELINE));
+    for max in Level::ALL {
+        let l = Isa::of(max);
+        assert!(l.get().supported() && l.get() <= max && l.get() <= Level::Avx512);
     }
-    assert!(Level::current().get() <= simd::detected());
+    assert!(Isa::current().get().supported());
 }
 
 #[test]
@@ -612,7 +605,7 @@ fn cand_bits(c: &[Cand]) -> Vec<(u32, u32)> {
 }
 
 /// [`KernelBits`] of `row` at `level`.
-fn kernel_bits(level: Level, row: &[f32]) -> KernelBits {
+fn kernel_bits(level: Isa, row: &[f32]) -> KernelBits {
     let n = row.len();
     let nb = n.div_ceil(BLOCK);
     let mut buf = vec![7.0f32; n];
@@ -662,7 +655,7 @@ fn kernel_bits(level: Level, row: &[f32]) -> KernelBits {
         }
         out.exact = Some(exact_sum_any_order(level, &w).map(f64::to_bits));
         for alpha in [1.0f64, 0.5, 1e-3] {
-            let lz = math::ln_f64(alpha) as f32 - 1e-3;
+            let lz = alpha.ln() as f32 - 1e-3;
             let mut mp = Vec::with_capacity(n);
             collect_min_p(level, row, m, lz, alpha, &mut mp);
             out.min_p.push(cand_bits(&mp));
@@ -675,7 +668,7 @@ fn kernel_bits(level: Level, row: &[f32]) -> KernelBits {
         }
         let mut heap = Vec::with_capacity(k);
         for x in &c[..k] {
-            crate::support::sort::push_heap(&mut heap, *x);
+            common::push_heap(&mut heap, *x);
         }
         top_k_scan(level, &buf, &bmax, k, &mut heap);
         out.top_k.push(cand_bits(&heap));

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{v1, Apply, Compile, CompileCtx};
 use crate::error::{Error, Result};
-use crate::kernels::{prefix_len, Level};
+use crate::kernels::{prefix_len, Isa};
 use crate::math::exp_f32;
 use crate::state::DecoderState;
 use crate::support::Cand;
@@ -158,6 +158,6 @@ impl Workspace {
 
 /// Returns the smallest `n >= max(1, min_keep)` such that the canonical-order cumulative
 /// probability of the first `n` is `>= p` (or all of them).
-fn sparse_prefix(level: Level, c: &[Cand], m: f32, s: f64, p: f64, min_keep: usize) -> usize {
+fn sparse_prefix(level: Isa, c: &[Cand], m: f32, s: f64, p: f64, min_keep: usize) -> usize {
     prefix_len(level, c, m, s, p, min_keep).unwrap_or(c.len())
 }

@@ -61,10 +61,11 @@ impl Sampler {
         self.check_ready(state, ws)?;
         if self.reads_in_place() {
             // the raw logits are read in place (copied only if a processor edits the dense
-            // row after all); nothing here outlives `raw`
-            let mut ws = ws.attach(raw, false)?;
-            self.run_processors(state, &mut ws)?;
-            self.select_processed(state, &mut ws, draw)
+            // row after all), for the length of the closure
+            ws.with_attached(raw, false, |ws| {
+                self.run_processors(state, ws)?;
+                self.select_processed(state, ws, draw)
+            })?
         } else {
             ws.load(raw, false)?;
             self.run_processors(state, ws)?;

@@ -1,7 +1,7 @@
 //! Loading a row of raw logits into a [`Workspace`]: one pass that copies (or, for
-//! [`Workspace::attach`], only reads), validates (no NaN, no `+inf`), counts the selectable
-//! tokens and takes the maximum and the block bounds; and the error that names the first
-//! offending logit.
+//! [`Workspace::with_attached`], only reads), validates (no NaN, no `+inf`), counts the
+//! selectable tokens and takes the maximum and the block bounds; and the error that names the
+//! first offending logit.
 
 use super::Workspace;
 use crate::error::{Error, ErrorKind, Result};
@@ -15,7 +15,7 @@ impl Workspace {
     }
 
     /// [`Workspace::load`], copying `raw` into the workspace's row when `copy` (otherwise the
-    /// caller, [`Workspace::attach`], points the row at `raw`).
+    /// caller, [`Workspace::with_attached`], points the row at `raw`).
     pub(super) fn load_with(&mut self, raw: &[f32], exact: bool, copy: bool) -> Result<()> {
         if raw.len() != self.v {
             return Err(ErrorKind::VocabSizeMismatch {

@@ -26,11 +26,12 @@
 //! The vector loops they run are in the crate's `kernels` module.
 
 use crate::error::{ErrorKind, Result};
-use crate::kernels::{self, cand_exp_sum, cand_weights, exact_sum_any_order, Level};
+use crate::kernels::{self, cand_exp_sum, cand_weights, exact_sum_any_order, Isa};
 
+pub use crate::kernels::common::Cand;
 pub(crate) use crate::kernels::BLOCK;
 pub(crate) use row::Row;
-pub(crate) use sort::{canonical, sift_down, sort_by_id};
+pub(crate) use sort::{canonical, sort_by_id};
 
 mod load;
 mod nucleus;
@@ -39,17 +40,6 @@ pub(crate) mod sort;
 
 #[cfg(test)]
 mod tests;
-
-/// One candidate: token id and processed logit (`repr(C)`: the AVX-512 kernels store whole
-/// candidates as `(u32, f32)` pairs).
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[repr(C)]
-pub struct Cand {
-    /// Token id.
-    pub id: u32,
-    /// Processed logit.
-    pub z: f32,
-}
 
 /// How top-k treats tokens tied with the k-th value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,8 +102,8 @@ pub struct Workspace {
     pub(crate) cand_w_valid: bool,
     pub(crate) cand_norm: (f32, f64),
     /// The kernel level for this workspace, when pinned (tests); `None` follows the
-    /// process-wide one ([`crate::math::simd::level`]).
-    pub(crate) kernel_level: Option<Level>,
+    /// process-wide one ([`crate::cpu::Level::current`]).
+    pub(crate) kernel_level: Option<Isa>,
 }
 
 impl Workspace {
@@ -158,8 +148,8 @@ impl Workspace {
     /// The kernel level this workspace's kernels run at: the pinned one, else the process-wide
     /// one.
     #[inline]
-    pub(crate) fn level(&self) -> Level {
-        self.kernel_level.unwrap_or_else(Level::current)
+    pub(crate) fn level(&self) -> Isa {
+        self.kernel_level.unwrap_or_else(Isa::current)
     }
 
     /// Turns the dense top-p's path for large nuclei on (the default) or off.

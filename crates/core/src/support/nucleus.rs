@@ -9,7 +9,7 @@ use super::sort::{sort_by_id, sort_canonical_from_id_order};
 use super::{Cand, Workspace, BLOCK};
 use crate::kernels::{
     self, cand_weights, collect_band, exact_sum_any_order, filter_cands, filter_upto,
-    gather_weight_key, prefix_len, split_heavy, sum_f32, Band, Level, WeightKey,
+    gather_weight_key, prefix_len, split_heavy, sum_f32, Band, Isa, WeightKey,
 };
 use crate::math::{self, exp_f32};
 
@@ -363,7 +363,7 @@ impl Workspace {
 /// Like [`sparse_prefix`] over a collected top set; `None` when the prefix is not certain to
 /// lie inside the collected set (the caller then collects everything).
 fn dense_prefix(
-    level: Level,
+    level: Isa,
     c: &[Cand],
     m: f32,
     s: f64,
@@ -392,7 +392,7 @@ fn blocks_at_or_above(bmax: &[f32], nblocks: usize, lo: f32) -> usize {
 
 /// Appends `exp_f32(c[i].z - m)` for every candidate to `w` and returns their sum (in an
 /// unspecified order: it only steers the search).
-fn band_weights(level: Level, c: &[Cand], m: f32, w: &mut Vec<f32>) -> f64 {
+fn band_weights(level: Isa, c: &[Cand], m: f32, w: &mut Vec<f32>) -> f64 {
     let start = w.len();
     w.resize(start + c.len(), 0.0);
     cand_weights(level, c, m, &mut w[start..]);
@@ -453,7 +453,7 @@ enum Walk {
 /// split ([`SPLIT_ABOVE`]) or sorted and walked with the definition's terms.
 #[allow(clippy::too_many_arguments)]
 fn nucleus_walk(
-    level: Level,
+    level: Isa,
     c: &[Cand],
     w: &[f32],
     st: WalkState,
@@ -469,7 +469,7 @@ fn nucleus_walk(
 /// [`Walk::Short`] (their count and weight sum added): the next band's search starts there.
 #[allow(clippy::too_many_arguments)]
 fn nucleus_walk_on(
-    level: Level,
+    level: Isa,
     c: &[Cand],
     w: &[f32],
     mut st: WalkState,
@@ -528,7 +528,7 @@ const HEAVY_SAMPLE: usize = 16;
 /// whole collection is searched as before: the split only changes the time.
 #[allow(clippy::too_many_arguments)]
 fn heavy_first_walk(
-    level: Level,
+    level: Isa,
     c: &[Cand],
     w: &[f32],
     st: WalkState,
@@ -563,7 +563,7 @@ fn heavy_first_walk(
 /// the tokens are many and the estimate good (a few strong tokens, which a sample would
 /// estimate badly, sit in the top buckets). `None` when no bucket qualifies, or the collection
 /// may not reach the boundary.
-fn heavy_bucket(level: Level, w: &[f32], st: WalkState) -> Option<usize> {
+fn heavy_bucket(level: Isa, w: &[f32], st: WalkState) -> Option<usize> {
     let total = sum_f32(level, w);
     let after = total - (st.p * st.s - st.mass);
     if after.is_nan() || after <= 0.0 {

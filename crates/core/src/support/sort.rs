@@ -1,8 +1,9 @@
 //! Orders of the support: the canonical order (processed logit descending, then token id
-//! ascending), the stable radix sorts into it and by id, and the top-k heap whose root is the
-//! worst kept candidate.
+//! ascending) and the stable radix sorts into it and by id. The top-k heap whose root is the
+//! worst kept candidate is shared with the kernels (`kernels::common`).
 
 use super::Cand;
+pub(crate) use crate::kernels::common::push_heap;
 
 /// Canonical order: processed logit descending, then token id ascending.
 #[inline]
@@ -82,48 +83,5 @@ pub(crate) fn sort_by_id(v: &mut [Cand], tmp: &mut Vec<Cand>, vocab_size: usize)
     } else {
         let bits = usize::BITS - vocab_size.saturating_sub(1).leading_zeros();
         radix_sort_by(v, tmp, bits, |c| c.id);
-    }
-}
-
-/// "Worse" in a top-k heap: lower z, or equal z and higher id (the root holds the worst).
-#[inline(always)]
-pub(crate) fn worse(a: &Cand, b: &Cand) -> bool {
-    a.z < b.z || (a.z == b.z && a.id > b.id)
-}
-
-/// Adds `c` to a heap whose root is its worst candidate (sift up).
-pub(crate) fn push_heap(heap: &mut Vec<Cand>, c: Cand) {
-    heap.push(c);
-    let mut j = heap.len() - 1;
-    while j > 0 {
-        let p = (j - 1) / 2;
-        if worse(&heap[j], &heap[p]) {
-            heap.swap(j, p);
-            j = p;
-        } else {
-            break;
-        }
-    }
-}
-
-#[inline(always)]
-pub(crate) fn sift_down(h: &mut [Cand], mut i: usize) {
-    let n = h.len();
-    loop {
-        let l = 2 * i + 1;
-        if l >= n {
-            break;
-        }
-        let r = l + 1;
-        let mut w = l;
-        if r < n && worse(&h[r], &h[l]) {
-            w = r;
-        }
-        if worse(&h[w], &h[i]) {
-            h.swap(w, i);
-            i = w;
-        } else {
-            break;
-        }
     }
 }

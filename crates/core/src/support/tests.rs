@@ -184,7 +184,7 @@ fn truncation_kernels_match_scalar_at_every_level() {
 }
 
 /// An attached workspace reads the raw row in place: the same count, maximum and block bounds
-/// as a copying load, no copy until the first edit, then a copy that carries the edit; a guard
+/// as a copying load, no copy until the first edit, then a copy that carries the edit; a call
 /// that ends before any edit leaves no processed logits behind.
 #[test]
 fn attached_row_is_read_in_place_and_copied_on_first_edit() {
@@ -199,8 +199,7 @@ fn attached_row_is_read_in_place_and_copied_on_first_edit() {
 
             let mut ws = Workspace::new(n);
             ws.kernel_level = Some(level);
-            {
-                let at = ws.attach(&row, false).unwrap();
+            ws.with_attached(&row, false, |at| {
                 assert!(at.buf.is_borrowed());
                 assert_eq!(bits(&at.buf), bits(&row));
                 assert_eq!(at.dense_count, loaded.dense_count, "level {level:?}");
@@ -213,24 +212,25 @@ fn attached_row_is_read_in_place_and_copied_on_first_edit() {
                 let c = at.clone();
                 assert!(!c.buf.is_borrowed());
                 assert_eq!(bits(&c.buf), bits(&row));
-            }
-            // the guard ended before any edit: nothing is left to read
+            })
+            .unwrap();
+            // the call ended before any edit: nothing is left to read
             assert_eq!(ws.processed_logits(), None);
             // (an edit of a masked token writes nothing)
             let Some(i) = row.iter().rposition(|z| *z > f32::NEG_INFINITY) else {
                 continue;
             };
-            {
-                let mut at = ws.attach(&row, false).unwrap();
+            ws.with_attached(&row, false, |at| {
                 at.edit_buf(i as u32, |x| x - 1.5);
                 assert!(!at.buf.is_borrowed());
                 let mut want = row.clone();
                 want[i] -= 1.5;
                 assert_eq!(bits(&at.buf), bits(&want));
-            }
+            })
+            .unwrap();
             // copied: the processed logits stay
             assert!(ws.processed_logits().is_some());
-            // a load after an attach copies again
+            // a load after an attached call copies again
             ws.load(&row, false).unwrap();
             assert_eq!(ws.processed_logits().map(bits), Some(bits(&row)));
         }
@@ -244,9 +244,27 @@ fn attach_rejects_what_load_rejects() {
     for bad in [f32::NAN, f32::INFINITY] {
         let mut row = vec![0.5f32; 70];
         row[66] = bad;
-        let e = ws.attach(&row, false).err().expect("rejected");
+        let e = ws
+            .with_attached(&row, false, |_| panic!("not attached"))
+            .expect_err("rejected");
         assert!(e.to_string().contains("66"), "{e}");
         assert_eq!(ws.support_len(), 0);
     }
-    assert!(ws.attach(&[0.0; 69], false).is_err());
+    assert!(ws.with_attached(&[0.0; 69], false, |_| ()).is_err());
+}
+
+/// A closure that panics still ends the borrow of the raw row: nothing is left to read.
+#[test]
+fn attached_row_ends_when_the_closure_panics() {
+    let row = vec![0.5f32; 70];
+    let mut ws = Workspace::new(70);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ws.with_attached(&row, false, |at| {
+            assert!(at.buf.is_borrowed());
+            panic!("the closure panics");
+        })
+    }));
+    assert!(r.is_err());
+    assert!(!ws.buf.is_borrowed());
+    assert_eq!(ws.processed_logits(), None);
 }

@@ -36,7 +36,7 @@ pub fn scores(
     assert!(q.len() == rep * hd && k.len() == here * hd);
     assert!(rep == 0 || (rep - 1) * stride + off + here <= scores.len());
     #[cfg(target_arch = "x86_64")]
-    if level.effective().has_avx2() && hd.is_multiple_of(8) {
+    if level.effective() >= Level::Avx2 && hd.is_multiple_of(8) {
         for h in 0..rep {
             let qh = &q[h * hd..(h + 1) * hd];
             let out = &mut scores[h * stride + off..h * stride + off + here];
@@ -79,7 +79,7 @@ pub fn accumulate(
     assert!(out.len() == rep * hd && v.len() == here * hd);
     assert!(rep == 0 || (rep - 1) * stride + off + here <= weights.len());
     #[cfg(target_arch = "x86_64")]
-    if level.effective().has_avx2() && hd.is_multiple_of(32) {
+    if level.effective() >= Level::Avx2 && hd.is_multiple_of(32) {
         for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
             let w = &weights[h * stride + off..h * stride + off + here];
             // SAFETY: `effective` checked that the CPU has AVX2, FMA and F16C.

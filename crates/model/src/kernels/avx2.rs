@@ -1,8 +1,11 @@
 //! AVX2 + FMA + F16C kernels (x86-64), selected at run time.
 //!
 //! Every function here computes exactly the operations of its twin in [`super::scalar`], many
-//! lanes at once; callers must have checked [`available`] before calling any of them. On other
-//! architectures [`available`] is `false` and the functions forward to the scalar code.
+//! lanes at once; callers must hold an effective level
+//! ([`Level::effective`](super::Level::effective)) of [`Level::Avx2`](super::Level::Avx2) or
+//! above (the CPU has AVX2, FMA and F16C) before calling any of them. On other architectures no
+//! level above [`Level::Scalar`](super::Level::Scalar) is effective, and the functions forward
+//! to the scalar code.
 
 #[cfg(target_arch = "x86_64")]
 pub(super) use imp::*;
@@ -13,11 +16,6 @@ pub(super) use fallback::*;
 #[cfg(not(target_arch = "x86_64"))]
 mod fallback {
     use super::super::{scalar, Acts, QMatrix, BLOCK};
-
-    /// Never on this architecture.
-    pub(in super::super) fn available() -> bool {
-        false
-    }
 
     /// Forwards to the scalar code.
     ///
@@ -62,13 +60,6 @@ mod imp {
     use std::arch::x86_64::*;
 
     use super::super::{Acts, Chunk, MatFormat, QMatrix, BLOCK};
-
-    /// Whether this CPU has AVX2, FMA and F16C.
-    pub(in super::super) fn available() -> bool {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
 
     /// `max |x_i|` over one block (see [`super::super::scalar::amax`]).
     #[target_feature(enable = "avx2,fma,f16c")]

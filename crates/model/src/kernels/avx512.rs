@@ -19,8 +19,11 @@
 //! * **Q4_1, F16, BF16, F32** and single weight rows run the AVX2 code (Q4_1's row pairs were
 //!   not faster than its AVX2 tiles).
 //!
-//! Callers must have checked [`available`] (or [`vnni_available`] for the VNNI entry point).
-//! On other architectures both are `false` and the entry points forward to the scalar code.
+//! Callers must hold an effective level ([`Level::effective`](super::Level::effective)) of
+//! [`Level::Avx512`](super::Level::Avx512) or above: the CPU has AVX-512 F/BW/VL with AVX2,
+//! FMA and F16C; and [`Level::Avx512Vnni`](super::Level::Avx512Vnni) for the VNNI entry
+//! point. On other architectures no such level is effective, and the entry points forward to
+//! the scalar code.
 
 #[cfg(target_arch = "x86_64")]
 pub(super) use imp::*;
@@ -31,16 +34,6 @@ pub(super) use fallback::*;
 #[cfg(not(target_arch = "x86_64"))]
 mod fallback {
     use super::super::{scalar, Acts, QMatrix};
-
-    /// Never on this architecture.
-    pub(in super::super) fn available() -> bool {
-        false
-    }
-
-    /// Never on this architecture.
-    pub(in super::super) fn vnni_available() -> bool {
-        false
-    }
 
     /// Forwards to the scalar code.
     ///
@@ -82,24 +75,12 @@ mod imp {
     use super::super::avx2k::{h2f, hsum8, kq45_add, kq45_result, ld};
     use super::super::{avx2, Acts, Chunk, MatFormat, QMatrix};
 
-    /// Whether this CPU has AVX-512 F, BW and VL (and the AVX2 level's AVX2, FMA, F16C).
-    pub(in super::super) fn available() -> bool {
-        avx2::available()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-    }
-
-    /// Whether this CPU also has AVX-512 VNNI.
-    pub(in super::super) fn vnni_available() -> bool {
-        available() && is_x86_feature_detected!("avx512vnni")
-    }
-
     /// The dots of weight rows `r0..r0 + nr` with activation rows `b0..b0 + n` (`1 ≤ nr, n ≤ 4`,
     /// `b0 % 4 == 0`): `res[ri][bi]`, without VNNI.
     ///
     /// # Safety
-    /// The CPU must have what [`available`] checks.
+    /// [`Level::Avx512`](super::super::Level::Avx512) must be effective (the CPU has AVX-512
+    /// F/BW/VL, AVX2, FMA and F16C).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
     #[inline(never)]
     pub(in super::super) unsafe fn dot_tile(
@@ -116,7 +97,8 @@ mod imp {
     /// As [`dot_tile`], with VNNI.
     ///
     /// # Safety
-    /// The CPU must have what [`vnni_available`] checks.
+    /// [`Level::Avx512Vnni`](super::super::Level::Avx512Vnni) must be effective (as for
+    /// [`dot_tile`], and AVX-512 VNNI).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline(never)]
     pub(in super::super) unsafe fn dot_tile_vnni(

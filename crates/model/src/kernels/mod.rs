@@ -113,7 +113,7 @@ mod scalar;
 mod tests;
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -324,83 +324,12 @@ impl MatFormat {
     }
 }
 
-/// Which implementation computes the kernels. All give the same bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Level {
-    /// Portable scalar code (the reference).
-    Scalar,
-    /// AVX2 + FMA + F16C.
-    Avx2,
-    /// AVX-512 F/BW/VL on top of AVX2: the 32-value and K-quant formats two weight rows (or two
-    /// sub-blocks) per register; the others as [`Level::Avx2`].
-    Avx512,
-    /// [`Level::Avx512`] with AVX-512 VNNI: the integer lane sums of the 32-value formats by
-    /// `vpdpbusd`.
-    Avx512Vnni,
-}
-
-/// [`Level::detect`]'s cap (a [`Level`] as `u8`), set by [`set_max_level`].
-static MAX_LEVEL: AtomicU8 = AtomicU8::new(u8::MAX);
-
-/// Makes [`Level::detect`] return at most `level` from now on, process-wide (for benchmarks:
-/// results do not change, only the speed).
-pub fn set_max_level(level: Level) {
-    MAX_LEVEL.store(level as u8, Ordering::Relaxed);
-}
-
-impl Level {
-    /// Every level, lowest first.
-    pub const ALL: [Level; 4] = [Level::Scalar, Level::Avx2, Level::Avx512, Level::Avx512Vnni];
-
-    /// The best level this CPU supports, at most the cap of [`set_max_level`].
-    pub fn detect() -> Level {
-        let cap = MAX_LEVEL.load(Ordering::Relaxed);
-        Level::ALL
-            .into_iter()
-            .rev()
-            .find(|l| (*l as u8) <= cap && l.supported())
-            .unwrap_or(Level::Scalar)
-    }
-
-    /// Whether this CPU can run the level.
-    pub fn supported(self) -> bool {
-        match self {
-            Level::Scalar => true,
-            Level::Avx2 => avx2::available(),
-            Level::Avx512 => avx512::available(),
-            Level::Avx512Vnni => avx512::vnni_available(),
-        }
-    }
-
-    /// The level's name: `scalar`, `avx2`, `avx512`, `avx512-vnni`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Level::Scalar => "scalar",
-            Level::Avx2 => "avx2",
-            Level::Avx512 => "avx512",
-            Level::Avx512Vnni => "avx512-vnni",
-        }
-    }
-
-    /// The level named `name` (see [`Level::name`]).
-    pub fn from_name(name: &str) -> Option<Level> {
-        Level::ALL.into_iter().find(|l| l.name() == name)
-    }
-
-    /// `self`, or the best lower level the CPU can run.
-    fn effective(self) -> Level {
-        Level::ALL
-            .into_iter()
-            .rev()
-            .find(|l| *l <= self && l.supported())
-            .unwrap_or(Level::Scalar)
-    }
-
-    /// Whether an effective level may run the AVX2 code.
-    fn has_avx2(self) -> bool {
-        self >= Level::Avx2
-    }
-}
+/// Which implementation computes the kernels; all give the same bits. The workspace's one
+/// CPU-feature switch, [`nextok_core::cpu::Level`], re-exported: its process-wide cap
+/// ([`nextok_core::cpu::set_max_level`]) caps these kernels and the sampler's alike. Attention
+/// and the conversion of the activations have AVX2 code only, which they also run at the
+/// AVX-512 levels.
+pub use nextok_core::cpu::Level;
 
 /// 32 bytes aligned to 32: one Q8 block's quants, two 4-bit blocks' nibbles, a quarter of a
 /// K-quant super-block's nibbles, 16 `f16`/`bf16` or 8 `f32` values.
@@ -1047,7 +976,7 @@ impl Activations {
     /// Takes `n` rows of `cols` values (`x` row-major, `x.len() == n · cols`,
     /// `cols % 32 == 0`). Allocates nothing once the buffer has held a batch at least as large.
     pub fn quantize(&mut self, x: &[f32], n: usize, cols: usize) -> Result<(), KernelError> {
-        self.quantize_with(Level::detect(), x, n, cols)
+        self.quantize_with(Level::current(), x, n, cols)
     }
 
     /// [`Activations::quantize`] with a chosen implementation (all give the same bits). Nothing
@@ -1156,7 +1085,7 @@ impl Activations {
                 let xs: &[f32; BLOCK] = self.x[(b * nb + k) * BLOCK..(b * nb + k + 1) * BLOCK]
                     .try_into()
                     .expect("a block is 32 values");
-                let amax = if level.has_avx2() {
+                let amax = if level >= Level::Avx2 {
                     // SAFETY: the caller passed an effective level: the CPU has AVX2, FMA, F16C.
                     unsafe { avx2::amax(xs) }
                 } else {
@@ -1165,7 +1094,7 @@ impl Activations {
                 let d = amax / 127.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 let q = &mut buf.q[b * nb + k].0;
-                let sum = if level.has_avx2() {
+                let sum = if level >= Level::Avx2 {
                     // SAFETY: as above.
                     unsafe { avx2::quantize_block(xs, id, q) }
                 } else {
@@ -1233,7 +1162,7 @@ impl Activations {
 /// thread); small products run on the calling thread. Allocates nothing once `a` is warm.
 /// Errors (and writes nothing) when `a.cols() != w.cols()` or `out.len() != a.rows() · w.rows()`.
 pub fn matmul(w: &QMatrix, a: &Activations, out: &mut [f32]) -> Result<(), KernelError> {
-    matmul_with(Level::detect(), w, a, out)
+    matmul_with(Level::current(), w, a, out)
 }
 
 /// Below this many block dot products (`rows · cols/32 · batch`) a product runs on the calling

@@ -397,7 +397,7 @@ fn every_format_agrees_with_f64_reference() {
             x[..BLOCK].fill(0.0); // a zero block
             let mut a = Activations::new();
             a.quantize(&x, n, cols).unwrap();
-            let got = run(Level::detect(), &w, &a);
+            let got = run(Level::current(), &w, &a);
             let v = a.view(Level::Scalar, format).unwrap();
             for b in 0..n {
                 let av = exact_acts(&a, format, b);
@@ -527,7 +527,7 @@ fn activation_quantisation_follows_ggml() {
     let x: Vec<f32> = (0..32).map(|i| i as f32 * 0.5 - 8.0).collect();
     let mut a = Activations::new();
     a.quantize(&x, 1, 32).unwrap();
-    let v = a.view(Level::detect(), MatFormat::Q8_0).unwrap();
+    let v = a.view(Level::current(), MatFormat::Q8_0).unwrap();
     let amax = 8.0f32;
     let d = amax / 127.0;
     let id = 1.0 / d;
@@ -558,7 +558,7 @@ fn q8_k_activations_follow_ggml() {
     x[260..264].fill(0.0);
     let mut a = Activations::new();
     a.quantize(&x, 2, 256).unwrap();
-    let v = a.view(Level::detect(), MatFormat::Q4_K).unwrap();
+    let v = a.view(Level::current(), MatFormat::Q4_K).unwrap();
     for b in 0..2 {
         let xs = &x[b * 256..(b + 1) * 256];
         let max = if b == 0 { -9.5f32 } else { 9.5 };
@@ -579,7 +579,7 @@ fn q8_k_activations_follow_ggml() {
     }
     // An all-zero super-block: zero scale, quants and sums.
     a.quantize(&[0.0; 256], 1, 256).unwrap();
-    let v = a.view(Level::detect(), MatFormat::Q6_K).unwrap();
+    let v = a.view(Level::current(), MatFormat::Q6_K).unwrap();
     assert_eq!(v.kd[0].to_bits(), 0);
     assert!(v.kq.iter().all(|c| c.0 == [0; 32]));
     assert_eq!(v.kbs[0], [0; 16]);
@@ -587,12 +587,12 @@ fn q8_k_activations_follow_ggml() {
     let x = [1.0f32 + 1.0 / 4096.0, -3.0e-8, 70000.0, 1.0 + 1.0 / 256.0];
     let x: Vec<f32> = x.iter().cycle().take(32).copied().collect();
     a.quantize(&x, 1, 32).unwrap();
-    let v = a.view(Level::detect(), MatFormat::F16).unwrap();
+    let v = a.view(Level::current(), MatFormat::F16).unwrap();
     for (h, &xv) in v.h.iter().zip(&x) {
         assert_eq!(*h, f16::from_f32(xv).to_bits());
     }
     assert_eq!(v.h[0], f16::from_f32(1.0).to_bits()); // a tie rounds to even
-    let v = a.view(Level::detect(), MatFormat::BF16).unwrap();
+    let v = a.view(Level::current(), MatFormat::BF16).unwrap();
     for (h, &xv) in v.bh.iter().zip(&x) {
         assert_eq!(*h, half::bf16::from_f32(xv).to_bits());
     }
@@ -614,15 +614,15 @@ fn batch_and_thread_invariance() {
             let x = random_x(&mut rng, n, cols, true);
             let mut a = Activations::new();
             a.quantize(&x, n, cols).unwrap();
-            let batch = run(Level::detect(), &w, &a);
+            let batch = run(Level::current(), &w, &a);
             for threads in [1, 2] {
-                let other = pool(threads).install(|| run(Level::detect(), &w, &a));
+                let other = pool(threads).install(|| run(Level::current(), &w, &a));
                 assert_same(&other, &batch, &format!("{format:?}: {threads} threads"));
             }
             let mut one = Activations::new();
             for b in 0..n {
                 one.quantize(&x[b * cols..(b + 1) * cols], 1, cols).unwrap();
-                let single = run(Level::detect(), &w, &one);
+                let single = run(Level::current(), &w, &one);
                 assert_same(
                     &single,
                     &batch[b * rows..(b + 1) * rows],
@@ -632,7 +632,7 @@ fn batch_and_thread_invariance() {
             // A sub-batch starting at an odd row (other remainder paths).
             let sub = &x[3 * cols..(3 + 5) * cols];
             one.quantize(sub, 5, cols).unwrap();
-            let got = run(Level::detect(), &w, &one);
+            let got = run(Level::current(), &w, &one);
             assert_same(
                 &got,
                 &batch[3 * rows..8 * rows],
@@ -664,14 +664,14 @@ fn mixed_formats_share_one_activation_buffer() {
             .map(|w| {
                 let mut fresh = Activations::new();
                 fresh.quantize(&x, n, cols).unwrap();
-                run(Level::detect(), w, &fresh)
+                run(Level::current(), w, &fresh)
             })
             .collect();
         let got: Vec<Vec<f32>> = pool(3).install(|| {
             use rayon::prelude::*;
             mats.par_iter()
                 .rev()
-                .map(|w| run(Level::detect(), w, &a))
+                .map(|w| run(Level::current(), w, &a))
                 .collect()
         });
         for ((w, got), want) in mats.iter().rev().zip(&got).zip(want.iter().rev()) {
@@ -703,7 +703,7 @@ fn agrees_with_candle() {
                 .unwrap();
             let mut a = Activations::new();
             a.quantize(&x, n, cols).unwrap();
-            let got = run(Level::detect(), &w, &a);
+            let got = run(Level::current(), &w, &a);
             // Both sides quantise the activations per block of `blk` values with a step of
             // at most `amax / 127`, each rounding a value by at most half a step (candle's Q8_K
             // uses −128 / max, ours −127 / max), so they differ by at most
@@ -864,7 +864,7 @@ fn bad_input_is_an_error() {
     assert_eq!(out, [0.0; 6]);
     // Q8_K activations need a multiple of 256 columns.
     assert!(matches!(
-        a.prepare(Level::detect(), MatFormat::Q6_K),
+        a.prepare(Level::current(), MatFormat::Q6_K),
         Err(KernelError::Shape(_))
     ));
     // An empty batch is fine.
@@ -919,14 +919,14 @@ mod arbitrary {
             let mut a = Activations::new();
             a.quantize(&x, n, cols).unwrap();
             let scalar = run(Level::Scalar, &w, &a);
-            let best = run(Level::detect(), &w, &a);
+            let best = run(Level::current(), &w, &a);
             for (i, (s, b)) in scalar.iter().zip(&best).enumerate() {
                 prop_assert!(same(*s, *b), "{format:?} B={n}: {i}: scalar {s:e} vs {b:e}");
             }
             let mut one = Activations::new();
             for b in 0..n {
                 one.quantize(&x[b * cols..(b + 1) * cols], 1, cols).unwrap();
-                let alone = run(Level::detect(), &w, &one);
+                let alone = run(Level::current(), &w, &one);
                 for (i, (s, v)) in alone.iter().zip(&best[b * rows..(b + 1) * rows]).enumerate() {
                     prop_assert!(same(*s, *v), "{format:?} row {b} alone: {i}: {s:e} vs {v:e}");
                 }
