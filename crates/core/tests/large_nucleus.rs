@@ -9,12 +9,13 @@
 //! support it leaves (min-p, typical-p, top-k, a second top-p of either rule), with categorical
 //! or Gumbel selection.
 
-use nextok_core::math::simd;
+use nextok_core::math::{self, simd};
 use nextok_core::processors::{
     min_p::MinP, temperature::Temperature, top_k, top_k::TopK, top_p, top_p::TopP,
     typical_p::TypicalP, ProcessorConfig as P,
 };
 use nextok_core::{Draw, PipelineConfig, Sampler, Selector, StopConfig, VocabInfo, Workspace};
+use nextok_testdata::rows;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 
@@ -309,8 +310,8 @@ fn benchmark_flat_rows() {
     for level in levels {
         simd::with_max_level(level, || {
             assert_eq!(simd::level(), level);
-            for v in nextok_bench::fixtures::FLAT_VOCAB_SIZES {
-                let f = nextok_bench::fixtures::flat_fixture(v, v as u64);
+            for v in rows::FLAT_VOCAB_SIZES {
+                let f = rows::flat_row(v, v as u64, math::ln_f64);
                 for p in [0.5, 0.9, 0.95, 0.99] {
                     check(&f.logits, p, 1, None, &[0.0, 0.1, 0.37, 0.5, 0.9, U_MAX]);
                 }
