@@ -93,8 +93,8 @@ fn main() -> ExitCode {
             a,
             nextok_bench::Frontend {
                 write_stdout,
-                model_path: |p| generate::model_path(p).map_err(|e| e.to_string()),
-                load_model: |p, r| generate::load_model(p, r).map_err(|e| e.to_string()),
+                model_path: |p| nextok_model::model_path(p).map_err(|e| e.to_string()),
+                load_model: |p, r| nextok_model::load_model(p, r).map_err(|e| e.to_string()),
             },
         )
         .map_err(error::CliError::from),
