@@ -26,10 +26,26 @@ use nextok_core::SamplingParams;
 use nextok_model::{LogitsSource, Requant};
 use serde::Serialize;
 
-use crate::frontend;
-use crate::BenchArgs;
+use crate::ModelArgs;
 use nextok_engine::solo::{run_sequence, SeqTime, SoloOptions};
 use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
+
+/// Arguments of `nextok bench decode`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DecodeArgs {
+    /// `--model`, `--kernels`.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Tokens per run (at least 2).
+    #[arg(long, default_value_t = 96)]
+    pub max_tokens: u64,
+    /// Runs per mode (the modes alternate).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
 
 const PROMPT: &str = "List eight people as JSON objects with name, age and city.";
 
@@ -100,17 +116,17 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// Runs `nextok bench decode`.
-pub fn run(args: &BenchArgs) -> Result<(), String> {
+pub fn run(args: &DecodeArgs) -> Result<(), String> {
     let reps = args.reps.max(1);
     let max_tokens = args.max_tokens;
     if max_tokens < 2 {
         return Err("--max-tokens must be at least 2".into());
     }
-    let path = frontend::model_path(args.model.as_deref())?;
+    let path = args.model.path()?;
     let mut rows = Vec::new();
     for (quant, requant) in [("as shipped", Requant::Keep), ("q8_0", Requant::Q8_0)] {
-        let model = frontend::load_model(&path, requant)?;
-        let prompt = frontend::user_prompt(&model, PROMPT)?;
+        let model = crate::load_model(&path, requant)?;
+        let prompt = crate::user_prompt(&model, PROMPT)?;
         let base_params = SamplingParams {
             temperature: Some(0.8),
             top_p: Some(0.95),

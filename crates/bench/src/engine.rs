@@ -49,10 +49,56 @@ use nextok_engine::{Engine, EngineConfig, Event, GenerateRequest, Prompt};
 use nextok_model::{LogitsSource, Requant};
 use serde::Serialize;
 
-use crate::frontend;
 use crate::llama_tools::LlamaCpp;
 use crate::sampler::median;
-use crate::BenchArgs;
+use crate::ModelArgs;
+
+/// Arguments of `nextok bench engine`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// `--model`, `--kernels`.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Repetitions of the prompt, single-stream and 16-stream measurements (the best counts).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Concurrency levels, comma-separated (default: 1,4,16,64).
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// Scale every request's `max_tokens` (quick runs: 0.25).
+    #[arg(long, default_value_t = 1.0)]
+    pub tokens_scale: f64,
+    /// Requests of the one-at-a-time baseline.
+    #[arg(long, default_value_t = 8)]
+    pub baseline_requests: usize,
+    /// Requests per concurrency level at least (a level runs `max(C, this)`).
+    #[arg(long, default_value_t = 8)]
+    pub min_requests: usize,
+    /// Tokens one forward pass takes at most (default: the engine's default).
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
+    /// Prompt tokens one forward pass takes at most while sequences decode (default: the
+    /// engine's default).
+    #[arg(long)]
+    pub prefill_chunk_tokens: Option<usize>,
+    /// Also run llama.cpp on the same file (the tools `bench/peers/llama_cpp.sh` builds; run
+    /// from the repository root) paired with nextok: prompt (512-token prefill), single-stream
+    /// decode and 16 streams, each `--pairs` times, the two engines back to back and
+    /// alternating which goes first; the report gives the median of the paired ratios and
+    /// their spread.
+    #[arg(long)]
+    pub llama_cpp: bool,
+    /// `--llama-cpp`: pairs per row (at least 1).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub pairs: u32,
+    /// `--llama-cpp`: turn llama.cpp's weight repacking (extra buffer types) off, for CPUs
+    /// that advertise an instruction set that then traps.
+    #[arg(long)]
+    pub llama_no_repack: bool,
+}
 
 const TEXT: &str = "The history of the lighthouse is a history of the coast itself. Long before \
 electric lamps and Fresnel lenses, people who lived by the sea lit fires on hills and towers to \
@@ -454,8 +500,8 @@ fn run_level(
 }
 
 /// Runs `nextok bench engine`.
-pub fn run(args: &BenchArgs) -> Result<(), String> {
-    let path = frontend::model_path(args.model.as_deref())?;
+pub fn run(args: &EngineArgs) -> Result<(), String> {
+    let path = args.model.path()?;
     let threads = rayon::current_num_threads();
     let pairs = args.pairs.max(1) as usize;
     // llama.cpp's tools and its Q8_0 copy of the file, before any measurement
@@ -487,7 +533,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         ("as shipped", Requant::Keep, false),
         ("q8_0", Requant::Q8_0, true),
     ] {
-        let model = Arc::new(frontend::load_model(&path, requant)?);
+        let model = Arc::new(crate::load_model(&path, requant)?);
         let mut ids = Vec::new();
         while ids.len() < 2000 {
             ids.extend(model.encode_prompt(TEXT).map_err(|e| e.to_string())?);

@@ -1,12 +1,11 @@
 //! Deterministic benchmark fixtures shared by the criterion benchmark (`benches/sampler.rs`)
 //! and `nextok bench sampler`. Not part of the stable API.
 //!
-//! * [`Fixture`] — a realistic heavy-tailed logits row: a Normal(0, 2.5) bulk, a few dozen
-//!   strong tokens 8–15 above the bulk mean, 256 reserved special tokens far below it (hidden by
-//!   the special mask, one of them the EOS), and a 96-token history (BOS, repeats of strong tokens
-//!   and bulk tokens) so that history penalties act. Everything comes from a self-contained
-//!   splitmix64 generator and the polar Box–Muller method with nextok's own `ln`, so a fixture
-//!   is the same on every platform.
+//! * [`Fixture`] — a realistic heavy-tailed logits row ([`nextok_testdata::rows::row`]) with its
+//!   vocabulary facts: 256 reserved special tokens at the top of the vocabulary (hidden by the
+//!   special mask, one of them the EOS) and a 96-token history (BOS, repeats of strong tokens
+//!   and bulk tokens) so that history penalties act. The rows are drawn with nextok's own `ln`,
+//!   so a fixture is the same on every platform.
 //! * [`floor_sum`] — the floor: one streaming pass summing the logits in 8 `f32` lanes.
 //! * [`Naive`] — what an engine does with a full sort of the vocabulary (HF, or llama.cpp with
 //!   top-k off): the same processors as the case, softmax over V, a full sort by probability,
@@ -19,73 +18,15 @@ use nextok_core::math::{exp_f32, ln_f64};
 use nextok_core::WorkspacePool;
 use nextok_core::{DecoderState, Preset, Result, Sampler, SamplingParams, StepResult, VocabInfo};
 use nextok_core::{Draw, Workspace};
+use nextok_testdata::rows::{self, Row};
 
-/// The vocabulary sizes benchmarked (SmolLM, Llama 3, Qwen 2, Gemma 3).
-pub const VOCAB_SIZES: [usize; 4] = [49_152, 128_256, 151_936, 262_144];
-/// The vocabulary size the performance targets are stated for.
-pub const TARGET_VOCAB: usize = 128_256;
-/// Number of strong tokens in a fixture row.
-pub const STRONG_TOKENS: usize = 40;
-/// Number of reserved special tokens (the top ids of the vocabulary).
-pub const SPECIAL_TOKENS: usize = 256;
-/// History length (prompt tokens) of a fixture.
-pub const HISTORY_LEN: usize = 96;
+pub use nextok_testdata::rows::{
+    SplitMix64, FLAT_SIGMA, FLAT_STRONG_TOKENS, FLAT_VOCAB_SIZES, HISTORY_LEN, SPECIAL_TOKENS,
+    STRONG_TOKENS, TARGET_VOCAB, VOCAB_SIZES,
+};
+
 /// Rows of the batch benchmark.
 pub const BATCH_ROWS: usize = 64;
-
-/// splitmix64: a tiny, fast, deterministic 64-bit generator.
-#[derive(Debug, Clone)]
-pub struct SplitMix64 {
-    state: u64,
-    spare: Option<f64>,
-}
-
-impl SplitMix64 {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
-        SplitMix64 {
-            state: seed,
-            spare: None,
-        }
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, 1)` with 53 random bits.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Uniform integer in `0..n` (`n >= 1`; the tiny modulo bias is irrelevant here).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    /// Standard normal by the polar Box–Muller method (only `ln` and `sqrt`, both
-    /// platform-independent here).
-    pub fn normal(&mut self) -> f64 {
-        if let Some(s) = self.spare.take() {
-            return s;
-        }
-        loop {
-            let x = 2.0 * self.unit() - 1.0;
-            let y = 2.0 * self.unit() - 1.0;
-            let s = x * x + y * y;
-            if s > 0.0 && s < 1.0 {
-                let f = (-2.0 * ln_f64(s) / s).sqrt();
-                self.spare = Some(y * f);
-                return x * f;
-            }
-        }
-    }
-}
 
 /// One benchmark row: vocabulary facts, raw logits and a token history.
 #[derive(Debug, Clone)]
@@ -100,72 +41,32 @@ pub struct Fixture {
     pub strong: Vec<u32>,
 }
 
-/// A deterministic fixture row for a vocabulary of `v` tokens (`v >= 1024`).
-pub fn fixture(v: usize, seed: u64) -> Fixture {
-    assert!(v >= 1024, "fixtures need at least 1024 tokens");
-    let mut rng = SplitMix64::new(seed ^ 0x6E65_7874_6F6B_0001);
-    let special_start = v - SPECIAL_TOKENS;
-    let mut logits: Vec<f32> = (0..v).map(|_| (2.5 * rng.normal()) as f32).collect();
-    for z in &mut logits[special_start..] {
-        *z = (-12.0 + rng.normal()) as f32;
-    }
-    let mut strong: Vec<u32> = Vec::with_capacity(STRONG_TOKENS);
-    while strong.len() < STRONG_TOKENS {
-        let id = rng.below(special_start) as u32;
-        if !strong.contains(&id) {
-            strong.push(id);
-            logits[id as usize] = (8.0 + 7.0 * rng.unit()) as f32;
+impl From<Row> for Fixture {
+    fn from(r: Row) -> Self {
+        Fixture {
+            vocab: VocabInfo {
+                vocab_size: r.vocab_size(),
+                eos_token_ids: vec![r.eos()],
+                special_token_ids: r.special.clone().collect(),
+            },
+            logits: r.logits,
+            history: r.history,
+            strong: r.strong,
         }
-    }
-    let bos = special_start as u32;
-    let eos = special_start as u32 + 1;
-    let mut history = Vec::with_capacity(HISTORY_LEN);
-    history.push(bos);
-    while history.len() < HISTORY_LEN {
-        let id = if rng.unit() < 0.5 {
-            // text repeats: mostly the strongest few tokens
-            strong[rng.below(STRONG_TOKENS / 4)]
-        } else {
-            rng.below(special_start) as u32
-        };
-        history.push(id);
-    }
-    Fixture {
-        vocab: VocabInfo {
-            vocab_size: v,
-            eos_token_ids: vec![eos],
-            special_token_ids: (special_start as u32..v as u32).collect(),
-        },
-        logits,
-        history,
-        strong,
     }
 }
 
-/// Number of strong tokens in a flat row ([`flat_fixture`]).
-pub const FLAT_STRONG_TOKENS: usize = 20;
-/// Standard deviation of a flat row's bulk ([`flat_fixture`]).
-pub const FLAT_SIGMA: f64 = 2.0;
-/// The vocabulary sizes of the flat-row cases (Llama 3, Gemma 3).
-pub const FLAT_VOCAB_SIZES: [usize; 2] = [128_256, 262_144];
+/// A deterministic fixture row for a vocabulary of `v` tokens (`v >= 1024`; see
+/// [`rows::row`]).
+pub fn fixture(v: usize, seed: u64) -> Fixture {
+    rows::row(v, seed, ln_f64).into()
+}
 
 /// A deterministic flat row for a vocabulary of `v` tokens (`v >= 1024`): what high
-/// temperatures and creative sampling produce. A Normal(0, [`FLAT_SIGMA`]) bulk and
-/// [`FLAT_STRONG_TOKENS`] strong tokens at 10–13; the special tokens and the history are made as
-/// in [`fixture`]. Top-p 0.95 keeps a large nucleus: about 14 thousand tokens at V = 128,256 and
-/// 49 thousand at 262,144.
+/// temperatures and creative sampling produce (see [`rows::flat_row`]). Top-p 0.95 keeps a
+/// large nucleus: about 14 thousand tokens at V = 128,256 and 49 thousand at 262,144.
 pub fn flat_fixture(v: usize, seed: u64) -> Fixture {
-    let mut f = fixture(v, seed);
-    let mut rng = SplitMix64::new(seed ^ 0x6E65_7874_6F6B_0002);
-    let special_start = v - SPECIAL_TOKENS;
-    for z in &mut f.logits[..special_start] {
-        *z = (FLAT_SIGMA * rng.normal()) as f32;
-    }
-    f.strong.truncate(FLAT_STRONG_TOKENS);
-    for &id in &f.strong {
-        f.logits[id as usize] = (10.0 + 3.0 * rng.unit()) as f32;
-    }
-    f
+    rows::flat_row(v, seed, ln_f64).into()
 }
 
 /// The benchmarked sampling configurations.

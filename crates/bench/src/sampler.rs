@@ -22,22 +22,9 @@ use serde::Serialize;
 
 use crate::llama_peer::{ChainConfig, LlamaChain, LlamaLib};
 
-/// Arguments of `nextok bench`.
+/// Arguments of `nextok bench sampler`.
 #[derive(clap::Args, Debug, Clone)]
-pub struct BenchArgs {
-    /// What to benchmark: `sampler` (synthetic rows, no model), `decode`, `engine` or
-    /// `speculative` (the real model).
-    pub what: String,
-    /// `decode`: a GGUF file of a supported family, or a model name (default: the default
-    /// model, fetched once).
-    #[arg(long)]
-    pub model: Option<std::path::PathBuf>,
-    /// `decode`: tokens per run.
-    #[arg(long, default_value_t = 96)]
-    pub max_tokens: u64,
-    /// `decode`: runs per mode (the modes alternate).
-    #[arg(long, default_value_t = 3)]
-    pub reps: usize,
+pub struct SamplerArgs {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -53,65 +40,24 @@ pub struct BenchArgs {
     /// Evict the caches before every timed call instead of warming them.
     #[arg(long)]
     pub cold: bool,
-    /// Use at most these kernels: `baseline`, `avx2` or `avx512` (results do not change). The
-    /// sampler's names for the levels of the one cap that `--kernels` sets too (this one wins).
+    /// Use at most these kernels: `baseline`, `avx2` or `avx512` (results do not change): the
+    /// sampler's names for the levels of the one process-wide kernel cap.
     #[arg(long)]
     pub simd: Option<String>,
-    /// `engine`, `decode`, `speculative`: use at most these model (matrix) kernels: `scalar`,
-    /// `avx2`, `avx512` or `avx512-vnni` (default: the best this CPU has; results do not
-    /// change, only the speed). One cap for every kernel: the sampler's follow it too.
-    #[arg(long)]
-    pub kernels: Option<String>,
-    /// `engine`: concurrency levels, comma-separated (default: 1,4,16,64).
-    #[arg(long, value_delimiter = ',')]
-    pub concurrency: Vec<usize>,
-    /// `engine`: scale every request's `max_tokens` (quick runs: 0.25).
-    #[arg(long, default_value_t = 1.0)]
-    pub tokens_scale: f64,
-    /// `engine`: requests of the one-at-a-time baseline.
-    #[arg(long, default_value_t = 8)]
-    pub baseline_requests: usize,
-    /// `engine`: requests per concurrency level at least (a level runs `max(C, this)`).
-    #[arg(long, default_value_t = 8)]
-    pub min_requests: usize,
-    /// `engine`: tokens one forward pass takes at most (default: the engine's default).
-    #[arg(long)]
-    pub max_batch_tokens: Option<usize>,
-    /// `engine`: prompt tokens one forward pass takes at most while sequences decode
-    /// (default: the engine's default).
-    #[arg(long)]
-    pub prefill_chunk_tokens: Option<usize>,
-    /// `speculative`: the most tokens one draft may hold (default: the engine's default).
-    #[arg(long)]
-    pub max_draft: Option<usize>,
-    /// `speculative`: only these tasks (`copy_greedy`, `copy_sampled`, `chat`), comma-separated
-    /// (default: all).
-    #[arg(long, value_delimiter = ',')]
-    pub tasks: Vec<String>,
-    /// `engine`: also run llama.cpp on the same file (the tools `bench/peers/llama_cpp.sh`
-    /// builds; run from the repository root) paired with nextok: prompt (512-token prefill),
-    /// single-stream decode and 16 streams, each `--pairs` times, the two engines back to back
-    /// and alternating which goes first; the report gives the median of the paired ratios and
-    /// their spread.
-    #[arg(long)]
-    pub llama_cpp: bool,
-    /// `engine --llama-cpp`: pairs per row (at least 1).
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
-    pub pairs: u32,
-    /// `engine --llama-cpp`: turn llama.cpp's weight repacking (extra buffer types) off, for
-    /// CPUs that advertise an instruction set that then traps.
-    #[arg(long)]
-    pub llama_no_repack: bool,
-    /// `sampler`: also run both cases on a real logits row — the default model's (or
-    /// `--model`'s) row after a chat prompt, with its vocabulary and the prompt as history.
+    /// Also run both cases on a real logits row — the default model's (or `--model`'s) row
+    /// after a chat prompt, with its vocabulary and the prompt as history.
     #[arg(long)]
     pub real: bool,
-    /// `sampler`: leave out the flat rows (a Normal(0, 2) bulk and 20 strong tokens at
-    /// 128,256 and 262,144 tokens, where top-p 0.95 keeps nuclei of 14 and 53 thousand).
+    /// `--real`: a GGUF file of a supported family, or a model name (default: the default
+    /// model, fetched once).
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
+    /// Leave out the flat rows (a Normal(0, 2) bulk and 20 strong tokens at 128,256 and
+    /// 262,144 tokens, where top-p 0.95 keeps nuclei of 14 and 53 thousand).
     #[arg(long)]
     pub no_flat: bool,
-    /// `sampler`: also run llama.cpp's sampler chain, through its C API from this `libllama`
-    /// shared library, on every row in the same rotation, with a third case (the default chain
+    /// Also run llama.cpp's sampler chain, through its C API from this `libllama` shared
+    /// library, on every row in the same rotation, with a third case (the default chain
     /// without penalties). `bench/peers/llama_sampler.sh` builds one and passes it.
     #[arg(long)]
     pub llama_lib: Option<std::path::PathBuf>,
@@ -197,25 +143,8 @@ fn ns(d: Duration) -> f64 {
     d.as_secs_f64() * 1e9
 }
 
-/// Runs `nextok bench`.
-pub fn run(args: BenchArgs) -> Result<(), String> {
-    if let Some(name) = &args.kernels {
-        let level = Level::from_name(name).ok_or_else(|| {
-            format!("unknown --kernels `{name}` (expected scalar, avx2, avx512 or avx512-vnni)")
-        })?;
-        cpu::set_max_level(level);
-    }
-    match args.what.as_str() {
-        "sampler" => {}
-        "decode" => return crate::decode::run(&args),
-        "engine" => return crate::engine::run(&args),
-        "speculative" => return crate::speculative::run(&args),
-        other => {
-            return Err(format!(
-            "unknown benchmark `{other}` (expected `sampler`, `decode`, `engine` or `speculative`)"
-        ))
-        }
-    }
+/// Runs `nextok bench sampler`.
+pub fn run(args: &SamplerArgs) -> Result<(), String> {
     let vocabs: Vec<usize> = if args.vocab.is_empty() {
         VOCAB_SIZES.to_vec()
     } else {
@@ -247,7 +176,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         .map(|n| n.get())
         .unwrap_or(1);
     let real = if args.real {
-        real_benches(&args)?
+        real_benches(args)?
     } else {
         Vec::new()
     };
@@ -341,11 +270,11 @@ fn cases(peer: bool) -> &'static [Case] {
 }
 
 /// The cases on a real model's logits row (see `--real`), labelled with the model's name.
-fn real_benches(args: &BenchArgs) -> Result<Vec<(String, StepBench)>, String> {
-    let path = crate::frontend::model_path(args.model.as_deref())?;
+fn real_benches(args: &SamplerArgs) -> Result<Vec<(String, StepBench)>, String> {
+    let path = crate::model_path(args.model.as_deref())?;
     let model =
         nextok_model::Model::load(&path, nextok_model::Requant::Keep).map_err(|e| e.to_string())?;
-    let prompt = crate::frontend::user_prompt(&model, "Write one sentence about a cat.")?;
+    let prompt = crate::user_prompt(&model, "Write one sentence about a cat.")?;
     let mut src = model.source();
     let row = nextok_model::LogitsSource::prefill(&mut src, &prompt).map_err(|e| e.to_string())?;
     let name = path

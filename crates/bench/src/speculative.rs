@@ -26,9 +26,32 @@ use nextok_engine::{ConstraintSpec, Engine, EngineConfig, GenerateRequest, Promp
 use nextok_model::{LogitsSource, Model, Requant};
 use serde::Serialize;
 
-use crate::frontend;
 use crate::sampler::median;
-use crate::BenchArgs;
+use crate::ModelArgs;
+
+/// Arguments of `nextok bench speculative`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpeculativeArgs {
+    /// `--model`, `--kernels`.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Tokens per run (fewer than 8 count as 8).
+    #[arg(long, default_value_t = 96)]
+    pub max_tokens: u64,
+    /// Repetitions of each task (a plain run, then the speculative run paired with it).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// The most tokens one draft may hold (default: the engine's default).
+    #[arg(long)]
+    pub max_draft: Option<usize>,
+    /// Only these tasks (`copy_greedy`, `copy_sampled`, `chat`), comma-separated (default:
+    /// all).
+    #[arg(long, value_delimiter = ',')]
+    pub tasks: Vec<String>,
+    /// Print one JSON array of the rows instead of one line per row.
+    #[arg(long)]
+    pub json: bool,
+}
 
 const RECORD: &str = r#"{"id": 48213, "name": "Harbour Light Desk Lamp", "sku": "HL-2207-BR", "brand": "Keeper & Co.", "category": "Home / Lighting / Desk lamps", "price": {"amount": 74.5, "currency": "EUR"}, "description": "A brass desk lamp modelled on the lamps of old harbour lighthouses, with a weighted base, an adjustable arm and a warm 2700 K LED module rated for 25,000 hours.", "features": ["brushed brass finish", "touch dimmer with four levels", "USB-C charging port in the base", "replaceable LED module"], "dimensions": {"height_cm": 46, "base_diameter_cm": 15, "weight_kg": 1.8}, "shipping": {"ships_from": "Rotterdam", "days": "2-4", "free_over": 50}, "stock": 132, "rating": 4.6, "reviews": 218}"#;
 
@@ -132,7 +155,7 @@ fn once(
 }
 
 /// Runs `nextok bench speculative`.
-pub fn run(args: &BenchArgs) -> Result<(), String> {
+pub fn run(args: &SpeculativeArgs) -> Result<(), String> {
     if let Some(bad) = args
         .tasks
         .iter()
@@ -142,10 +165,10 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             "--tasks: no task `{bad}` (copy_greedy, copy_sampled, chat)"
         ));
     }
-    let path = frontend::model_path(args.model.as_deref())?;
+    let path = args.model.path()?;
     let mut rows = Vec::new();
-    let q4 = Arc::new(frontend::load_model(&path, Requant::Keep)?);
-    let q8 = Arc::new(frontend::load_model(&path, Requant::Q8_0)?);
+    let q4 = Arc::new(crate::load_model(&path, Requant::Keep)?);
+    let q8 = Arc::new(crate::load_model(&path, Requant::Q8_0)?);
     // (label, target, draft model: None for prompt lookup)
     let setups: [(&str, &Arc<Model>, Option<&Model>); 3] = [
         ("q4_1", &q4, None),

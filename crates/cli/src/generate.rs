@@ -41,7 +41,7 @@ use nextok_engine::{
     Engine, EngineConfig, Event, GenerateRequest, LogprobOptions, PipelineChoice, Prompt,
 };
 use nextok_model::chat::Message;
-use nextok_model::{fetch, Model, Requant};
+use nextok_model::{load_model, model_path, Model, Requant};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -289,36 +289,6 @@ fn engine_with(
                 .map_err(|e| CliError::context("--draft-model", e))
         }
     }
-}
-
-/// The model file `--model` names: a path, or a model name ([`fetch::NAMED_MODELS`]:
-/// `smollm2-135m-instruct`, `gemma-3-270m`) fetched into the cache once and hash-checked; the
-/// default model when absent. An existing file of that name wins over a model name.
-pub(crate) fn model_path(arg: Option<&Path>) -> Result<PathBuf, CliError> {
-    match arg {
-        Some(p) if !p.exists() => match p.to_str().and_then(fetch::named_model) {
-            Some(r) => Ok(r?),
-            None => Ok(p.to_path_buf()),
-        },
-        Some(p) => Ok(p.to_path_buf()),
-        None => Ok(fetch::default_model()?),
-    }
-}
-
-pub(crate) fn load_model(path: &Path, requant: Requant) -> Result<Model, CliError> {
-    let t = std::time::Instant::now();
-    let m = Model::load(path, requant)?;
-    eprintln!(
-        "nextok: {} ({} layers, vocabulary {}, requant {}) loaded in {:.1} s",
-        path.file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        m.weights.config.n_layer,
-        m.weights.config.vocab_size,
-        requant.name(),
-        t.elapsed().as_secs_f64()
-    );
-    Ok(m)
 }
 
 fn finish_text(model: &Model, stop: &StopConfig, r: Option<FinishReason>) -> String {

@@ -8,6 +8,8 @@
 //!   tokens/s, time to first token and inter-token latency at 1, 4, 16 and 64 concurrent
 //!   requests against the one-at-a-time loop; prefill against decode; optionally llama.cpp on
 //!   the same file, paired with nextok (prompt, decode and 16 streams, alternating).
+//! * `nextok bench speculative [--json]` — plain against speculative decoding (prompt lookup, a
+//!   draft model) on the real model.
 //! * `nextok serve [--model PATH] [--host H] [--port P] [--max-num-seqs N] [--api-key KEY]` —
 //!   the OpenAI-compatible server (chat and completions, streaming, metrics, explain, traces).
 //! * `nextok vocab --tokenizer FILE | --model FILE.gguf [--id N...] [--json]` — a vocabulary's
@@ -69,8 +71,9 @@ struct Cli {
 enum Cmd {
     /// Run one step from a JSON request and print the decoding ledger.
     Explain(explain::ExplainArgs),
-    /// Run benchmarks (`nextok bench sampler`, `nextok bench decode`).
-    Bench(nextok_bench::BenchArgs),
+    /// Run benchmarks: `nextok bench sampler`, `decode`, `engine` or `speculative`.
+    #[command(subcommand)]
+    Bench(nextok_bench::BenchCmd),
     /// Print a vocabulary's size, EOS and special tokens, and the exact bytes of tokens.
     Vocab(vocab::VocabArgs),
     /// Tokenize a text and print each token's ids and bytes.
@@ -89,15 +92,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Explain(a) => explain::run(a),
-        Cmd::Bench(a) => nextok_bench::run(
-            a,
-            nextok_bench::Frontend {
-                write_stdout,
-                model_path: |p| generate::model_path(p).map_err(|e| e.to_string()),
-                load_model: |p, r| generate::load_model(p, r).map_err(|e| e.to_string()),
-            },
-        )
-        .map_err(error::CliError::from),
+        Cmd::Bench(b) => nextok_bench::run(b).map_err(error::CliError::from),
         Cmd::Vocab(a) => vocab::run_vocab(a),
         Cmd::Tokenize(a) => vocab::run_tokenize(a),
         Cmd::Constrain(a) => constrain::run(a),

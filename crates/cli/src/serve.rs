@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use nextok_engine::speculative::{Acceptance, SpecOptions};
 use nextok_engine::{Engine, EngineConfig};
+use nextok_model::{load_model, model_path};
 use nextok_server::ServerConfig;
 
-use crate::generate::{load_model, model_path, RequantArg};
+use crate::generate::RequantArg;
 
 use crate::error::CliError;
 

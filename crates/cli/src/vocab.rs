@@ -116,7 +116,7 @@ impl SourceArgs {
             }
             Source::Gguf(p) => {
                 // a path, or a model name fetched once (`--model gemma-3-270m`)
-                let path = crate::generate::model_path(Some(std::path::Path::new(p)))?;
+                let path = nextok_model::model_path(Some(std::path::Path::new(p)))?;
                 let label = path.display().to_string();
                 let g = Gguf::read_file(&path)?;
                 let v = Vocabulary::from_gguf(&g, &label, &opts)?;

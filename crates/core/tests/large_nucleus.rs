@@ -16,6 +16,7 @@ use nextok_core::processors::{
     typical_p::TypicalP, ProcessorConfig as P,
 };
 use nextok_core::{Draw, PipelineConfig, Sampler, Selector, StopConfig, VocabInfo, Workspace};
+use nextok_testdata::rows;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 
@@ -314,8 +315,8 @@ fn benchmark_flat_rows() {
     for level in levels {
         cpu::with_max_level(level, || {
             assert_eq!(math::kernel_level(Level::current()), level);
-            for v in nextok_bench::fixtures::FLAT_VOCAB_SIZES {
-                let f = nextok_bench::fixtures::flat_fixture(v, v as u64);
+            for v in rows::FLAT_VOCAB_SIZES {
+                let f = rows::flat_row(v, v as u64, math::ln_f64);
                 for p in [0.5, 0.9, 0.95, 0.99] {
                     check(&f.logits, p, 1, None, &[0.0, 0.1, 0.37, 0.5, 0.9, U_MAX]);
                 }

@@ -16,6 +16,9 @@
 //! * [`Model`] — a loaded GGUF file: weights, its exact-bytes vocabulary, the tokenizer rebuilt
 //!   from GGUF metadata, the chat template, and the file's SHA-256;
 //! * [`fetch`] — the default model, fetched once into a cache directory and verified;
+//! * [`model_path`] / [`load_model`] — a `--model` argument resolved to a file (a path, a model
+//!   name, or the default model) and loaded with a report on standard error, as every front end
+//!   does;
 //! * [`chat`] — rendering the GGUF chat template;
 //! * [`kernels`] — quantised matrix × batch-of-activations kernels (Q4_1/Q8_0 weights, Q8_1
 //!   activations), bit-identical across batch sizes, threads and SIMD levels;
@@ -32,6 +35,7 @@ pub mod fetch;
 pub mod file;
 pub mod kernels;
 pub mod kv;
+mod open;
 pub mod scripted;
 pub mod transformer;
 
@@ -43,6 +47,7 @@ use sha2::{Digest, Sha256};
 pub use arch::{Arch, ArchConfig};
 pub use error::{ModelError, ModelErrorKind, Result};
 pub use kv::{KvGeometry, KvPool, SeqKv};
+pub use open::{load_model, model_path};
 pub use transformer::{BatchSeq, LogitRows, ModelSource, ModelWeights, Requant, Scratch};
 
 /// One sequence of a model: produces the raw logits after each id it is fed.

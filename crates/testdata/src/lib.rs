@@ -6,7 +6,8 @@
 //! prints a notice and returns early, except when the environment variable `CI` is set (to
 //! anything but empty, `0` or `false`), where a missing file fails the test. Benchmarks call
 //! [`optional`], which never fails. [`vectors`] runs the shared test vectors under the same
-//! rule.
+//! rule. [`rows`] makes the deterministic synthetic logits rows the sampler benchmarks and the
+//! core's tests share.
 //!
 //! Notices go straight to standard error, past the test harness's output capture, so a skipped
 //! test is seen as skipped rather than passing silently.
@@ -14,6 +15,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+pub mod rows;
 pub mod vectors;
 
 /// The default model, relative to [`dir`].
