@@ -126,6 +126,16 @@ impl PipelineConfig {
 }
 
 impl StopConfig {
+    /// The rules of stop conditions, in one place: `max_tokens >= 1` and the stop strings'
+    /// ([`crate::stop::check`]). The resolver checks a request's, and compiling a sampler
+    /// checks the ones it is given.
+    pub fn check(&self) -> Result<()> {
+        if self.max_tokens == Some(0) {
+            return Err(Error::invalid("max_tokens", "must be at least 1"));
+        }
+        crate::stop::check(&self.stop)
+    }
+
     /// The stop conditions a request's parameters set: the one place they are read from
     /// [`SamplingParams`](params::SamplingParams).
     pub fn from_params(p: &params::SamplingParams) -> StopConfig {

@@ -2,8 +2,9 @@
 //! place for its rules: every front end (the HTTP server, the CLI, the Python package, `explain`)
 //! and the engine call [`resolve`], which owns every rule about a request's decoding side once:
 //!
-//! - `n >= 1`, `top_logprobs <= 20` ([`MAX_TOP_LOGPROBS`]), `max_tokens >= 1`;
-//! - the stop strings' rules ([`crate::stop::check`]);
+//! - `n >= 1`, `top_logprobs <= 20` ([`MAX_TOP_LOGPROBS`]);
+//! - the stop conditions' rules, `max_tokens >= 1` and the stop strings'
+//!   ([`StopConfig::check`], which compiling a sampler applies too);
 //! - each sampling parameter's range (a preset reads the parameters; each range is the rule of
 //!   the processor the parameter becomes, written once in that processor's module);
 //! - an inline pipeline carries its own processors: a request with one sets none of
@@ -101,10 +102,7 @@ pub fn resolve(req: &Request<'_>) -> Result<Resolved> {
             ));
         }
     }
-    if p.max_tokens == Some(0) {
-        return Err(Error::invalid("max_tokens", "must be at least 1"));
-    }
-    crate::stop::check(&p.stop)?;
+    StopConfig::from_params(p).check()?;
     let (pipeline, stop) = match req.pipeline {
         PipelineChoice::Preset(preset) => presets::build(*preset, p)?,
         PipelineChoice::Config(cfg) => {

@@ -30,9 +30,7 @@ impl Sampler {
         config.check_format()?;
         let vocab = vocab.validated()?;
         let stop_ids = sorted_ids("stop_token_ids", &stop.stop_token_ids, vocab.vocab_size)?;
-        if stop.max_tokens == Some(0) {
-            return Err(Error::invalid("max_tokens", "must be at least 1"));
-        }
+        stop.check()?;
         let mut ctx = CompileCtx {
             vocab: &vocab,
             stop_ids: &stop_ids,
