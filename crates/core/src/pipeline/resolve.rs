@@ -199,71 +199,34 @@ mod tests {
             ..d()
         };
         assert_eq!(field(&fails(empty, reference(), 1, None)), "stop[1]");
-        for (params, name) in [
+        // each range rule, in every preset (NaN as JSON is refused, so the ranges' other ends)
+        for (body, name) in [
+            (serde_json::json!({"top_p": 1.5}), "top_p"),
+            (serde_json::json!({"min_p": -0.1}), "min_p"),
+            (serde_json::json!({"typical_p": 0.0}), "typical_p"),
+            (serde_json::json!({"temperature": -1.0}), "temperature"),
             (
-                SamplingParams {
-                    top_p: Some(1.5),
-                    ..d()
-                },
-                "top_p",
-            ),
-            (
-                SamplingParams {
-                    min_p: Some(-0.1),
-                    ..d()
-                },
-                "min_p",
-            ),
-            (
-                SamplingParams {
-                    typical_p: Some(0.0),
-                    ..d()
-                },
-                "typical_p",
-            ),
-            (
-                SamplingParams {
-                    temperature: Some(-1.0),
-                    ..d()
-                },
-                "temperature",
-            ),
-            (
-                SamplingParams {
-                    presence_penalty: Some(3.0),
-                    ..d()
-                },
+                serde_json::json!({"presence_penalty": 3.0}),
                 "presence_penalty",
             ),
             (
-                SamplingParams {
-                    frequency_penalty: Some(f32::NAN),
-                    ..d()
-                },
+                serde_json::json!({"frequency_penalty": -2.5}),
                 "frequency_penalty",
             ),
             (
-                SamplingParams {
-                    repetition_penalty: Some(0.0),
-                    ..d()
-                },
+                serde_json::json!({"repetition_penalty": 0.0}),
                 "repetition_penalty",
             ),
             (
-                SamplingParams {
-                    no_repeat_ngram_size: Some(1 << 20),
-                    ..d()
-                },
+                serde_json::json!({"no_repeat_ngram_size": 1 << 20}),
                 "no_repeat_ngram_size",
             ),
             (
-                SamplingParams {
-                    logit_bias: [(3, 101.0)].into_iter().collect(),
-                    ..d()
-                },
+                serde_json::json!({"logit_bias": {"3": 101.0}}),
                 "logit_bias[3]",
             ),
         ] {
+            let params: SamplingParams = serde_json::from_value(body).unwrap();
             for preset in Preset::ALL {
                 let e = fails(params.clone(), PipelineChoice::Preset(preset), 1, None);
                 assert_eq!(field(&e), name, "{preset:?}: {e}");
