@@ -8,12 +8,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
 use nextok_constraint::{CompiledConstraint, ConstraintEngine, ConstraintSpec, ConstraintVocab};
-use nextok_core::pipeline::presets;
+use nextok_core::pipeline::resolve::{resolve, PipelineChoice, Request as ResolveRequest};
 use nextok_core::pipeline::GrammarPolicy;
 use nextok_core::processors::ProcessorConfig;
 use nextok_core::{
-    DecoderState, Draw, FinishReason, Layer, Sampler, StepRecord, StepResult, Workspace,
-    WorkspacePool,
+    DecoderState, Draw, FinishReason, Layer, Sampler, SamplingParams, StepRecord, StepResult,
+    Workspace, WorkspacePool,
 };
 
 use crate::convert::{
@@ -428,38 +428,33 @@ impl PySampler {
                 Some(from_json(value, "constraint")?)
             }
         };
-        let has_mask = |cfg: &nextok_core::PipelineConfig| {
-            cfg.processors
-                .iter()
-                .any(|q| matches!(q, ProcessorConfig::GrammarMask(_)))
+        // the one resolver: a preset without its mask is rebuilt with the constraint (which
+        // adds it); otherwise the pipeline must have a grammar mask exactly when there is a
+        // constraint
+        let has_mask = p
+            .config
+            .processors
+            .iter()
+            .any(|q| matches!(q, ProcessorConfig::GrammarMask(_)));
+        let (params, choice) = match (&spec, p.preset) {
+            (Some(spec), Some(preset)) if !has_mask => (
+                SamplingParams {
+                    constraint: Some(spec.clone()),
+                    ..p.params.clone()
+                },
+                PipelineChoice::Preset(preset),
+            ),
+            _ => (
+                SamplingParams {
+                    constraint: spec.clone(),
+                    ..Default::default()
+                },
+                PipelineChoice::Config(p.config.clone()),
+            ),
         };
-        let config =
-            match (&spec, p.preset) {
-                (Some(spec), Some(preset)) if !has_mask(&p.config) => {
-                    let mut params = p.params.clone();
-                    params.constraint = Some(spec.clone());
-                    presets::build(preset, &params).map_err(Failure::from)?.0
-                }
-                (Some(_), _) if !has_mask(&p.config) => return Err(Failure::from(
-                    nextok_core::Error::from(nextok_core::ErrorKind::Contradiction {
-                        field: "pipeline".into(),
-                        reason:
-                            "there is a constraint but the pipeline has no grammar_mask processor"
-                                .into(),
-                    }),
-                )
-                .into()),
-                (None, _) if has_mask(&p.config) => return Err(Failure::from(
-                    nextok_core::Error::from(nextok_core::ErrorKind::Contradiction {
-                        field: "pipeline".into(),
-                        reason:
-                            "the pipeline has a grammar_mask processor but there is no constraint"
-                                .into(),
-                    }),
-                )
-                .into()),
-                _ => p.config.clone(),
-            };
+        let config = resolve(&ResolveRequest::new(&params, &choice))
+            .map_err(Failure::from)?
+            .pipeline;
         let sampler = Sampler::new_with_tokens(config, info, stop_cfg, bytes.clone())
             .map_err(Failure::from)?;
         let compiled = match spec {
