@@ -37,6 +37,7 @@ pub mod kernels;
 pub mod kv;
 mod open;
 pub mod scripted;
+mod team;
 pub mod transformer;
 
 use std::path::{Path, PathBuf};

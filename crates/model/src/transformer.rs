@@ -44,7 +44,6 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use half::f16;
-use rayon::prelude::*;
 
 use crate::arch::{Arch, ArchConfig, FfnAct, RopeSpec, RopeStyle};
 use crate::error::{ModelError, ModelErrorKind, Result};
@@ -505,7 +504,7 @@ impl ModelWeights {
                 return Err(e);
             }
         }
-        rayon::scope(|_| self.forward_inner(seqs, s, logits))
+        crate::team::with_team(|| self.forward_inner(seqs, s, logits))
     }
 
     fn forward_inner(
@@ -630,26 +629,30 @@ impl ModelWeights {
                 let window = cfg.layers[li].window;
                 // A task per (row, key/value head), its query heads together: each key and
                 // value block is converted once for all of them.
-                s.att
-                    .par_chunks_mut(rep * hd)
-                    .enumerate()
-                    .for_each(|(task, out)| {
-                        let (row, g) = (task / nkv, task % nkv);
-                        let (si, pos) = rows[row];
-                        let q = &qs[row * qd + g * rep * hd..row * qd + (g + 1) * rep * hd];
-                        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                        attend(
-                            level,
-                            seqs[si].kv,
-                            li,
-                            g,
-                            first..pos + 1,
-                            q,
-                            hd,
-                            score_scale,
-                            out,
-                        );
-                    });
+                let out = kernels::OutPtr(s.att.as_mut_ptr());
+                let tasks = rows.len() * nkv;
+                crate::team::for_each(tasks, &|task| {
+                    let (row, g) = (task / nkv, task % nkv);
+                    let (si, pos) = rows[row];
+                    let q = &qs[row * qd + g * rep * hd..row * qd + (g + 1) * rep * hd];
+                    // SAFETY: `s.att` holds `tasks · rep · hd` values; this task alone
+                    // writes its own `rep · hd` of them
+                    let out = unsafe {
+                        std::slice::from_raw_parts_mut(out.get().add(task * rep * hd), rep * hd)
+                    };
+                    let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                    attend(
+                        level,
+                        seqs[si].kv,
+                        li,
+                        g,
+                        first..pos + 1,
+                        q,
+                        hd,
+                        score_scale,
+                        out,
+                    );
+                });
             }
             s.acts.quantize_with(level, &s.att, n, qd)?;
             kernels::matmul_with(level, &layer.wo, &s.acts, &mut s.tmp)?;

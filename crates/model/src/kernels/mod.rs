@@ -1171,7 +1171,7 @@ const PARALLEL_MIN_WORK: usize = 8192;
 
 /// Raw output pointer shared by the row-range tasks, each writing disjoint elements.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: the tasks of one `matmul_with` call write pairwise disjoint elements of a buffer that
 // the call borrows mutably for its whole duration.
 unsafe impl Send for OutPtr {}
@@ -1180,7 +1180,7 @@ unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
     /// The pointer (a method, so that closures capture the whole `Send` wrapper).
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }
@@ -1227,12 +1227,7 @@ pub fn matmul_with(
         // task writes only `out[b · rows + r]` for `r` in its own range `r0..r1`.
         unsafe { run_rows(level, w, a, r0, r1, ptr.get()) };
     };
-    if tasks == 1 {
-        run(0);
-    } else {
-        use rayon::prelude::*;
-        (0..tasks).into_par_iter().for_each(run);
-    }
+    crate::team::for_each(tasks, &run);
     Ok(())
 }
 
