@@ -191,6 +191,14 @@ pub(crate) fn with_team<R: Send>(body: impl FnOnce() -> R + Send) -> R {
     })
 }
 
+/// The threads [`for_each`] can use here: the current rayon pool's, or one inside a task.
+pub(crate) fn threads() -> usize {
+    match MODE.with(Cell::get) {
+        Mode::Serial => 1,
+        _ => rayon::current_num_threads(),
+    }
+}
+
 /// Runs `f(0), …, f(tasks − 1)`, in parallel when it can (see the module's docs); returns when
 /// all have run. Each task must write only what no other task touches.
 pub(crate) fn for_each(tasks: usize, f: &(dyn Fn(usize) + Sync)) {

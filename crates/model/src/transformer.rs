@@ -565,9 +565,11 @@ impl ModelWeights {
             match &layer.qkv {
                 Qkv::Separate(m) => {
                     let [wq, wk, wv] = &**m;
-                    kernels::matmul_with(level, wq, &s.acts, &mut s.q)?;
-                    kernels::matmul_with(level, wk, &s.acts, &mut s.k)?;
-                    kernels::matmul_with(level, wv, &s.acts, &mut s.v)?;
+                    kernels::matmul_many_with(
+                        level,
+                        &s.acts,
+                        &mut [(wq, &mut s.q), (wk, &mut s.k), (wv, &mut s.v)],
+                    )?;
                 }
                 Qkv::Fused(w) => {
                     let width = qd + 2 * kvd;
@@ -665,8 +667,11 @@ impl ModelWeights {
             match &layer.gate_up {
                 GateUp::Separate(m) => {
                     let [gate, up] = &**m;
-                    kernels::matmul_with(level, gate, &s.acts, &mut s.gate)?;
-                    kernels::matmul_with(level, up, &s.acts, &mut s.up)?;
+                    kernels::matmul_many_with(
+                        level,
+                        &s.acts,
+                        &mut [(gate, &mut s.gate), (up, &mut s.up)],
+                    )?;
                 }
                 GateUp::Fused(w) => {
                     resize(&mut s.fused, n * 2 * ff);

@@ -1159,7 +1159,8 @@ impl Activations {
 /// converting the activations to the format `w` needs first (once per batch and format).
 ///
 /// Parallel over weight-row ranges on rayon's current pool (it may be called from a pool
-/// thread); small products run on the calling thread. Allocates nothing once `a` is warm.
+/// thread), or on the team of the forward pass calling it; small products run on the calling
+/// thread. Allocates nothing once `a` is warm.
 /// Errors (and writes nothing) when `a.cols() != w.cols()` or `out.len() != a.rows() · w.rows()`.
 pub fn matmul(w: &QMatrix, a: &Activations, out: &mut [f32]) -> Result<(), KernelError> {
     matmul_with(Level::current(), w, a, out)
@@ -1192,44 +1193,88 @@ pub fn matmul_with(
     a: &Activations,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    if a.cols != w.cols {
+    matmul_many_with(level, a, &mut [(w, out)])
+}
+
+/// Matrices multiplied by one set of activations in one parallel step (the query, key and value
+/// projections, or the gate and up projections): [`matmul_with`] for each `(w, out)` pair, with
+/// the same bits, the rows of all of them split among the threads together so that they meet
+/// once instead of once per matrix. At most [`MANY_MAX`] matrices; checks every pair before
+/// writing anything.
+pub fn matmul_many_with(
+    level: Level,
+    a: &Activations,
+    parts: &mut [(&QMatrix, &mut [f32])],
+) -> Result<(), KernelError> {
+    if parts.len() > MANY_MAX {
         return Err(KernelError::Mismatch(format!(
-            "activations have {} columns, the matrix {}",
-            a.cols, w.cols
+            "{} matrices in one step, at most {MANY_MAX}",
+            parts.len()
         )));
     }
-    let expected = a.n * w.rows;
-    if out.len() != expected {
-        return Err(KernelError::Length {
-            what: "output",
-            got: out.len(),
-            expected,
-        });
+    let mut starts = [0usize; MANY_MAX + 1];
+    for (i, (w, out)) in parts.iter().enumerate() {
+        if a.cols != w.cols {
+            return Err(KernelError::Mismatch(format!(
+                "activations have {} columns, the matrix {}",
+                a.cols, w.cols
+            )));
+        }
+        let expected = a.n * w.rows;
+        if out.len() != expected {
+            return Err(KernelError::Length {
+                what: "output",
+                got: out.len(),
+                expected,
+            });
+        }
+        starts[i + 1] = starts[i] + if a.n == 0 { 0 } else { w.rows };
     }
-    if expected == 0 {
+    let total = starts[parts.len()];
+    if total == 0 {
         return Ok(());
     }
     let level = level.effective();
-    let a = a.view(level, w.format)?;
-    let a = &a;
-    let work = expected.saturating_mul((w.cols / BLOCK).max(1));
-    let threads = rayon::current_num_threads();
+    // every matrix's view of the activations (converted once per format), then its rows
+    let mut views: [Option<Acts<'_>>; MANY_MAX] = Default::default();
+    let mut ptrs = [OutPtr(std::ptr::null_mut()); MANY_MAX];
+    let mut work = 0usize;
+    for (i, (w, out)) in parts.iter_mut().enumerate() {
+        views[i] = Some(a.view(level, w.format)?);
+        ptrs[i] = OutPtr(out.as_mut_ptr());
+        work = work.saturating_add((a.n * w.rows).saturating_mul((w.cols / BLOCK).max(1)));
+    }
+    let threads = crate::team::threads();
     let tasks = if work < PARALLEL_MIN_WORK || threads <= 1 {
         1
     } else {
-        threads.min(w.rows)
+        threads.min(total)
     };
-    let ptr = OutPtr(out.as_mut_ptr());
+    let (views, ptrs, starts) = (&views, &ptrs, &starts[..=parts.len()]);
+    let mats: [Option<&QMatrix>; MANY_MAX] = std::array::from_fn(|i| parts.get(i).map(|p| p.0));
+    let mats = &mats;
     let run = |t: usize| {
-        let r0 = w.rows * t / tasks;
-        let r1 = w.rows * (t + 1) / tasks;
-        // SAFETY: `ptr` points to `a.n · w.rows` elements borrowed mutably by this call; this
-        // task writes only `out[b · rows + r]` for `r` in its own range `r0..r1`.
-        unsafe { run_rows(level, w, a, r0, r1, ptr.get()) };
+        // this task's share of the rows of all the matrices, one after the other
+        let (g0, g1) = (total * t / tasks, total * (t + 1) / tasks);
+        for i in 0..starts.len() - 1 {
+            let (s0, s1) = (starts[i].max(g0), starts[i + 1].min(g1));
+            if s0 >= s1 {
+                continue;
+            }
+            let (Some(w), Some(a)) = (mats[i], &views[i]) else {
+                continue;
+            };
+            // SAFETY: `ptrs[i]` points to `a.n · w.rows` elements borrowed mutably by this call;
+            // this task writes only `out[b · rows + r]` for `r` in its own range.
+            unsafe { run_rows(level, w, a, s0 - starts[i], s1 - starts[i], ptrs[i].get()) };
+        }
     };
     crate::team::for_each(tasks, &run);
     Ok(())
 }
+
+/// Matrices [`matmul_many_with`] takes in one step at most.
+pub const MANY_MAX: usize = 3;
 
 /// Up to this many activation rows, a tile holds one weight row (see [`run_rows`]).
 const ONE_ROW_TILES_UP_TO: usize = 16;
