@@ -9,8 +9,9 @@
 //!   activation block broadcast to both halves, so one instruction stream serves two rows and
 //!   each row keeps its own chain of fused multiply-adds over the blocks, in order. The weight
 //!   quants are taken unsigned, `u = w + o` (`o` = 8 for Q4_0, 16 for Q5_0, 128 for Q8_0, 0 for
-//!   Q5_1), and the lane sum is `Σ u·a − o·Σ a`, both exact. With VNNI both sums are one
-//!   `vpdpbusd` each; without it `vpmaddubsw` + `vpmaddwd` (Q8_0 keeps the sign trick there,
+//!   Q5_1), and the lane sum is `Σ u·a − o·Σ a`, both exact. With VNNI the offset part is
+//!   computed once per activation block, negated, and each row's sum is one `vpdpbusd` that
+//!   starts from it; without it `vpmaddubsw` + `vpmaddwd` (Q8_0 keeps the sign trick there,
 //!   since `u` up to 255 could saturate `vpmaddubsw`).
 //! * **K-quants** (Q4_K, Q5_K, Q6_K): one register holds two 32-value groups of one super-block
 //!   (`vpmaddubsw`, then `vpmaddwd` by the groups' scales); the two halves are added at the end
@@ -127,7 +128,7 @@ mod imp {
 
     /// The 32-value kernels, the tile dispatch and the shared helpers, compiled once per
     /// instruction set (`$feat`); the enclosing module supplies the integer dots `dot_u`,
-    /// `dot_q8` and `corr_q8`.
+    /// `dot_q8`, `corr_q8`, `corr_u` and `dot_corr`.
     macro_rules! kernels {
         ($feat:tt) => {
             /// See [`super::dot_tile`]. Even row counts of the 32-value formats run as
@@ -298,7 +299,7 @@ mod imp {
                             let corr = if F == Q8_0 {
                                 corr_q8(av)
                             } else if off != 0 {
-                                dot_u(offv, av)
+                                corr_u(offv, av)
                             } else {
                                 _mm512_setzero_si512()
                             };
@@ -306,7 +307,7 @@ mod imp {
                                 let isum = if F == Q8_0 {
                                     dot_q8(u[p], av, corr)
                                 } else if off != 0 {
-                                    _mm512_sub_epi32(dot_u(u[p], av), corr)
+                                    dot_corr(u[p], av, corr)
                                 } else {
                                     dot_u(u[p], av)
                                 };
@@ -379,6 +380,20 @@ mod imp {
             _mm512_setzero_si512()
         }
 
+        /// The offset's part `Σ o·a` over each four bytes, for [`dot_corr`].
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        #[inline]
+        fn corr_u(o: __m512i, a: __m512i) -> __m512i {
+            dot_u(o, a)
+        }
+
+        /// `Σ u·a − corr` over each four bytes.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        #[inline]
+        fn dot_corr(u: __m512i, a: __m512i, corr: __m512i) -> __m512i {
+            _mm512_sub_epi32(dot_u(u, a), corr)
+        }
+
         kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl");
     }
 
@@ -394,19 +409,34 @@ mod imp {
         }
 
         /// `Σ w·a` over each four bytes, `w` signed: `Σ (w + 128)·a − 128·Σ a`, with
-        /// `corr = 128·Σ a` from [`corr_q8`]; every sum is exact in `i32`.
+        /// `corr = −128·Σ a` from [`corr_q8`] as the accumulator `vpdpbusd` starts from; every
+        /// sum is exact in `i32`.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         #[inline]
         fn dot_q8(w: __m512i, a: __m512i, corr: __m512i) -> __m512i {
             let u = _mm512_xor_si512(w, _mm512_set1_epi8(i8::MIN));
-            _mm512_sub_epi32(dot_u(u, a), corr)
+            _mm512_dpbusd_epi32(corr, u, a)
         }
 
-        /// `128·Σ a` over each four bytes.
+        /// `−128·Σ a` over each four bytes (once per activation block, for every weight row).
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         #[inline]
         fn corr_q8(a: __m512i) -> __m512i {
-            dot_u(_mm512_set1_epi8(i8::MIN), a)
+            corr_u(_mm512_set1_epi8(i8::MIN), a)
+        }
+
+        /// The offset's part, negated: `−Σ o·a` over each four bytes, for [`dot_corr`].
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        fn corr_u(o: __m512i, a: __m512i) -> __m512i {
+            _mm512_sub_epi32(_mm512_setzero_si512(), dot_u(o, a))
+        }
+
+        /// `Σ u·a − Σ o·a` over each four bytes: one `vpdpbusd` from the negated offset part.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        fn dot_corr(u: __m512i, a: __m512i, corr: __m512i) -> __m512i {
+            _mm512_dpbusd_epi32(corr, u, a)
         }
 
         kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");

@@ -1245,10 +1245,15 @@ pub fn matmul_many_with(
         work = work.saturating_add((a.n * w.rows).saturating_mul((w.cols / BLOCK).max(1)));
     }
     let threads = crate::team::threads();
+    // Many activation rows (a prompt): several tasks per thread, claimed as threads come free,
+    // so that a thread slowed down for a while (by another process on its core) does not keep
+    // the others waiting at the end of the step. A few rows (decoding): one range per thread,
+    // each read as one stream.
+    let per_thread = if a.n > ONE_ROW_TILES_UP_TO { 4 } else { 1 };
     let tasks = if work < PARALLEL_MIN_WORK || threads <= 1 {
         1
     } else {
-        threads.min(total)
+        (threads * per_thread).min(total)
     };
     let (views, ptrs, starts) = (&views, &ptrs, &starts[..=parts.len()]);
     let mats: [Option<&QMatrix>; MANY_MAX] = std::array::from_fn(|i| parts.get(i).map(|p| p.0));
