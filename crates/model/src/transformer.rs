@@ -192,6 +192,13 @@ pub struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     acts: Activations,
+    /// Split attention ([`Split`]): each unit's first key and key count, its scores and its
+    /// weights.
+    units: Vec<(usize, usize)>,
+    split_scores: Vec<f32>,
+    split_weights: Vec<f32>,
+    /// How many layer steps ran their attention split ([`Scratch::split_attention_steps`]).
+    split_steps: u64,
     /// Per row: (sequence index, absolute position).
     rows: Vec<(usize, usize)>,
     /// Rows whose logits are returned, in order.
@@ -209,6 +216,14 @@ impl Scratch {
             level: Some(level),
             ..Scratch::default()
         }
+    }
+
+    /// How many (forward pass, layer) steps so far computed their attention split over the
+    /// threads by key chunks and value columns (a decode step at a long context with few
+    /// key/value heads) rather than one task per (row, key/value head). The split gives the
+    /// same bits; this count shows which way ran.
+    pub fn split_attention_steps(&self) -> u64 {
+        self.split_steps
     }
 }
 
@@ -633,28 +648,53 @@ impl ModelWeights {
                 // value block is converted once for all of them.
                 let out = kernels::OutPtr(s.att.as_mut_ptr());
                 let tasks = rows.len() * nkv;
-                crate::team::for_each(tasks, &|task| {
-                    let (row, g) = (task / nkv, task % nkv);
-                    let (si, pos) = rows[row];
-                    let q = &qs[row * qd + g * rep * hd..row * qd + (g + 1) * rep * hd];
-                    // SAFETY: `s.att` holds `tasks · rep · hd` values; this task alone
-                    // writes its own `rep · hd` of them
-                    let out = unsafe {
-                        std::slice::from_raw_parts_mut(out.get().add(task * rep * hd), rep * hd)
-                    };
-                    let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                    attend(
+                let longest = rows
+                    .iter()
+                    .map(|&(_, pos)| window.map_or(pos + 1, |w| (pos + 1).min(w)))
+                    .max()
+                    .unwrap_or(0);
+                if tasks < 2 * crate::team::threads()
+                    && hd.is_multiple_of(SPLIT_COLS)
+                    && longest >= SPLIT_MIN_KEYS
+                {
+                    let split = Split {
                         level,
-                        seqs[si].kv,
-                        li,
-                        g,
-                        first..pos + 1,
-                        q,
+                        seqs,
+                        rows,
+                        qs,
+                        layer: li,
+                        nkv,
+                        rep,
                         hd,
-                        score_scale,
-                        out,
-                    );
-                });
+                        window,
+                        scale: score_scale,
+                    };
+                    split.run(&mut s.units, &mut s.split_scores, &mut s.split_weights, out);
+                    s.split_steps += 1;
+                } else {
+                    crate::team::for_each(tasks, &|task| {
+                        let (row, g) = (task / nkv, task % nkv);
+                        let (si, pos) = rows[row];
+                        let q = &qs[row * qd + g * rep * hd..row * qd + (g + 1) * rep * hd];
+                        // SAFETY: `s.att` holds `tasks · rep · hd` values; this task alone
+                        // writes its own `rep · hd` of them
+                        let out = unsafe {
+                            std::slice::from_raw_parts_mut(out.get().add(task * rep * hd), rep * hd)
+                        };
+                        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                        attend(
+                            level,
+                            seqs[si].kv,
+                            li,
+                            g,
+                            first..pos + 1,
+                            q,
+                            hd,
+                            score_scale,
+                            out,
+                        );
+                    });
+                }
             }
             s.acts.quantize_with(level, &s.att, n, qd)?;
             kernels::matmul_with(level, &layer.wo, &s.acts, &mut s.tmp)?;
@@ -784,8 +824,7 @@ fn gelu_f16(table: &[u16], x: f32) -> f32 {
 }
 
 thread_local! {
-    /// Per thread: attention scores, their weights, one block of keys or values in `f32`, and
-    /// an `f16` buffer for rounding.
+    /// Per thread: attention scores, their weights and one block of keys or values in `f32`.
     static ATTN_SCRATCH: RefCell<AttnScratch> = RefCell::new(AttnScratch::default());
 }
 
@@ -794,7 +833,6 @@ struct AttnScratch {
     scores: Vec<f32>,
     weights: Vec<f32>,
     block: Vec<f32>,
-    half: Vec<f16>,
 }
 
 /// Attention of the query heads `q` (`rep` heads of `head_dim`, sharing key/value head `g`)
@@ -818,13 +856,11 @@ fn attend(
             scores,
             weights,
             block,
-            half,
         } = &mut *cell;
         let rep = q.len() / hd;
         let len = keys.len();
         scores.resize(rep * len, 0.0);
         weights.resize(rep * len, 0.0);
-        half.resize(len, f16::ZERO);
         block.resize(BLOCK_POSITIONS * hd, 0.0);
         let (b0, b1) = (
             keys.start / BLOCK_POSITIONS,
@@ -863,16 +899,10 @@ fn attend(
         // softmax with nextok's exp (vectorised, the same bits at every SIMD level), the
         // weights rounded to f16 as llama.cpp multiplies them with the f16 values
         for h in 0..rep {
-            let sc = &scores[h * len..(h + 1) * len];
-            let w = &mut weights[h * len..(h + 1) * len];
-            let m = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            let sum = nextok_core::math::exp_weights(sc, m, w) as f32;
-            for x in w.iter_mut() {
-                *x /= sum;
-            }
-            use half::slice::HalfFloatSliceExt;
-            half.convert_from_f32_slice(w);
-            half.convert_to_f32_slice(w);
+            softmax_f16(
+                &scores[h * len..(h + 1) * len],
+                &mut weights[h * len..(h + 1) * len],
+            );
         }
         out.fill(0.0);
         for b in b0..b1 {
@@ -887,6 +917,240 @@ fn attend(
             attn::accumulate(level, weights, len, off, &block[..(hi - lo) * hd], hd, out);
         }
     })
+}
+
+/// Attention is split three ways ([`Split`]) from this many keys on.
+const SPLIT_MIN_KEYS: usize = 256;
+
+/// The value columns one task of a split attention accumulates.
+const SPLIT_COLS: usize = 32;
+
+/// Attention for a few (row, key/value head) units over long key ranges — a decode step at a
+/// long context, where one task per unit would leave threads idle (a model with one key/value
+/// head has one such task per layer) — split three ways, each way in parallel, computing
+/// exactly what [`attend`] computes:
+///
+/// 1. the scores, in chunks of whole cache blocks (each block's scores as [`attend`] computes
+///    them);
+/// 2. each query head's softmax, over its scores gathered in position order;
+/// 3. the weighted sum of the values, `SPLIT_COLS` value columns per task (each output value
+///    sums the same products in the same position order).
+struct Split<'a, 'b> {
+    level: kernels::Level,
+    seqs: &'a [BatchSeq<'b>],
+    rows: &'a [(usize, usize)],
+    qs: &'a [f32],
+    layer: usize,
+    nkv: usize,
+    rep: usize,
+    hd: usize,
+    window: Option<usize>,
+    scale: f32,
+}
+
+impl Split<'_, '_> {
+    /// Writes each unit's `rep · hd` outputs at `out + unit · rep · hd` (the layout of the
+    /// forward pass's attention output).
+    fn run(
+        &self,
+        units: &mut Vec<(usize, usize)>,
+        scores: &mut Vec<f32>,
+        weights: &mut Vec<f32>,
+        out: kernels::OutPtr,
+    ) {
+        let (rep, hd, nkv) = (self.rep, self.hd, self.nkv);
+        units.clear();
+        let mut total = 0;
+        for &(_, pos) in self.rows {
+            let first = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            for _ in 0..nkv {
+                units.push((first, pos + 1 - first));
+                total += rep * (pos + 1 - first);
+            }
+        }
+        resize(scores, total);
+        resize(weights, total);
+        // each unit's scores and weights start at `rep · (keys of the units before it)`
+        let base = |u: usize| -> usize { units[..u].iter().map(|&(_, len)| rep * len).sum() };
+        let threads = crate::team::threads();
+        let chunks = (4 * threads).div_ceil(units.len()).max(1);
+        let blocks = |u: usize| {
+            let (first, len) = units[u];
+            (
+                first / BLOCK_POSITIONS,
+                (first + len).div_ceil(BLOCK_POSITIONS),
+            )
+        };
+        // chunk `c` of unit `u`: cache blocks, and keys (offsets from the unit's first key)
+        let chunk = |u: usize, c: usize| {
+            let (b0, b1) = blocks(u);
+            let n = b1 - b0;
+            let (c0, c1) = (b0 + n * c / chunks, b0 + n * (c + 1) / chunks);
+            let (first, len) = units[u];
+            let k0 = (c0 * BLOCK_POSITIONS).max(first) - first;
+            let k1 = (c1 * BLOCK_POSITIONS).min(first + len).max(first) - first;
+            (c0, c1, k0, k1.max(k0))
+        };
+        let units = &units[..];
+        let sp = kernels::OutPtr(scores.as_mut_ptr());
+        let wp = kernels::OutPtr(weights.as_mut_ptr());
+        // 1. scores: chunk `c` of unit `u` writes `rep × (k1 − k0)` values (stride `k1 − k0`)
+        // at `base(u) + rep · k0`
+        crate::team::for_each(units.len() * chunks, &|t| {
+            let (u, c) = (t / chunks, t % chunks);
+            let (c0, c1, k0, k1) = chunk(u, c);
+            if k1 == k0 {
+                return;
+            }
+            let (row, g) = (u / nkv, u % nkv);
+            let (si, _) = self.rows[row];
+            let kv = &*self.seqs[si].kv;
+            let (first, _) = units[u];
+            let q = self.q(row, g);
+            // SAFETY: the chunks' ranges are disjoint parts of `scores`, which holds `total`
+            // values and outlives this step
+            let sc = unsafe {
+                std::slice::from_raw_parts_mut(sp.get().add(base(u) + rep * k0), rep * (k1 - k0))
+            };
+            ATTN_SCRATCH.with(|cell| {
+                let mut cell = cell.borrow_mut();
+                let block = &mut cell.block;
+                block.resize(BLOCK_POSITIONS * hd, 0.0);
+                for b in c0..c1 {
+                    let lo = (first + k0).max(b * BLOCK_POSITIONS) - b * BLOCK_POSITIONS;
+                    let hi = (first + k1).min((b + 1) * BLOCK_POSITIONS) - b * BLOCK_POSITIONS;
+                    if b + 1 < c1 {
+                        attn::prefetch(kv.slab(b + 1, self.layer, 0, g));
+                    }
+                    f16_to_f32(
+                        &kv.slab(b, self.layer, 0, g)[lo * hd..hi * hd],
+                        &mut block[..(hi - lo) * hd],
+                    );
+                    let off = b * BLOCK_POSITIONS + lo - first - k0;
+                    attn::scores(
+                        self.level,
+                        q,
+                        &block[..(hi - lo) * hd],
+                        hd,
+                        self.scale,
+                        sc,
+                        k1 - k0,
+                        off,
+                    );
+                }
+            });
+        });
+        // 2. each head's softmax into its weights (`base(u) + h · len`, stride `len`)
+        crate::team::for_each(units.len() * rep, &|t| {
+            let (u, h) = (t / rep, t % rep);
+            let (_, len) = units[u];
+            // SAFETY: as above: the scores are written, this task alone writes this head's
+            // weights
+            let (sc, w) = unsafe {
+                (
+                    std::slice::from_raw_parts(sp.get().add(base(u)), rep * len),
+                    std::slice::from_raw_parts_mut(wp.get().add(base(u) + h * len), len),
+                )
+            };
+            ATTN_SCRATCH.with(|cell| {
+                let mut cell = cell.borrow_mut();
+                let gathered = &mut cell.scores;
+                gathered.resize(len, 0.0);
+                for c in 0..chunks {
+                    let (_, _, k0, k1) = chunk(u, c);
+                    let n = k1 - k0;
+                    gathered[k0..k1].copy_from_slice(&sc[rep * k0 + h * n..rep * k0 + (h + 1) * n]);
+                }
+                softmax_f16(gathered, w);
+            });
+        });
+        // 3. the values, `SPLIT_COLS` columns per task
+        let cols = hd / SPLIT_COLS;
+        crate::team::for_each(units.len() * cols, &|t| {
+            let (u, cc) = (t / cols, t % cols);
+            let (row, g) = (u / nkv, u % nkv);
+            let (si, _) = self.rows[row];
+            let kv = &*self.seqs[si].kv;
+            let (first, len) = units[u];
+            // SAFETY: the weights are written and no longer change in this step
+            let w = unsafe { std::slice::from_raw_parts(wp.get().add(base(u)), rep * len) };
+            let c0 = cc * SPLIT_COLS;
+            ATTN_SCRATCH.with(|cell| {
+                let mut cell = cell.borrow_mut();
+                let AttnScratch {
+                    weights: acc,
+                    block,
+                    ..
+                } = &mut *cell;
+                acc.clear();
+                acc.resize(rep * SPLIT_COLS, 0.0);
+                block.resize(BLOCK_POSITIONS * SPLIT_COLS, 0.0);
+                let (b0, b1) = (
+                    first / BLOCK_POSITIONS,
+                    (first + len).div_ceil(BLOCK_POSITIONS),
+                );
+                for b in b0..b1 {
+                    let lo = first.max(b * BLOCK_POSITIONS) - b * BLOCK_POSITIONS;
+                    let hi = (first + len).min((b + 1) * BLOCK_POSITIONS) - b * BLOCK_POSITIONS;
+                    if b + 1 < b1 {
+                        attn::prefetch(kv.slab(b + 1, self.layer, 1, g));
+                    }
+                    let slab = kv.slab(b, self.layer, 1, g);
+                    for p in lo..hi {
+                        f16_to_f32(
+                            &slab[p * hd + c0..p * hd + c0 + SPLIT_COLS],
+                            &mut block[(p - lo) * SPLIT_COLS..(p - lo + 1) * SPLIT_COLS],
+                        );
+                    }
+                    let off = b * BLOCK_POSITIONS + lo - first;
+                    attn::accumulate(
+                        self.level,
+                        w,
+                        len,
+                        off,
+                        &block[..(hi - lo) * SPLIT_COLS],
+                        SPLIT_COLS,
+                        acc,
+                    );
+                }
+                for h in 0..rep {
+                    // SAFETY: `out` holds every unit's `rep · hd` outputs; this task alone
+                    // writes columns `c0..c0 + SPLIT_COLS` of this unit's heads
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            acc[h * SPLIT_COLS..].as_ptr(),
+                            out.get().add(u * rep * hd + h * hd + c0),
+                            SPLIT_COLS,
+                        );
+                    }
+                }
+            });
+        });
+    }
+
+    /// The query heads of `row` that share key/value head `g`.
+    fn q(&self, row: usize, g: usize) -> &[f32] {
+        let (rep, hd) = (self.rep, self.hd);
+        let qd = self.nkv * rep * hd;
+        &self.qs[row * qd + g * rep * hd..row * qd + (g + 1) * rep * hd]
+    }
+}
+
+/// One head's attention weights from its scores: softmax with nextok's exp (vectorised, the
+/// same bits at every SIMD level), rounded to f16 as llama.cpp multiplies them with the f16
+/// values.
+fn softmax_f16(sc: &[f32], w: &mut [f32]) {
+    let m = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let sum = nextok_core::math::exp_weights(sc, m, w) as f32;
+    for x in w.iter_mut() {
+        *x /= sum;
+    }
+    use half::slice::HalfFloatSliceExt;
+    let mut tmp = [f16::ZERO; 64];
+    for c in w.chunks_mut(64) {
+        tmp[..c.len()].convert_from_f32_slice(c);
+        tmp[..c.len()].convert_to_f32_slice(c);
+    }
 }
 
 fn f16_to_f32(src: &[f16], dst: &mut [f32]) {

@@ -137,6 +137,7 @@ fn gemma3_local_layers_see_only_their_window() {
         layers: 2,
         window: Some(3),
         fused_qkv: false,
+        context: 64,
     };
     let w = tiny.load();
     assert!(w.config.layers.iter().all(|l| l.window == Some(3)));
@@ -240,4 +241,58 @@ fn inconsistent_family_metadata_is_an_error_naming_the_key() {
         .unwrap_err()
         .to_string();
     assert!(m.contains("blk.1.attn_q_norm.weight"), "{m}");
+}
+
+#[test]
+fn long_context_decode_splits_attention_with_the_same_bits() {
+    // A decode step at a long context has too few (row, key/value head) units to keep the
+    // threads busy, so its attention is split by key chunks and value columns. The logits must
+    // be the bits of the unsplit pass (a 420-token prompt in one chunk) at any thread count.
+    const N: usize = 420;
+    const PREFIX: usize = 400;
+    for arch in [Arch::Qwen3, Arch::Gemma3] {
+        let tiny = Tiny {
+            layers: 2,
+            // Gemma 3: a local layer whose window is long enough to be split too
+            window: (arch == Arch::Gemma3).then_some(300),
+            context: 512,
+            ..Tiny::of(arch)
+        };
+        let w = tiny.load();
+        let ids = prompt(N, 5);
+        let whole = logits_in_chunks(&w, &ids, &[N], Level::current());
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let (decoded, splits) = pool.install(|| {
+                let mut kv = w.default_pool().sequence();
+                let mut s = Scratch::default();
+                let mut out = Vec::new();
+                let mut logits = Vec::new();
+                let mut at = 0;
+                for c in std::iter::once(PREFIX).chain(std::iter::repeat_n(1, N - PREFIX)) {
+                    let mut b = [BatchSeq {
+                        kv: &mut kv,
+                        tokens: &ids[at..at + c],
+                        logits: LogitRows::All,
+                    }];
+                    w.forward_batch(&mut b, &mut s, &mut logits).unwrap();
+                    out.extend_from_slice(&logits);
+                    at += c;
+                }
+                (out, s.split_attention_steps())
+            });
+            assert_eq!(
+                bits(&whole),
+                bits(&decoded),
+                "{arch:?} at {threads} threads"
+            );
+            // one thread has nothing to split over; with more, every decode step splits
+            // every layer (each has more than 256 keys to attend to)
+            let expected = if threads == 1 { 0 } else { (N - PREFIX) * 2 };
+            assert_eq!(splits, expected as u64, "{arch:?} at {threads} threads");
+        }
+    }
 }

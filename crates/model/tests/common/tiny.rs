@@ -27,6 +27,8 @@ pub struct Tiny {
     pub window: Option<u64>,
     /// Phi-3: one `attn_qkv` matrix (else separate Q/K/V).
     pub fused_qkv: bool,
+    /// The context length the file declares.
+    pub context: u64,
 }
 
 impl Tiny {
@@ -36,6 +38,7 @@ impl Tiny {
             layers: if arch == Arch::Gemma3 { 7 } else { 2 },
             window: (arch == Arch::Gemma3).then_some(5),
             fused_qkv: arch == Arch::Phi3,
+            context: 64,
         }
     }
 
@@ -59,7 +62,7 @@ impl Tiny {
             (k("attention.head_count_kv"), G::U32(KV_HEADS as u32)),
             (k("attention.key_length"), G::U32(self.head_dim() as u32)),
             (k("attention.value_length"), G::U32(self.head_dim() as u32)),
-            (k("context_length"), G::U32(64)),
+            (k("context_length"), G::U32(self.context as u32)),
             (k("attention.layer_norm_rms_epsilon"), G::F32(1e-6)),
             (
                 k("rope.freq_base"),
