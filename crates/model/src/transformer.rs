@@ -653,7 +653,10 @@ impl ModelWeights {
                     .map(|&(_, pos)| window.map_or(pos + 1, |w| (pos + 1).min(w)))
                     .max()
                     .unwrap_or(0);
-                if tasks < 2 * crate::team::threads()
+                // Fewer tasks than threads (a decode step of a model with few key/value
+                // heads) leaves threads without attention work: from `SPLIT_MIN_KEYS` keys on,
+                // split it.
+                if tasks < crate::team::threads()
                     && hd.is_multiple_of(SPLIT_COLS)
                     && longest >= SPLIT_MIN_KEYS
                 {
@@ -933,8 +936,13 @@ const SPLIT_COLS: usize = 32;
 /// 1. the scores, in chunks of whole cache blocks (each block's scores as [`attend`] computes
 ///    them);
 /// 2. each query head's softmax, over its scores gathered in position order;
-/// 3. the weighted sum of the values, `SPLIT_COLS` value columns per task (each output value
-///    sums the same products in the same position order).
+/// 3. the weighted sum of the values, `SPLIT_COLS` value columns per task, read from the
+///    cache's `f16` values ([`attn::accumulate_f16`]; each output value sums the same products
+///    in the same position order).
+///
+/// Only when there are fewer units than threads: on a two-thread machine (two hardware threads
+/// of one core) a long-context decode step is bound by reading the cache, and splitting three
+/// units over two threads measured slower than one task per unit (docs/performance.md).
 struct Split<'a, 'b> {
     level: kernels::Level,
     seqs: &'a [BatchSeq<'b>],
@@ -968,8 +976,11 @@ impl Split<'_, '_> {
                 total += rep * (pos + 1 - first);
             }
         }
-        resize(scores, total);
-        resize(weights, total);
+        // every value is written before it is read: grow, never clear
+        if scores.len() < total {
+            scores.resize(total, 0.0);
+            weights.resize(total, 0.0);
+        }
         // each unit's scores and weights start at `rep · (keys of the units before it)`
         let base = |u: usize| -> usize { units[..u].iter().map(|&(_, len)| rep * len).sum() };
         let threads = crate::team::threads();
@@ -1077,14 +1088,9 @@ impl Split<'_, '_> {
             let c0 = cc * SPLIT_COLS;
             ATTN_SCRATCH.with(|cell| {
                 let mut cell = cell.borrow_mut();
-                let AttnScratch {
-                    weights: acc,
-                    block,
-                    ..
-                } = &mut *cell;
+                let acc = &mut cell.weights;
                 acc.clear();
                 acc.resize(rep * SPLIT_COLS, 0.0);
-                block.resize(BLOCK_POSITIONS * SPLIT_COLS, 0.0);
                 let (b0, b1) = (
                     first / BLOCK_POSITIONS,
                     (first + len).div_ceil(BLOCK_POSITIONS),
@@ -1093,22 +1099,21 @@ impl Split<'_, '_> {
                     let lo = first.max(b * BLOCK_POSITIONS) - b * BLOCK_POSITIONS;
                     let hi = (first + len).min((b + 1) * BLOCK_POSITIONS) - b * BLOCK_POSITIONS;
                     if b + 1 < b1 {
-                        attn::prefetch(kv.slab(b + 1, self.layer, 1, g));
+                        // this task's columns of the next block (one cache line a position)
+                        let next = kv.slab(b + 1, self.layer, 1, g);
+                        for p in 0..BLOCK_POSITIONS.min(next.len() / hd) {
+                            attn::prefetch(&next[p * hd + c0..p * hd + c0 + SPLIT_COLS]);
+                        }
                     }
                     let slab = kv.slab(b, self.layer, 1, g);
-                    for p in lo..hi {
-                        f16_to_f32(
-                            &slab[p * hd + c0..p * hd + c0 + SPLIT_COLS],
-                            &mut block[(p - lo) * SPLIT_COLS..(p - lo + 1) * SPLIT_COLS],
-                        );
-                    }
-                    let off = b * BLOCK_POSITIONS + lo - first;
-                    attn::accumulate(
+                    attn::accumulate_f16(
                         self.level,
                         w,
                         len,
-                        off,
-                        &block[..(hi - lo) * SPLIT_COLS],
+                        b * BLOCK_POSITIONS + lo - first,
+                        &slab[lo * hd + c0..hi * hd],
+                        hd,
+                        hi - lo,
                         SPLIT_COLS,
                         acc,
                     );
@@ -1127,7 +1132,6 @@ impl Split<'_, '_> {
             });
         });
     }
-
     /// The query heads of `row` that share key/value head `g`.
     fn q(&self, row: usize, g: usize) -> &[f32] {
         let (rep, hd) = (self.rep, self.hd);

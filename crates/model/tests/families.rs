@@ -261,7 +261,7 @@ fn long_context_decode_splits_attention_with_the_same_bits() {
         let w = tiny.load();
         let ids = prompt(N, 5);
         let whole = logits_in_chunks(&w, &ids, &[N], Level::current());
-        for threads in [1, 2, 3] {
+        for threads in [1, 2, 3, 4] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
@@ -289,9 +289,14 @@ fn long_context_decode_splits_attention_with_the_same_bits() {
                 bits(&decoded),
                 "{arch:?} at {threads} threads"
             );
-            // one thread has nothing to split over; with more, every decode step splits
-            // every layer (each has more than 256 keys to attend to)
-            let expected = if threads == 1 { 0 } else { (N - PREFIX) * 2 };
+            // with no more threads than (row, key/value head) units, a decode step keeps one
+            // task per unit; with more, every decode step splits every layer (each has more
+            // than 256 keys to attend to)
+            let expected = if threads <= KV_HEADS as usize {
+                0
+            } else {
+                (N - PREFIX) * 2
+            };
             assert_eq!(splits, expected as u64, "{arch:?} at {threads} threads");
         }
     }

@@ -98,6 +98,44 @@ pub fn accumulate(
     }
 }
 
+/// [`accumulate`] over `hd` columns of the cache's `f16` values, converted as they are read:
+/// `v_p` is `v[p · v_stride..p · v_stride + hd]` (so a caller may take some of each position's
+/// columns), for the `here` positions of the block. The same bits as converting those values to
+/// `f32` and calling [`accumulate`] (the conversion is exact).
+#[allow(clippy::too_many_arguments)]
+pub fn accumulate_f16(
+    level: Level,
+    weights: &[f32],
+    stride: usize,
+    off: usize,
+    v: &[half::f16],
+    v_stride: usize,
+    here: usize,
+    hd: usize,
+    out: &mut [f32],
+) {
+    let rep = out.len() / hd;
+    assert!(hd > 0 && v_stride >= hd && out.len() == rep * hd);
+    assert!(here == 0 || (here - 1) * v_stride + hd <= v.len());
+    assert!(rep == 0 || (rep - 1) * stride + off + here <= weights.len());
+    #[cfg(target_arch = "x86_64")]
+    if level.effective() >= Level::Avx2 && hd.is_multiple_of(16) {
+        // SAFETY: `effective` checked that the CPU has AVX2, FMA and F16C.
+        unsafe { avx2::accumulate_f16(weights, stride, off, here, v, v_stride, hd, out) };
+        return;
+    }
+    let _ = level;
+    for p in 0..here {
+        let vp = &v[p * v_stride..p * v_stride + hd];
+        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            let w = weights[h * stride + off + p];
+            for (o, x) in oh.iter_mut().zip(vp) {
+                *o = w.mul_add(x.to_f32(), *o);
+            }
+        }
+    }
+}
+
 /// `Σ a[i]·b[i]` with element `i` in lane `i % 8` (fused multiply-adds), lanes summed in a
 /// fixed tree (see the module docs).
 #[inline]
@@ -202,6 +240,120 @@ mod avx2 {
             c += 32;
         }
     }
+
+    /// [`accumulate`] reading `f16` values for the heads `o` (`heads · hd` outputs; head `h`'s
+    /// weights at `w[h · stride + off..][..here]`; `v_p`: the `hd` values at `v[p · vs..]`),
+    /// each value converted in registers once for up to four heads.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn accumulate_f16(
+        w: &[f32],
+        stride: usize,
+        off: usize,
+        here: usize,
+        v: &[half::f16],
+        vs: usize,
+        hd: usize,
+        o: &mut [f32],
+    ) {
+        let heads = o.len() / hd;
+        assert!(hd.is_multiple_of(16) && vs >= hd && o.len() == heads * hd);
+        assert!(here == 0 || (here - 1) * vs + hd <= v.len());
+        assert!(heads == 0 || (heads - 1) * stride + off + here <= w.len());
+        let mut h0 = 0;
+        while h0 < heads {
+            let n = (heads - h0).min(4);
+            match n {
+                1 => group::<1>(
+                    w,
+                    stride,
+                    off + h0 * stride,
+                    here,
+                    v,
+                    vs,
+                    hd,
+                    &mut o[h0 * hd..],
+                ),
+                2 => group::<2>(
+                    w,
+                    stride,
+                    off + h0 * stride,
+                    here,
+                    v,
+                    vs,
+                    hd,
+                    &mut o[h0 * hd..],
+                ),
+                3 => group::<3>(
+                    w,
+                    stride,
+                    off + h0 * stride,
+                    here,
+                    v,
+                    vs,
+                    hd,
+                    &mut o[h0 * hd..],
+                ),
+                _ => group::<4>(
+                    w,
+                    stride,
+                    off + h0 * stride,
+                    here,
+                    v,
+                    vs,
+                    hd,
+                    &mut o[h0 * hd..],
+                ),
+            }
+            h0 += n;
+        }
+    }
+
+    /// [`accumulate_f16`] for `G` heads, 16 columns at a time.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    fn group<const G: usize>(
+        w: &[f32],
+        stride: usize,
+        off: usize,
+        here: usize,
+        v: &[half::f16],
+        vs: usize,
+        hd: usize,
+        o: &mut [f32],
+    ) {
+        assert!(G * hd <= o.len() && (G - 1) * stride + off + here <= w.len());
+        assert!(here == 0 || (here - 1) * vs + hd <= v.len());
+        let vp = v.as_ptr().cast::<u16>();
+        let op = o.as_mut_ptr();
+        let mut c = 0;
+        while c < hd {
+            // SAFETY: `h · hd + c + 16 ≤ G · hd ≤ o.len()`.
+            let mut acc: [[__m256; 2]; G] = std::array::from_fn(|h| {
+                std::array::from_fn(|j| unsafe { _mm256_loadu_ps(op.add(h * hd + c + 8 * j)) })
+            });
+            for p in 0..here {
+                // SAFETY: `p · vs + c + 16 ≤ (here − 1) · vs + hd ≤ v.len()`; `f16` is a
+                // transparent `u16`.
+                let x: [__m256; 2] = std::array::from_fn(|j| unsafe {
+                    _mm256_cvtph_ps(_mm_loadu_si128(vp.add(p * vs + c + 8 * j).cast()))
+                });
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let wb = _mm256_set1_ps(w[h * stride + off + p]);
+                    for j in 0..2 {
+                        acc[j] = _mm256_fmadd_ps(wb, x[j], acc[j]);
+                    }
+                }
+            }
+            for (h, acc) in acc.iter().enumerate() {
+                for (j, a) in acc.iter().enumerate() {
+                    // SAFETY: as for the loads.
+                    unsafe { _mm256_storeu_ps(op.add(h * hd + c + 8 * j), *a) };
+                }
+            }
+            c += 16;
+        }
+    }
 }
 
 /// Asks the CPU to bring `x` into the cache ahead of its use (a hint; no effect on results).
@@ -245,10 +397,14 @@ mod tests {
             .collect()
     }
 
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
     #[test]
     fn avx2_gives_the_scalar_bits() {
         for hd in [8, 24, 32, 40, 64, 128] {
-            for rep in [1, 3] {
+            for rep in [1, 3, 6] {
                 for here in 1..=16 {
                     let q = values(rep * hd, (hd * 100 + rep * 10 + here) as u64);
                     let k = values(here * hd, (hd * 7 + here) as u64);
@@ -272,6 +428,30 @@ mod tests {
                         ob.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                         "accumulate hd {hd} rep {rep} here {here}"
                     );
+                    // from `f16` values (here `k` rounded), all columns or the last 16 of
+                    // each position: the same bits as from their `f32` conversions
+                    let kh: Vec<half::f16> = k.iter().map(|&x| half::f16::from_f32(x)).collect();
+                    let kf: Vec<f32> = kh.iter().map(|x| x.to_f32()).collect();
+                    let mut want = values(rep * hd, 5);
+                    accumulate(Level::Scalar, &w, stride, off, &kf, hd, &mut want);
+                    let width = if hd % 16 == 0 { 16 } else { hd };
+                    let cols = |o: &[f32]| -> Vec<u32> {
+                        o.chunks_exact(hd)
+                            .flat_map(|o| o[hd - width..].iter().map(|v| v.to_bits()))
+                            .collect()
+                    };
+                    for level in [Level::Scalar, Level::Avx2] {
+                        let mut all = values(rep * hd, 5);
+                        accumulate_f16(level, &w, stride, off, &kh, hd, here, hd, &mut all);
+                        assert_eq!(bits(&want), bits(&all), "f16 hd {hd} rep {rep} here {here}");
+                        let mut part: Vec<f32> = values(rep * hd, 5)
+                            .chunks_exact(hd)
+                            .flat_map(|o| o[hd - width..].to_vec())
+                            .collect();
+                        let v = &kh[hd - width..];
+                        accumulate_f16(level, &w, stride, off, v, hd, here, width, &mut part);
+                        assert_eq!(cols(&want), bits(&part), "f16 columns hd {hd} here {here}");
+                    }
                 }
             }
         }
