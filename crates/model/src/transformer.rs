@@ -940,9 +940,9 @@ const SPLIT_COLS: usize = 32;
 ///    cache's `f16` values ([`attn::accumulate_f16`]; each output value sums the same products
 ///    in the same position order).
 ///
-/// Only when there are fewer units than threads: on a two-thread machine (two hardware threads
-/// of one core) a long-context decode step is bound by reading the cache, and splitting three
-/// units over two threads measured slower than one task per unit (docs/performance.md).
+/// Only when there are fewer units than threads: on a two-vCPU machine a long-context decode
+/// step measured bound by reading the cache, and splitting three units over two threads was
+/// slower than one task per unit (docs/performance.md).
 struct Split<'a, 'b> {
     level: kernels::Level,
     seqs: &'a [BatchSeq<'b>],
