@@ -14,7 +14,8 @@
 //!   positions `p` in order, starting from the caller's `o_i` (zero before the first block).
 //!
 //! Keys and values are given as `f32` (the cache's `f16` values converted exactly, one block at
-//! a time, shared by the query heads of a key/value head).
+//! a time, shared by the query heads of a key/value head), or, for [`accumulate_f16`], as the
+//! cache's `f16` values themselves, converted in registers (the same bits).
 
 use super::Level;
 
