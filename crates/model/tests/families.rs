@@ -14,8 +14,17 @@ use common::{gguf, T};
 
 /// The logits after every token of `ids`, fed in `chunks` (lengths), at `level`.
 fn logits_in_chunks(w: &ModelWeights, ids: &[u32], chunks: &[usize], level: Level) -> Vec<f32> {
+    logits_in_chunks_with(w, ids, chunks, &mut Scratch::with_level(level))
+}
+
+/// [`logits_in_chunks`] with the caller's buffers (which count the split attention steps).
+fn logits_in_chunks_with(
+    w: &ModelWeights,
+    ids: &[u32],
+    chunks: &[usize],
+    s: &mut Scratch,
+) -> Vec<f32> {
     let mut kv = w.default_pool().sequence();
-    let mut s = Scratch::with_level(level);
     let mut out = Vec::new();
     let mut logits = Vec::new();
     let mut at = 0;
@@ -25,7 +34,7 @@ fn logits_in_chunks(w: &ModelWeights, ids: &[u32], chunks: &[usize], level: Leve
             tokens: &ids[at..at + c],
             logits: LogitRows::All,
         }];
-        w.forward_batch(&mut b, &mut s, &mut logits).unwrap();
+        w.forward_batch(&mut b, s, &mut logits).unwrap();
         out.extend_from_slice(&logits);
         at += c;
     }
@@ -266,22 +275,12 @@ fn long_context_decode_splits_attention_with_the_same_bits() {
                 .num_threads(threads)
                 .build()
                 .unwrap();
+            let chunks: Vec<usize> = std::iter::once(PREFIX)
+                .chain(std::iter::repeat_n(1, N - PREFIX))
+                .collect();
             let (decoded, splits) = pool.install(|| {
-                let mut kv = w.default_pool().sequence();
                 let mut s = Scratch::default();
-                let mut out = Vec::new();
-                let mut logits = Vec::new();
-                let mut at = 0;
-                for c in std::iter::once(PREFIX).chain(std::iter::repeat_n(1, N - PREFIX)) {
-                    let mut b = [BatchSeq {
-                        kv: &mut kv,
-                        tokens: &ids[at..at + c],
-                        logits: LogitRows::All,
-                    }];
-                    w.forward_batch(&mut b, &mut s, &mut logits).unwrap();
-                    out.extend_from_slice(&logits);
-                    at += c;
-                }
+                let out = logits_in_chunks_with(&w, &ids, &chunks, &mut s);
                 (out, s.split_attention_steps())
             });
             assert_eq!(

@@ -121,8 +121,22 @@ pub fn accumulate_f16(
     assert!(rep == 0 || (rep - 1) * stride + off + here <= weights.len());
     #[cfg(target_arch = "x86_64")]
     if level.effective() >= Level::Avx2 && hd.is_multiple_of(16) {
-        // SAFETY: `effective` checked that the CPU has AVX2, FMA and F16C.
-        unsafe { avx2::accumulate_f16(weights, stride, off, here, v, v_stride, hd, out) };
+        type Heads = unsafe fn(&[f32], usize, usize, usize, &[half::f16], usize, usize, &mut [f32]);
+        // up to four heads at a time
+        let mut h0 = 0;
+        while h0 < rep {
+            let n = (rep - h0).min(4);
+            let heads: Heads = match n {
+                1 => avx2::accumulate_f16::<1>,
+                2 => avx2::accumulate_f16::<2>,
+                3 => avx2::accumulate_f16::<3>,
+                _ => avx2::accumulate_f16::<4>,
+            };
+            let o = &mut out[h0 * hd..(h0 + n) * hd];
+            // SAFETY: `effective` checked that the CPU has AVX2, FMA and F16C.
+            unsafe { heads(weights, stride, off + h0 * stride, here, v, v_stride, hd, o) };
+            h0 += n;
+        }
         return;
     }
     let _ = level;
@@ -242,12 +256,12 @@ mod avx2 {
         }
     }
 
-    /// [`accumulate`] reading `f16` values for the heads `o` (`heads · hd` outputs; head `h`'s
-    /// weights at `w[h · stride + off..][..here]`; `v_p`: the `hd` values at `v[p · vs..]`),
-    /// each value converted in registers once for up to four heads.
+    /// [`accumulate`] reading `f16` values, for the `G` heads `o` (head `h`'s weights at
+    /// `w[h · stride + off..][..here]`; `v_p`: the `hd` values at `v[p · vs..]`), 16 columns at
+    /// a time, each value converted in registers once for the `G` heads.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn accumulate_f16(
+    pub(super) fn accumulate_f16<const G: usize>(
         w: &[f32],
         stride: usize,
         off: usize,
@@ -257,72 +271,7 @@ mod avx2 {
         hd: usize,
         o: &mut [f32],
     ) {
-        let heads = o.len() / hd;
-        assert!(hd.is_multiple_of(16) && vs >= hd && o.len() == heads * hd);
-        assert!(here == 0 || (here - 1) * vs + hd <= v.len());
-        assert!(heads == 0 || (heads - 1) * stride + off + here <= w.len());
-        let mut h0 = 0;
-        while h0 < heads {
-            let n = (heads - h0).min(4);
-            match n {
-                1 => group::<1>(
-                    w,
-                    stride,
-                    off + h0 * stride,
-                    here,
-                    v,
-                    vs,
-                    hd,
-                    &mut o[h0 * hd..],
-                ),
-                2 => group::<2>(
-                    w,
-                    stride,
-                    off + h0 * stride,
-                    here,
-                    v,
-                    vs,
-                    hd,
-                    &mut o[h0 * hd..],
-                ),
-                3 => group::<3>(
-                    w,
-                    stride,
-                    off + h0 * stride,
-                    here,
-                    v,
-                    vs,
-                    hd,
-                    &mut o[h0 * hd..],
-                ),
-                _ => group::<4>(
-                    w,
-                    stride,
-                    off + h0 * stride,
-                    here,
-                    v,
-                    vs,
-                    hd,
-                    &mut o[h0 * hd..],
-                ),
-            }
-            h0 += n;
-        }
-    }
-
-    /// [`accumulate_f16`] for `G` heads, 16 columns at a time.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    fn group<const G: usize>(
-        w: &[f32],
-        stride: usize,
-        off: usize,
-        here: usize,
-        v: &[half::f16],
-        vs: usize,
-        hd: usize,
-        o: &mut [f32],
-    ) {
+        assert!(hd.is_multiple_of(16) && vs >= hd);
         assert!(G * hd <= o.len() && (G - 1) * stride + off + here <= w.len());
         assert!(here == 0 || (here - 1) * vs + hd <= v.len());
         let vp = v.as_ptr().cast::<u16>();
