@@ -192,9 +192,9 @@ pub struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     acts: Activations,
-    /// Split attention ([`Split`]): each unit's first key and key count, its scores and its
-    /// weights.
-    units: Vec<(usize, usize)>,
+    /// Split attention ([`Split`]): each unit's first key, key count and where its scores and
+    /// weights start; the scores and the weights.
+    units: Vec<(usize, usize, usize)>,
     split_scores: Vec<f32>,
     split_weights: Vec<f32>,
     /// How many layer steps ran their attention split ([`Scratch::split_attention_steps`]).
@@ -870,15 +870,7 @@ fn attend(
             keys.end.div_ceil(BLOCK_POSITIONS),
         );
         // the part of cache block `b` inside `keys`, as offsets into the block
-        let span = |b: usize| {
-            let lo = keys.start.max(b * BLOCK_POSITIONS);
-            let hi = keys.end.min((b + 1) * BLOCK_POSITIONS);
-            (
-                lo - b * BLOCK_POSITIONS,
-                hi - b * BLOCK_POSITIONS,
-                lo - keys.start,
-            )
-        };
+        let span = |b: usize| block_span(b, &keys);
         for b in b0..b1 {
             let (lo, hi, off) = span(b);
             if b + 1 < b1 {
@@ -922,6 +914,18 @@ fn attend(
     })
 }
 
+/// The part of cache block `b` inside `keys`: its first and end offsets in the block, and the
+/// first one's offset from `keys.start`.
+fn block_span(b: usize, keys: &std::ops::Range<usize>) -> (usize, usize, usize) {
+    let lo = keys.start.max(b * BLOCK_POSITIONS);
+    let hi = keys.end.min((b + 1) * BLOCK_POSITIONS);
+    (
+        lo - b * BLOCK_POSITIONS,
+        hi - b * BLOCK_POSITIONS,
+        lo - keys.start,
+    )
+}
+
 /// Attention is split three ways ([`Split`]) from this many keys on.
 const SPLIT_MIN_KEYS: usize = 256;
 
@@ -961,7 +965,7 @@ impl Split<'_, '_> {
     /// forward pass's attention output).
     fn run(
         &self,
-        units: &mut Vec<(usize, usize)>,
+        units: &mut Vec<(usize, usize, usize)>,
         scores: &mut Vec<f32>,
         weights: &mut Vec<f32>,
         out: kernels::OutPtr,
@@ -972,7 +976,8 @@ impl Split<'_, '_> {
         for &(_, pos) in self.rows {
             let first = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
             for _ in 0..nkv {
-                units.push((first, pos + 1 - first));
+                // each unit's scores and weights start after the units before it
+                units.push((first, pos + 1 - first, total));
                 total += rep * (pos + 1 - first);
             }
         }
@@ -981,12 +986,9 @@ impl Split<'_, '_> {
             scores.resize(total, 0.0);
             weights.resize(total, 0.0);
         }
-        // each unit's scores and weights start at `rep · (keys of the units before it)`
-        let base = |u: usize| -> usize { units[..u].iter().map(|&(_, len)| rep * len).sum() };
         let threads = crate::team::threads();
         let chunks = (4 * threads).div_ceil(units.len()).max(1);
-        let blocks = |u: usize| {
-            let (first, len) = units[u];
+        let blocks = |first: usize, len: usize| {
             (
                 first / BLOCK_POSITIONS,
                 (first + len).div_ceil(BLOCK_POSITIONS),
@@ -994,10 +996,10 @@ impl Split<'_, '_> {
         };
         // chunk `c` of unit `u`: cache blocks, and keys (offsets from the unit's first key)
         let chunk = |u: usize, c: usize| {
-            let (b0, b1) = blocks(u);
+            let (first, len, _) = units[u];
+            let (b0, b1) = blocks(first, len);
             let n = b1 - b0;
             let (c0, c1) = (b0 + n * c / chunks, b0 + n * (c + 1) / chunks);
-            let (first, len) = units[u];
             let k0 = (c0 * BLOCK_POSITIONS).max(first) - first;
             let k1 = (c1 * BLOCK_POSITIONS).min(first + len).max(first) - first;
             (c0, c1, k0, k1.max(k0))
@@ -1006,7 +1008,7 @@ impl Split<'_, '_> {
         let sp = kernels::OutPtr(scores.as_mut_ptr());
         let wp = kernels::OutPtr(weights.as_mut_ptr());
         // 1. scores: chunk `c` of unit `u` writes `rep × (k1 − k0)` values (stride `k1 − k0`)
-        // at `base(u) + rep · k0`
+        // at the unit's base `+ rep · k0`
         crate::team::for_each(units.len() * chunks, &|t| {
             let (u, c) = (t / chunks, t % chunks);
             let (c0, c1, k0, k1) = chunk(u, c);
@@ -1016,20 +1018,19 @@ impl Split<'_, '_> {
             let (row, g) = (u / nkv, u % nkv);
             let (si, _) = self.rows[row];
             let kv = &*self.seqs[si].kv;
-            let (first, _) = units[u];
+            let (first, _, base) = units[u];
             let q = self.q(row, g);
             // SAFETY: the chunks' ranges are disjoint parts of `scores`, which holds `total`
             // values and outlives this step
             let sc = unsafe {
-                std::slice::from_raw_parts_mut(sp.get().add(base(u) + rep * k0), rep * (k1 - k0))
+                std::slice::from_raw_parts_mut(sp.get().add(base + rep * k0), rep * (k1 - k0))
             };
             ATTN_SCRATCH.with(|cell| {
                 let mut cell = cell.borrow_mut();
                 let block = &mut cell.block;
                 block.resize(BLOCK_POSITIONS * hd, 0.0);
                 for b in c0..c1 {
-                    let lo = (first + k0).max(b * BLOCK_POSITIONS) - b * BLOCK_POSITIONS;
-                    let hi = (first + k1).min((b + 1) * BLOCK_POSITIONS) - b * BLOCK_POSITIONS;
+                    let (lo, hi, off) = block_span(b, &(first + k0..first + k1));
                     if b + 1 < c1 {
                         attn::prefetch(kv.slab(b + 1, self.layer, 0, g));
                     }
@@ -1037,7 +1038,6 @@ impl Split<'_, '_> {
                         &kv.slab(b, self.layer, 0, g)[lo * hd..hi * hd],
                         &mut block[..(hi - lo) * hd],
                     );
-                    let off = b * BLOCK_POSITIONS + lo - first - k0;
                     attn::scores(
                         self.level,
                         q,
@@ -1051,16 +1051,16 @@ impl Split<'_, '_> {
                 }
             });
         });
-        // 2. each head's softmax into its weights (`base(u) + h · len`, stride `len`)
+        // 2. each head's softmax into its weights (the unit's base `+ h · len`)
         crate::team::for_each(units.len() * rep, &|t| {
             let (u, h) = (t / rep, t % rep);
-            let (_, len) = units[u];
+            let (_, len, base) = units[u];
             // SAFETY: as above: the scores are written, this task alone writes this head's
             // weights
             let (sc, w) = unsafe {
                 (
-                    std::slice::from_raw_parts(sp.get().add(base(u)), rep * len),
-                    std::slice::from_raw_parts_mut(wp.get().add(base(u) + h * len), len),
+                    std::slice::from_raw_parts(sp.get().add(base), rep * len),
+                    std::slice::from_raw_parts_mut(wp.get().add(base + h * len), len),
                 )
             };
             ATTN_SCRATCH.with(|cell| {
@@ -1082,22 +1082,18 @@ impl Split<'_, '_> {
             let (row, g) = (u / nkv, u % nkv);
             let (si, _) = self.rows[row];
             let kv = &*self.seqs[si].kv;
-            let (first, len) = units[u];
+            let (first, len, base) = units[u];
             // SAFETY: the weights are written and no longer change in this step
-            let w = unsafe { std::slice::from_raw_parts(wp.get().add(base(u)), rep * len) };
+            let w = unsafe { std::slice::from_raw_parts(wp.get().add(base), rep * len) };
             let c0 = cc * SPLIT_COLS;
             ATTN_SCRATCH.with(|cell| {
                 let mut cell = cell.borrow_mut();
                 let acc = &mut cell.weights;
                 acc.clear();
                 acc.resize(rep * SPLIT_COLS, 0.0);
-                let (b0, b1) = (
-                    first / BLOCK_POSITIONS,
-                    (first + len).div_ceil(BLOCK_POSITIONS),
-                );
+                let (b0, b1) = blocks(first, len);
                 for b in b0..b1 {
-                    let lo = first.max(b * BLOCK_POSITIONS) - b * BLOCK_POSITIONS;
-                    let hi = (first + len).min((b + 1) * BLOCK_POSITIONS) - b * BLOCK_POSITIONS;
+                    let (lo, hi, off) = block_span(b, &(first..first + len));
                     if b + 1 < b1 {
                         // this task's columns of the next block (one cache line a position)
                         let next = kv.slab(b + 1, self.layer, 1, g);
@@ -1110,7 +1106,7 @@ impl Split<'_, '_> {
                         self.level,
                         w,
                         len,
-                        b * BLOCK_POSITIONS + lo - first,
+                        off,
                         &slab[lo * hd + c0..hi * hd],
                         hd,
                         hi - lo,
@@ -1132,6 +1128,7 @@ impl Split<'_, '_> {
             });
         });
     }
+
     /// The query heads of `row` that share key/value head `g`.
     fn q(&self, row: usize, g: usize) -> &[f32] {
         let (rep, hd) = (self.rep, self.hd);
