@@ -4,7 +4,7 @@ llama.cpp's `llama-server` on the same GGUF file, in one run.
 
     python3 bench/serve.py --nextok target/release/nextok --model M.gguf \
         [--llama-server "$(bench/peers/llama_server.sh)"] [--levels 1,4,16,64] [--out FILE] \
-        [--nextok-args "--prefill-chunk-tokens 64"] [--llama-args=--no-repack]
+        [--nextok-args "--itl-target-ms 100"] [--llama-args=--no-repack]
 
 For each server and each concurrency level C, C client threads send streaming
 `/v1/completions` requests (prompts of mixed lengths from a fixed generator, `max_tokens`

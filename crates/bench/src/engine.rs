@@ -80,10 +80,13 @@ pub struct EngineArgs {
     /// Tokens one forward pass takes at most (default: the engine's default).
     #[arg(long)]
     pub max_batch_tokens: Option<usize>,
-    /// Prompt tokens one forward pass takes at most while sequences decode (default: the
-    /// engine's default).
+    /// Prompt tokens one forward pass takes while sequences decode: the least, or the chunk
+    /// with `--itl-target-ms 0` (default: the engine's default).
     #[arg(long)]
     pub prefill_chunk_tokens: Option<usize>,
+    /// The inter-token latency the prompt chunk is sized to (default: the engine's default).
+    #[arg(long)]
+    pub itl_target_ms: Option<u64>,
     /// Also run llama.cpp on the same file (the tools `bench/peers/llama_cpp.sh` builds; run
     /// from the repository root) paired with nextok: prompt (512-token prefill), single-stream
     /// decode and 16 streams, each `--pairs` times, the two engines back to back and
@@ -276,6 +279,7 @@ struct Report {
     threads: usize,
     max_batch_tokens: usize,
     prefill_chunk_tokens: usize,
+    itl_target_ms: u64,
     quants: Vec<Quant>,
     llama_cpp: Option<LlamaCppReport>,
 }
@@ -548,6 +552,9 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
                 prefill_chunk_tokens: args
                     .prefill_chunk_tokens
                     .unwrap_or(EngineConfig::default().prefill_chunk_tokens),
+                itl_target_ms: args
+                    .itl_target_ms
+                    .unwrap_or(EngineConfig::default().itl_target_ms),
                 prefix_cache_entries: 0,
                 ..Default::default()
             },
@@ -736,6 +743,9 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         prefill_chunk_tokens: args
             .prefill_chunk_tokens
             .unwrap_or(EngineConfig::default().prefill_chunk_tokens),
+        itl_target_ms: args
+            .itl_target_ms
+            .unwrap_or(EngineConfig::default().itl_target_ms),
         quants,
         llama_cpp: peer.as_ref().map(|(_, q8_file)| LlamaCppReport {
             build_commit,

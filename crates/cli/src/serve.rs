@@ -41,10 +41,15 @@ pub struct ServeArgs {
     /// raised to `--max-num-seqs` if below).
     #[arg(long)]
     pub max_batch_tokens: Option<usize>,
-    /// Prompt tokens one forward pass takes at most while other streams decode: bounds the
-    /// pause a long prompt puts between two tokens of a running stream.
+    /// Prompt tokens one forward pass takes while other streams decode: the least chunk when
+    /// `--itl-target-ms` sizes it, the chunk itself with `--itl-target-ms 0`.
     #[arg(long, default_value_t = nextok_engine::PREFILL_CHUNK_TOKENS)]
     pub prefill_chunk_tokens: usize,
+    /// The inter-token latency (ms) that each pass's prompt chunk is sized to while streams
+    /// decode, from how long passes take on this machine (0: a fixed `--prefill-chunk-tokens`).
+    /// Larger: first tokens sooner, running streams slower.
+    #[arg(long, default_value_t = nextok_engine::ITL_TARGET_MS)]
+    pub itl_target_ms: u64,
     /// Let a special token's string written in a chat message (`<|im_start|>system`, say)
     /// become that control token, as vLLM and llama.cpp do; by default it is ordinary text and
     /// control tokens come from the chat template only.
@@ -125,6 +130,7 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
             .max_batch_tokens
             .unwrap_or(defaults.max_batch_tokens.max(a.max_num_seqs)),
         prefill_chunk_tokens: a.prefill_chunk_tokens,
+        itl_target_ms: a.itl_target_ms,
         max_waiting: a.max_waiting,
         parse_special_in_messages: a.parse_special_in_messages,
         default_max_tokens: a.default_max_tokens,

@@ -2,7 +2,13 @@
 //! submitted (its checks) and by the scheduler thread on every iteration (its limits).
 
 /// The default [`EngineConfig::prefill_chunk_tokens`].
-pub const PREFILL_CHUNK_TOKENS: usize = 64;
+pub const PREFILL_CHUNK_TOKENS: usize = 16;
+
+/// The default [`EngineConfig::itl_target_ms`].
+pub const ITL_TARGET_MS: u64 = 60;
+
+/// The largest [`EngineConfig::itl_target_ms`] accepted (ten minutes).
+pub const ITL_TARGET_MS_MAX: u64 = 600_000;
 
 /// How the engine schedules.
 #[derive(Debug, Clone, PartialEq)]
@@ -12,11 +18,21 @@ pub struct EngineConfig {
     /// Tokens one forward pass takes at most: one per decoding sequence, the rest for chunks
     /// of prompts being prefilled.
     pub max_batch_tokens: usize,
-    /// Prompt tokens one forward pass takes at most while some sequence is decoding (within
-    /// `max_batch_tokens`), so a long prompt does not stall running streams: a decoding
-    /// sequence waits for at most this many prompt rows between two of its tokens. With no
-    /// sequence decoding, prompts take the whole `max_batch_tokens`.
+    /// Prompt tokens one forward pass takes while some sequence is decoding (within
+    /// `max_batch_tokens`), so a long prompt does not stall running streams. With
+    /// `itl_target_ms` at 0 this is the chunk: a decoding sequence waits for at most this many
+    /// prompt rows between two of its tokens. Otherwise it is the least chunk, taken even when
+    /// the decode rows alone fill the target, so that prompts always advance. With no sequence
+    /// decoding, prompts take the whole `max_batch_tokens`.
     pub prefill_chunk_tokens: usize,
+    /// The inter-token latency, in milliseconds, that the prompt chunk is sized to while
+    /// sequences decode (0: a fixed chunk of `prefill_chunk_tokens`). The engine measures how
+    /// long its iterations take for the rows they run and gives each pass the prompt rows that
+    /// keep it within this time beside its decode rows (at least `prefill_chunk_tokens`), so
+    /// the chunk follows the machine, the model and the number of streams. A larger target
+    /// gives prompts more of each pass: the first token comes sooner, and running streams get
+    /// their tokens further apart.
+    pub itl_target_ms: u64,
     /// KV cache memory the running sequences and the prefix cache may hold, in bytes. A request
     /// is admitted when its prompt fits (with a block of growth for every running sequence);
     /// sequences take blocks as they grow, and when the next pass would not fit the request
@@ -49,6 +65,7 @@ impl Default for EngineConfig {
             max_num_seqs: 64,
             max_batch_tokens: 512,
             prefill_chunk_tokens: PREFILL_CHUNK_TOKENS,
+            itl_target_ms: ITL_TARGET_MS,
             kv_budget_bytes: 4 << 30,
             max_waiting: 1024,
             prefix_cache_entries: 32,

@@ -133,6 +133,16 @@ impl Engine {
                 "must be at least 1: prompts would never advance while others decode",
             ));
         }
+        if config.itl_target_ms > crate::ITL_TARGET_MS_MAX {
+            return Err(EngineError::invalid(
+                "itl_target_ms",
+                format!(
+                    "{} is over {} (ten minutes)",
+                    config.itl_target_ms,
+                    crate::ITL_TARGET_MS_MAX
+                ),
+            ));
+        }
         let c = &model.weights.config;
         let geometry = KvGeometry {
             n_layer: c.n_layer,

@@ -51,7 +51,7 @@ pub mod speculative;
 pub mod teaching;
 pub mod trace;
 
-pub use config::{EngineConfig, PREFILL_CHUNK_TOKENS};
+pub use config::{EngineConfig, ITL_TARGET_MS, ITL_TARGET_MS_MAX, PREFILL_CHUNK_TOKENS};
 pub use engine::{Completion, Engine, EngineStats, Recv, RequestHandle, SequenceOutput};
 pub use error::{EngineError, ErrorKind, Result};
 pub use nextok_constraint::ConstraintSpec;

@@ -269,14 +269,16 @@ fn a_full_queue_is_its_own_error() {
     }
 }
 
-/// While another sequence decodes, a prompt advances by at most `prefill_chunk_tokens` rows
-/// per forward pass (so that sequence's tokens keep coming); alone it goes in one pass.
+/// With a fixed chunk (`itl_target_ms` 0), while another sequence decodes, a prompt advances
+/// by at most `prefill_chunk_tokens` rows per forward pass (so that sequence's tokens keep
+/// coming); alone it goes in one pass.
 #[test]
 fn a_prompt_takes_bounded_chunks_while_another_stream_decodes() {
     let Some(m) = model() else { return };
     let config = EngineConfig {
         max_num_seqs: 4,
         prefill_chunk_tokens: 2,
+        itl_target_ms: 0,
         prefix_cache_entries: 0,
         ..Default::default()
     };
@@ -311,6 +313,53 @@ fn a_prompt_takes_bounded_chunks_while_another_stream_decodes() {
     drop(ha);
 }
 
+/// With a target inter-token latency, the chunk is sized from how long passes take: on a model
+/// whose passes take far less than the target, a prompt beside a decoding stream goes in one
+/// or two passes instead of chunks of `prefill_chunk_tokens` (which is then only the least
+/// chunk), and its tokens are those of its solo run.
+#[test]
+fn a_paced_chunk_fills_the_target_latency() {
+    let Some(m) = model() else { return };
+    let config = EngineConfig {
+        max_num_seqs: 4,
+        prefill_chunk_tokens: 2,
+        itl_target_ms: 10_000,
+        prefix_cache_entries: 0,
+        ..Default::default()
+    };
+    let engine = Engine::new(m, config).unwrap();
+    let b = request(5, 9, 4, 0.0, false);
+    let pb = engine.prepare(&b).unwrap().info.prompt_ids.len() as u64;
+    assert!(
+        pb >= 16,
+        "the prompt is long enough to tell chunks apart: {pb}"
+    );
+    let alone = engine.generate(b.clone()).unwrap();
+    let mut a = request(0, 1, 400, 0.0, false);
+    a.params.ignore_eos = true;
+    let mut ha = engine.submit(a).unwrap();
+    // enough passes measured for the pace to be used
+    let mut seen = 0;
+    for ev in ha.by_ref() {
+        if matches!(ev, Event::Token { .. }) {
+            seen += 1;
+            if seen == 8 {
+                break;
+            }
+        }
+    }
+    let i0 = engine.stats().iterations;
+    let beside = engine.generate(b.clone()).unwrap();
+    let n = engine.stats().iterations - i0;
+    // the prompt's passes and the 3 more tokens'; chunks of 2 would need 8 or more passes
+    assert!(
+        n <= 3 + 2,
+        "{n} passes for a {pb}-token prompt and 3 more tokens beside a decoding stream"
+    );
+    assert_eq!(alone.sequences[0].tokens, beside.sequences[0].tokens);
+    drop(ha);
+}
+
 /// Each scheduling limit that cannot work is refused by name.
 #[test]
 fn an_engine_config_that_cannot_schedule_is_refused_by_field() {
@@ -337,6 +386,13 @@ fn an_engine_config_that_cannot_schedule_is_refused_by_field() {
                 ..Default::default()
             },
             "prefill_chunk_tokens",
+        ),
+        (
+            EngineConfig {
+                itl_target_ms: 600_001,
+                ..Default::default()
+            },
+            "itl_target_ms",
         ),
         (
             EngineConfig {

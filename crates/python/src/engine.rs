@@ -56,6 +56,7 @@ fn set_config(
         "max_num_seqs" => config.max_num_seqs = count()?,
         "max_batch_tokens" => config.max_batch_tokens = count()?,
         "prefill_chunk_tokens" => config.prefill_chunk_tokens = count()?,
+        "itl_target_ms" => config.itl_target_ms = count()? as u64,
         "kv_budget_bytes" => config.kv_budget_bytes = count()?,
         "max_waiting" => config.max_waiting = count()?,
         "prefix_cache_entries" => config.prefix_cache_entries = count()?,
@@ -70,7 +71,7 @@ fn set_config(
         other => {
             return Err(Failure::argument(
                 other,
-                "is not an engine setting (max_num_seqs, max_batch_tokens, prefill_chunk_tokens, kv_budget_bytes, max_waiting, prefix_cache_entries, constraint_cache_bytes, default_max_tokens, max_tokens_limit, parse_special_in_messages)",
+                "is not an engine setting (max_num_seqs, max_batch_tokens, prefill_chunk_tokens, itl_target_ms, kv_budget_bytes, max_waiting, prefix_cache_entries, constraint_cache_bytes, default_max_tokens, max_tokens_limit, parse_special_in_messages)",
             ))
         }
     }

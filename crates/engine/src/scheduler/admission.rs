@@ -163,17 +163,26 @@ impl Scheduler {
         (need, rows)
     }
 
-    /// The prompt rows a pass may take beside `used` decode rows: a bounded share
-    /// (`prefill_chunk_tokens`) while sequences decode, the whole `max_batch_tokens` otherwise.
+    /// The prompt rows a pass may take beside `used` decode rows: while sequences decode, the
+    /// rows that keep the pass within `itl_target_ms` ([`Pace`](super::pace::Pace); at least
+    /// `prefill_chunk_tokens`, exactly that when the target is 0 or nothing is measured yet);
+    /// the whole `max_batch_tokens` otherwise.
     pub(super) fn prefill_share(&self, used: usize) -> usize {
-        let budget = self.inner.config.max_batch_tokens;
-        if used > 0 {
-            budget
-                .saturating_sub(used)
-                .min(self.inner.config.prefill_chunk_tokens)
-        } else {
-            budget
+        let config = &self.inner.config;
+        let budget = config.max_batch_tokens;
+        if used == 0 {
+            return budget;
         }
+        let floor = config.prefill_chunk_tokens;
+        let paced = match config.itl_target_ms {
+            0 => None,
+            ms => self
+                .pace
+                .prompt_rows(self.pace.units(used, used), ms as f64 / 1e3),
+        };
+        budget
+            .saturating_sub(used)
+            .min(paced.map_or(floor, |p| p.max(floor)))
     }
 
     /// Takes request `r`'s sequences out of the batch and frees their blocks; they wait in

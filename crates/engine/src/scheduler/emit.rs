@@ -93,6 +93,8 @@ impl Scheduler {
                 true
             }
         });
+        // the counters first: whoever sees a request's end sees its sequences gone
+        self.publish();
         for req in ended {
             let id = req.prepared.info.id;
             let done = match self.progress.get_mut(&id) {

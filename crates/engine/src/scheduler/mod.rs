@@ -16,8 +16,10 @@
 //!    batch-invariant, so its cache and its tokens are exactly those it would have had). Then
 //!    it plans **one** forward pass: one token for every decoding sequence (and the draft of a
 //!    speculating one), then chunks of the prompts being prefilled, up to `max_batch_tokens`
-//!    rows (and at most `prefill_chunk_tokens` prompt rows while any sequence decodes, which
-//!    bounds the pause a long prompt puts between two tokens of a running stream);
+//!    rows; while any sequence decodes, the prompt rows are those that keep the pass within
+//!    `itl_target_ms` ([`pace`]: a fit of how long iterations take for their rows, measured
+//!    here), at least `prefill_chunk_tokens`, which bounds the pause a long prompt puts
+//!    between two tokens of a running stream;
 //! 2. **run** ([`run`](mod@run)) — runs that pass, while the constraint masks of the decoding
 //!    sequences are computed on the other threads of the pool (a mask depends only on the
 //!    sequence's state); the prompts advance, and a request's `n` sequences fork the prompt's
@@ -36,6 +38,7 @@
 
 mod admission;
 mod emit;
+mod pace;
 mod plan;
 mod prefix;
 mod run;
@@ -45,11 +48,13 @@ mod seq;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::error::{EngineError, ErrorKind};
 use crate::queue::{Inner, ReqCtx};
 use crate::request::Event;
 
+use pace::Pace;
 use plan::Plan;
 use prefix::PrefixCache;
 use run::{ModelOutput, Runner};
@@ -75,6 +80,9 @@ struct Scheduler {
     spare_plan: Plan,
     /// The last iteration's model output, whose vectors the next pass reuses.
     spare_out: ModelOutput,
+    /// How long iterations take for their rows, which sizes the prompt chunk to
+    /// `itl_target_ms`.
+    pace: Pace,
     /// The sequences [`Scheduler::emit`] finishes, `(request id, index)`; kept for its
     /// allocation.
     finished: Vec<(u64, usize)>,
@@ -83,8 +91,10 @@ struct Scheduler {
 /// The scheduler thread's body: admits, drops cancelled requests and runs iterations until the
 /// engine shuts down.
 pub(crate) fn run(inner: Arc<Inner>) {
+    let pace = Pace::new(&inner.shared.model.weights.config);
     let mut s = Scheduler {
         inner,
+        pace,
         running: Vec::new(),
         preempted: VecDeque::new(),
         progress: HashMap::new(),
@@ -112,7 +122,9 @@ impl Scheduler {
     /// One iteration: [`plan`](Self::plan) → [`run`](Self::run) → [`sample`](Self::sample) →
     /// [`emit`](Self::emit). When the pass fails, nothing was computed: the requests of its
     /// batch fail, the others wait for the next iteration.
+    /// The iteration's time, from planning to the last event sent, goes to [`Scheduler::pace`].
     fn iteration(&mut self) {
+        let start = Instant::now();
         let Some(plan) = self.plan() else {
             return;
         };
@@ -121,6 +133,8 @@ impl Scheduler {
                 self.sample(&out);
                 self.emit();
                 self.spare_out = out;
+                let units = self.pace.units(plan.total_rows, plan.logits_rows);
+                self.pace.record(units, start.elapsed().as_secs_f64());
             }
             Err(e) => self.fail_pass(&plan, e),
         }
@@ -184,12 +198,13 @@ impl Scheduler {
     }
 
     /// Ends request `r` with `e` and removes its sequences.
+    /// The counters are published first, so whoever sees the error sees the sequences gone.
     fn fail(&mut self, r: &Arc<ReqCtx>, e: EngineError) {
-        let _ = r.tx.send(Event::Error(e));
         self.running.retain(|s| !Arc::ptr_eq(&s.req, r));
         self.preempted
             .retain(|g| g.first().is_some_and(|s| !Arc::ptr_eq(&s.req, r)));
         self.release(r);
+        let _ = r.tx.send(Event::Error(e));
     }
 
     /// Ends every admitted request with [`ErrorKind::Shutdown`] and empties the prefix cache.

@@ -260,7 +260,7 @@ class LLM:
     ``model`` is ``None`` (the default model, SmolLM2-135M-Instruct, fetched once), a GGUF
     file's path, or a model name nextok knows. ``requant="q8_0"`` re-quantises 4/5-bit
     matrices at load. Other keywords set the engine (``max_num_seqs``, ``max_batch_tokens``,
-    ``prefill_chunk_tokens``, ``kv_budget_bytes``, ``max_waiting``, ``prefix_cache_entries``,
+    ``prefill_chunk_tokens``, ``itl_target_ms``, ``kv_budget_bytes``, ``max_waiting``, ``prefix_cache_entries``,
     ``default_max_tokens``, ``max_tokens_limit``, ``constraint_cache_bytes``,
     ``parse_special_in_messages``).
     """
