@@ -74,12 +74,6 @@ impl From<&str> for CliError {
     }
 }
 
-/// The benchmark modules report errors as text.
-impl From<CliError> for String {
-    fn from(e: CliError) -> Self {
-        e.message
-    }
-}
 
 /// A library error: its own text is the message, and it is the source.
 macro_rules! from_library_error {
