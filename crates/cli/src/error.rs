@@ -74,7 +74,6 @@ impl From<&str> for CliError {
     }
 }
 
-
 /// A library error: its own text is the message, and it is the source.
 macro_rules! from_library_error {
     ($($t:ty),* $(,)?) => {$(

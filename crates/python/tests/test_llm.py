@@ -127,6 +127,9 @@ def test_bad_engines() -> None:
     with pytest.raises(nextok.InvalidParameter) as e:
         nextok.LLM(path, max_num_seqs=0)
     assert e.value.field == "max_num_seqs"
+    with pytest.raises(nextok.InvalidParameter) as e:
+        nextok.LLM(path, itl_target_ms=600_001)
+    assert e.value.field == "itl_target_ms"
     with pytest.raises(nextok.InvalidArgument) as e:
         nextok.LLM(str(path) + ".missing")
     assert e.value.field == "model"
