@@ -226,8 +226,12 @@ def test_ctrl_c_cancels_a_running_generate(tmp_path) -> None:
 
     path = require_data("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     script = tmp_path / "interrupt.py"
+    # A runner started in the background by a non-interactive shell hands SIGINT down ignored,
+    # and Python then leaves it ignored; an interactive user's Python turns it into
+    # KeyboardInterrupt, which is what this test is about.
     script.write_text(
-        "import sys, time, nextok\n"
+        "import signal, sys, time, nextok\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         f"llm = nextok.LLM({str(path)!r})\n"
         "print('ready', flush=True)\n"
         "t = time.monotonic()\n"

@@ -122,6 +122,7 @@ impl Scheduler {
     /// One iteration: [`plan`](Self::plan) → [`run`](Self::run) → [`sample`](Self::sample) →
     /// [`emit`](Self::emit). When the pass fails, nothing was computed: the requests of its
     /// batch fail, the others wait for the next iteration.
+    ///
     /// The iteration's time, from planning to the last event sent, goes to [`Scheduler::pace`].
     fn iteration(&mut self) {
         let start = Instant::now();
@@ -197,8 +198,8 @@ impl Scheduler {
         self.publish();
     }
 
-    /// Ends request `r` with `e` and removes its sequences.
-    /// The counters are published first, so whoever sees the error sees the sequences gone.
+    /// Ends request `r` with `e` and removes its sequences. The counters are published first,
+    /// so whoever sees the error sees the sequences gone.
     fn fail(&mut self, r: &Arc<ReqCtx>, e: EngineError) {
         self.running.retain(|s| !Arc::ptr_eq(&s.req, r));
         self.preempted
