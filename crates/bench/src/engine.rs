@@ -532,6 +532,18 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         args.concurrency.clone()
     };
     let scale = args.tokens_scale;
+    // the engine's limits: the command's, else the engine's defaults
+    let defaults = EngineConfig::default();
+    let config = EngineConfig {
+        max_num_seqs: 64,
+        max_batch_tokens: args.max_batch_tokens.unwrap_or(defaults.max_batch_tokens),
+        prefill_chunk_tokens: args
+            .prefill_chunk_tokens
+            .unwrap_or(defaults.prefill_chunk_tokens),
+        itl_target_ms: args.itl_target_ms.unwrap_or(defaults.itl_target_ms),
+        prefix_cache_entries: 0,
+        ..defaults
+    };
     let mut quants = Vec::new();
     for (quant, requant, q8) in [
         ("as shipped", Requant::Keep, false),
@@ -542,24 +554,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         while ids.len() < 2000 {
             ids.extend(model.encode_prompt(TEXT).map_err(|e| e.to_string())?);
         }
-        let engine = Engine::new(
-            model.clone(),
-            EngineConfig {
-                max_num_seqs: 64,
-                max_batch_tokens: args
-                    .max_batch_tokens
-                    .unwrap_or(EngineConfig::default().max_batch_tokens),
-                prefill_chunk_tokens: args
-                    .prefill_chunk_tokens
-                    .unwrap_or(EngineConfig::default().prefill_chunk_tokens),
-                itl_target_ms: args
-                    .itl_target_ms
-                    .unwrap_or(EngineConfig::default().itl_target_ms),
-                prefix_cache_entries: 0,
-                ..Default::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
+        let engine = Engine::new(model.clone(), config.clone()).map_err(|e| e.to_string())?;
         // baseline: one after another through the one-sequence loop
         let nb = args.baseline_requests.max(1);
         let t0 = Instant::now();
@@ -737,15 +732,9 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         kernels: nextok_model::kernels::Level::current().name().to_string(),
         cpu: cpu(),
         threads,
-        max_batch_tokens: args
-            .max_batch_tokens
-            .unwrap_or(EngineConfig::default().max_batch_tokens),
-        prefill_chunk_tokens: args
-            .prefill_chunk_tokens
-            .unwrap_or(EngineConfig::default().prefill_chunk_tokens),
-        itl_target_ms: args
-            .itl_target_ms
-            .unwrap_or(EngineConfig::default().itl_target_ms),
+        max_batch_tokens: config.max_batch_tokens,
+        prefill_chunk_tokens: config.prefill_chunk_tokens,
+        itl_target_ms: config.itl_target_ms,
         quants,
         llama_cpp: peer.as_ref().map(|(_, q8_file)| LlamaCppReport {
             build_commit,

@@ -134,7 +134,8 @@ impl Scheduler {
                 self.sample(&out);
                 self.emit();
                 self.spare_out = out;
-                let units = self.pace.units(plan.total_rows, plan.logits_rows);
+                let rows = plan.rows.iter().sum();
+                let units = self.pace.units(rows, plan.logits_rows);
                 self.pace.record(units, start.elapsed().as_secs_f64());
             }
             Err(e) => self.fail_pass(&plan, e),

@@ -19,8 +19,6 @@ pub(super) struct Plan {
     /// The sequences in the pass (those with rows), in batch order, as indices into
     /// [`Scheduler::running`].
     pub(super) seqs: Vec<usize>,
-    /// The rows of the pass.
-    pub(super) total_rows: usize,
     /// The rows of decoding sequences (their pending tokens and drafts), which produce logits.
     pub(super) logits_rows: usize,
 }
@@ -75,7 +73,6 @@ impl Scheduler {
         // prompt chunks: a bounded share while sequences decode, the whole budget otherwise
         plan.logits_rows = used;
         let mut prefill = self.prefill_share(used).min(prefill_rows);
-        plan.total_rows = used + prefill;
         for (i, s) in self.running.iter().enumerate() {
             let Some(left) = s.rows_to_cache() else {
                 continue;
@@ -84,7 +81,6 @@ impl Scheduler {
             prefill -= take;
             rows[i] = take;
         }
-        plan.total_rows -= prefill;
         // the batch: every sequence with rows (a sequence waiting to fork has none), in order
         plan.seqs.clear();
         plan.seqs.extend(
