@@ -222,6 +222,109 @@ pub(crate) fn for_each(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// Values one task of row-wise work takes at least: below it the hand-off costs more than the
+/// work (a decode step's norms and activations stay on the calling thread).
+const ROW_TASK_MIN_VALUES: usize = 4 * 1024;
+
+/// What [`for_rows2`] runs on each run of rows: `f(first_row, a_run, b_run)`.
+pub(crate) type RowsFn<'a, A, B> = dyn Fn(usize, &mut [A], &mut [B]) + Sync + 'a;
+
+#[cfg(test)]
+thread_local! {
+    /// Calls of [`for_rows2`] on this thread that split their rows among tasks (for tests).
+    pub(crate) static ROW_SPLITS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Row-wise work in parallel: `a` and `b` hold the same number of rows (`a_row` and `b_row`
+/// elements wide; `b` may be empty with `b_row` 0), cut into runs of whole rows, one run per
+/// task, each run at least [`ROW_TASK_MIN_VALUES`] values of work when a row is `row_work`
+/// values; `f(first_row, a_run, b_run)` must depend only on its own rows, so the result is the
+/// same bits however the rows are split. Small batches, and calls outside a team's pass, run as
+/// one call on this thread.
+pub(crate) fn for_rows2<A: Send, B: Send>(
+    a: &mut [A],
+    a_row: usize,
+    b: &mut [B],
+    b_row: usize,
+    row_work: usize,
+    f: &RowsFn<'_, A, B>,
+) {
+    let rows = a.len().checked_div(a_row).unwrap_or(0);
+    debug_assert!(a.len() == rows * a_row && b.len() == rows * b_row);
+    let values = rows.saturating_mul(row_work);
+    // Only a team's pass splits row-wise work: on rayon, a thread waiting for its share could
+    // pick up another job that needs a lock its caller holds (an activation conversion).
+    let threads = match MODE.with(Cell::get) {
+        Mode::Team(_) => rayon::current_num_threads(),
+        _ => 1,
+    };
+    let tasks = (threads * 2)
+        .min(values / ROW_TASK_MIN_VALUES)
+        .min(rows)
+        .max(1);
+    if tasks == 1 {
+        f(0, a, b);
+        return;
+    }
+    #[cfg(test)]
+    ROW_SPLITS.with(|c| c.set(c.get() + 1));
+    let (pa, pb) = (SharedMut::new(a), SharedMut::new(b));
+    let (pa, pb) = (&pa, &pb);
+    for_each(tasks, &|t| {
+        let (r0, r1) = (rows * t / tasks, rows * (t + 1) / tasks);
+        // SAFETY: the runs `r0..r1` of different tasks are disjoint and lie inside `a` and `b`
+        // (`r1 ≤ rows`), which this call borrows mutably.
+        let (ra, rb) = unsafe {
+            (
+                pa.slice(r0 * a_row, (r1 - r0) * a_row),
+                pb.slice(r0 * b_row, (r1 - r0) * b_row),
+            )
+        };
+        f(r0, ra, rb);
+    });
+}
+
+/// A mutable slice shared by the tasks of one parallel step, each of which takes parts of it
+/// that no other task touches.
+pub(crate) struct SharedMut<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: tasks reach the slice only through `slice`, whose contract keeps their parts disjoint;
+// the slice's owner is borrowed mutably for as long as this lives.
+unsafe impl<T: Send> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    /// Shares `s` (borrowed mutably for the life of the result's uses).
+    pub(crate) fn new(s: &mut [T]) -> Self {
+        SharedMut {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+        }
+    }
+
+    /// `s[start..start + len]`.
+    ///
+    /// # Safety
+    /// The slice shared must still be borrowed by the caller, and no two live results may
+    /// overlap.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        assert!(
+            start <= self.len && len <= self.len - start,
+            "a part outside the slice"
+        );
+        // SAFETY: in bounds (checked above); exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}
+
+/// [`for_rows2`] over one slice, a row's work being its `a_row` values.
+pub(crate) fn for_rows<A: Send>(a: &mut [A], a_row: usize, f: &(dyn Fn(usize, &mut [A]) + Sync)) {
+    for_rows2::<A, u8>(a, a_row, &mut [], 0, a_row, &|r0, ra, _| f(r0, ra));
+}
+
 /// Publishes a job of `n ≤ MAX_TASKS` tasks, claims tasks beside the helpers, and waits for
 /// the last one.
 fn run_job(shared: &Shared, n: usize, f: &(dyn Fn(usize) + Sync)) {

@@ -575,7 +575,7 @@ impl ModelWeights {
         };
         let gelu = matches!(cfg.act, FfnAct::GeluTanh).then(gelu_table);
         for (li, layer) in self.layers.iter().enumerate() {
-            rms_norm_rows(&s.x, &layer.attn_norm, eps, &mut s.h, d);
+            par_rms_norm_rows(&s.x, &layer.attn_norm, eps, &mut s.h, d);
             s.acts.quantize_with(level, &s.h, n, d)?;
             match &layer.qkv {
                 Qkv::Separate(m) => {
@@ -604,32 +604,48 @@ impl ModelWeights {
             }
             let table = &self.ropes[layer.rope];
             let half = cfg.n_rot / 2;
-            for (row, &(_, pos)) in s.rows.iter().enumerate() {
-                let (c, sn) = (
+            let rows = &s.rows;
+            let cos_sin = |pos: usize| {
+                (
                     &table.cos[pos * half..(pos + 1) * half],
                     &table.sin[pos * half..(pos + 1) * half],
-                );
-                for head in s.q[row * qd..(row + 1) * qd].chunks_exact_mut(hd) {
-                    if let Some(w) = &layer.q_norm {
-                        rms_norm_in_place(head, w, eps);
-                    }
-                    rope(cfg.rope_style, head, c, sn);
-                    if let Some(k) = cfg.query_scale {
-                        for v in head.iter_mut() {
-                            *v *= k;
+                )
+            };
+            // row by row, on the team when the batch is large (the same bits)
+            crate::team::for_rows(&mut s.q, qd, &|r0, q| {
+                for (i, q) in q.chunks_exact_mut(qd).enumerate() {
+                    let (c, sn) = cos_sin(rows[r0 + i].1);
+                    for head in q.chunks_exact_mut(hd) {
+                        if let Some(w) = &layer.q_norm {
+                            rms_norm_in_place(head, w, eps);
                         }
+                        rope(cfg.rope_style, head, c, sn);
+                        if let Some(k) = cfg.query_scale {
+                            for v in head.iter_mut() {
+                                *v *= k;
+                            }
+                        }
+                        f16_round(head);
                     }
-                    f16_round(head);
                 }
-                for head in s.k[row * kvd..(row + 1) * kvd].chunks_exact_mut(hd) {
-                    if let Some(w) = &layer.k_norm {
-                        rms_norm_in_place(head, w, eps);
+            });
+            crate::team::for_rows2(&mut s.k, kvd, &mut s.v, kvd, 2 * kvd, &|r0, k, v| {
+                for (i, (k, v)) in k
+                    .chunks_exact_mut(kvd)
+                    .zip(v.chunks_exact_mut(kvd))
+                    .enumerate()
+                {
+                    let (c, sn) = cos_sin(rows[r0 + i].1);
+                    for head in k.chunks_exact_mut(hd) {
+                        if let Some(w) = &layer.k_norm {
+                            rms_norm_in_place(head, w, eps);
+                        }
+                        rope(cfg.rope_style, head, c, sn);
+                        f16_round(head);
                     }
-                    rope(cfg.rope_style, head, c, sn);
-                    f16_round(head);
+                    f16_round(v);
                 }
-                f16_round(&mut s.v[row * kvd..(row + 1) * kvd]);
-            }
+            });
             for (row, &(si, pos)) in s.rows.iter().enumerate() {
                 seqs[si].kv.write(
                     li,
@@ -701,11 +717,14 @@ impl ModelWeights {
             }
             s.acts.quantize_with(level, &s.att, n, qd)?;
             kernels::matmul_with(level, &layer.wo, &s.acts, &mut s.tmp)?;
-            if let Some(w) = &layer.post_attn_norm {
-                rms_norm_rows_in_place(&mut s.tmp, w, eps, d);
-            }
-            add_in_place(&mut s.x, &s.tmp);
-            rms_norm_rows(&s.x, &layer.ffn_norm, eps, &mut s.h, d);
+            par_residual(
+                &mut s.x,
+                &mut s.tmp,
+                layer.post_attn_norm.as_deref(),
+                eps,
+                d,
+            );
+            par_rms_norm_rows(&s.x, &layer.ffn_norm, eps, &mut s.h, d);
             s.acts.quantize_with(level, &s.h, n, d)?;
             match &layer.gate_up {
                 GateUp::Separate(m) => {
@@ -725,24 +744,25 @@ impl ModelWeights {
                     }
                 }
             }
-            match gelu {
-                None => {
-                    for (g, u) in s.gate.iter_mut().zip(&s.up) {
-                        *g = silu(*g) * *u;
+            let up = &s.up;
+            crate::team::for_rows(&mut s.gate, ff, &|r0, gate| {
+                let up = &up[r0 * ff..r0 * ff + gate.len()];
+                match gelu {
+                    None => {
+                        for (g, u) in gate.iter_mut().zip(up) {
+                            *g = silu(*g) * *u;
+                        }
+                    }
+                    Some(table) => {
+                        for (g, u) in gate.iter_mut().zip(up) {
+                            *g = gelu_f16(table, *g) * *u;
+                        }
                     }
                 }
-                Some(table) => {
-                    for (g, u) in s.gate.iter_mut().zip(&s.up) {
-                        *g = gelu_f16(table, *g) * *u;
-                    }
-                }
-            }
+            });
             s.acts.quantize_with(level, &s.gate, n, ff)?;
             kernels::matmul_with(level, &layer.w_down, &s.acts, &mut s.tmp)?;
-            if let Some(w) = &layer.post_ffn_norm {
-                rms_norm_rows_in_place(&mut s.tmp, w, eps, d);
-            }
-            add_in_place(&mut s.x, &s.tmp);
+            par_residual(&mut s.x, &mut s.tmp, layer.post_ffn_norm.as_deref(), eps, d);
         }
         for q in seqs.iter_mut() {
             let len = q.kv.len() + q.tokens.len();
@@ -1168,6 +1188,25 @@ fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
             *o = (v / m) * g;
         }
     }
+}
+
+/// [`rms_norm_rows`] on the team when the batch is large (the same bits).
+fn par_rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
+    crate::team::for_rows(out, d, &|r0, out| {
+        rms_norm_rows(&x[r0 * d..r0 * d + out.len()], w, eps, out, d);
+    });
+}
+
+/// The residual step after attention or the feed-forward block: `y` normalised in place by
+/// `norm` (when the layer has one), then added to `x`; row by row, on the team when the batch
+/// is large (the same bits).
+fn par_residual(x: &mut [f32], y: &mut [f32], norm: Option<&[f32]>, eps: f32, d: usize) {
+    crate::team::for_rows2(x, d, y, d, 2 * d, &|_, x, y| {
+        if let Some(w) = norm {
+            rms_norm_rows_in_place(y, w, eps, d);
+        }
+        add_in_place(x, y);
+    });
 }
 
 /// RMSNorm of each `d`-wide row of `x` in place, scaled by `w`.

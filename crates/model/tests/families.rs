@@ -257,6 +257,8 @@ fn long_context_decode_splits_attention_with_the_same_bits() {
     // A decode step at a long context has too few (row, key/value head) units to keep the
     // threads busy, so its attention is split by key chunks and value columns. The logits must
     // be the bits of the unsplit pass (a 420-token prompt in one chunk) at any thread count.
+    // (The 400-token chunk's row-wise work — norms, rotary embeddings, the activation
+    // function — is split among the team's threads too, from two threads on.)
     const N: usize = 420;
     const PREFIX: usize = 400;
     for arch in [Arch::Qwen3, Arch::Gemma3] {

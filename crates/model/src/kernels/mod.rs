@@ -1080,30 +1080,44 @@ impl Activations {
         buf.d.resize(n * buf.nbp, 0.0);
         buf.s.clear();
         buf.s.resize(nb * buf.np4, 0.0);
-        for b in 0..n {
-            for k in 0..nb {
-                let xs: &[f32; BLOCK] = self.x[(b * nb + k) * BLOCK..(b * nb + k + 1) * BLOCK]
-                    .try_into()
-                    .expect("a block is 32 values");
-                let amax = if level >= Level::Avx2 {
-                    // SAFETY: the caller passed an effective level: the CPU has AVX2, FMA, F16C.
-                    unsafe { avx2::amax(xs) }
-                } else {
-                    scalar::amax(xs)
-                };
-                let d = amax / 127.0;
-                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                let q = &mut buf.q[b * nb + k].0;
-                let sum = if level >= Level::Avx2 {
-                    // SAFETY: as above.
-                    unsafe { avx2::quantize_block(xs, id, q) }
-                } else {
-                    scalar::quantize_block(xs, id, q)
-                };
-                buf.d[b * buf.nbp + k] = f16::from_f32(d).to_f32();
-                buf.s[k * buf.np4 + b] = f16::from_f32(d * sum as f32).to_f32();
+        // row by row, on the team when the batch is large (the same bits)
+        let (x, np4, nbp) = (&self.x, buf.np4, buf.nbp);
+        let s = crate::team::SharedMut::new(&mut buf.s);
+        let s = &s;
+        crate::team::for_rows2(&mut buf.q, nb, &mut buf.d, nbp, cols, &|b0, q, d| {
+            for (i, (q, d)) in q
+                .chunks_exact_mut(nb)
+                .zip(d.chunks_exact_mut(nbp))
+                .enumerate()
+            {
+                let b = b0 + i;
+                for k in 0..nb {
+                    let xs: &[f32; BLOCK] = x[(b * nb + k) * BLOCK..(b * nb + k + 1) * BLOCK]
+                        .try_into()
+                        .expect("a block is 32 values");
+                    let amax = if level >= Level::Avx2 {
+                        // SAFETY: the caller passed an effective level: the CPU has AVX2, FMA,
+                        // F16C.
+                        unsafe { avx2::amax(xs) }
+                    } else {
+                        scalar::amax(xs)
+                    };
+                    let dk = amax / 127.0;
+                    let id = if dk != 0.0 { 1.0 / dk } else { 0.0 };
+                    let q = &mut q[k].0;
+                    let sum = if level >= Level::Avx2 {
+                        // SAFETY: as above.
+                        unsafe { avx2::quantize_block(xs, id, q) }
+                    } else {
+                        scalar::quantize_block(xs, id, q)
+                    };
+                    d[k] = f16::from_f32(dk).to_f32();
+                    // SAFETY: `s` (`nb · np4` values) stays borrowed by this call, and entry
+                    // `k · np4 + b` belongs to row `b`, which only this task converts.
+                    unsafe { s.slice(k * np4 + b, 1)[0] = f16::from_f32(dk * sum as f32).to_f32() };
+                }
             }
-        }
+        });
     }
 
     /// Q8_K super-blocks of `x` (see the module docs; `cols % 256 == 0`); one implementation
@@ -1118,29 +1132,44 @@ impl Activations {
         buf.kd.resize(n * knb, 0.0);
         buf.kbs.clear();
         buf.kbs.resize(n * knb, [0; 16]);
-        for blk in 0..n * knb {
-            let xs = &self.x[blk * QK_K..(blk + 1) * QK_K];
-            let (mut max, mut amax) = (0f32, 0f32);
-            for &v in xs {
-                if v.abs() > amax {
-                    amax = v.abs();
-                    max = v;
+        // row by row, on the team when the batch is large (the same bits)
+        let x = &self.x;
+        let kbs = crate::team::SharedMut::new(&mut buf.kbs);
+        let kbs = &kbs;
+        crate::team::for_rows2(
+            &mut buf.kq,
+            knb * 8,
+            &mut buf.kd,
+            knb,
+            self.cols,
+            &|b0, kq, kd| {
+                for (i, (q, d)) in kq.chunks_exact_mut(8).zip(kd.iter_mut()).enumerate() {
+                    let blk = b0 * knb + i;
+                    let xs = &x[blk * QK_K..(blk + 1) * QK_K];
+                    let (mut max, mut amax) = (0f32, 0f32);
+                    for &v in xs {
+                        if v.abs() > amax {
+                            amax = v.abs();
+                            max = v;
+                        }
+                    }
+                    if amax == 0.0 {
+                        continue; // zero quants, sums and scale
+                    }
+                    let iscale = -127.0 / max;
+                    // SAFETY: `kbs` (`n · knb` entries) stays borrowed by this call, and entry
+                    // `blk` belongs to a row only this task converts.
+                    let bs = unsafe { &mut kbs.slice(blk, 1)[0] };
+                    for (e, &v) in xs.iter().enumerate() {
+                        // `as` saturates (NaN → 0); finite input never leaves −127..=127 anyway.
+                        let qi = ((iscale * v).round_ties_even() as i32).clamp(-127, 127);
+                        q[e / 32].0[e % 32] = qi as i8 as u8;
+                        bs[e / 16] += qi as i16;
+                    }
+                    *d = 1.0 / iscale;
                 }
-            }
-            if amax == 0.0 {
-                continue; // zero quants, sums and scale
-            }
-            let iscale = -127.0 / max;
-            let q = &mut buf.kq[blk * 8..(blk + 1) * 8];
-            let bs = &mut buf.kbs[blk];
-            for (e, &v) in xs.iter().enumerate() {
-                // `as` saturates (NaN → 0); finite input never leaves −127..=127 anyway.
-                let qi = ((iscale * v).round_ties_even() as i32).clamp(-127, 127);
-                q[e / 32].0[e % 32] = qi as i8 as u8;
-                bs[e / 16] += qi as i16;
-            }
-            buf.kd[blk] = 1.0 / iscale;
-        }
+            },
+        );
     }
 
     /// Number of rows quantised by the last [`Activations::quantize`].

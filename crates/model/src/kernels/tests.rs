@@ -642,6 +642,46 @@ fn batch_and_thread_invariance() {
     }
 }
 
+/// Inside a forward pass's team, a large batch's activations are converted row runs at a time
+/// on the team's threads: the Q8_1 and Q8_K conversions (and the products) are the bits of the
+/// one-thread conversion.
+#[test]
+fn activation_conversion_on_a_team_is_the_same_bits() {
+    let mut rng = Rng(21);
+    let (rows, cols, n) = (40, 512, 300);
+    let x = random_x(&mut rng, n, cols, true);
+    for format in [
+        MatFormat::Q8_0,
+        MatFormat::Q4_1,
+        MatFormat::Q4_K,
+        MatFormat::Q6_K,
+    ] {
+        let w = QMatrix::from_ggml(
+            format,
+            rows,
+            cols,
+            &random_ggml(&mut rng, format, rows, cols, true),
+        )
+        .unwrap();
+        let convert_and_run = || {
+            let mut a = Activations::new();
+            a.quantize(&x, n, cols).unwrap();
+            run(Level::current(), &w, &a)
+        };
+        let splits = || crate::team::ROW_SPLITS.with(|c| c.get());
+        let alone = pool(1).install(convert_and_run);
+        for threads in [2, 3] {
+            let (team, split) = pool(threads).install(|| {
+                let before = splits();
+                let out = crate::team::with_team(convert_and_run);
+                (out, splits() - before)
+            });
+            assert_same(&team, &alone, &format!("{format:?}: a team of {threads}"));
+            assert_eq!(split, 1, "{format:?}: the conversion ran on the team");
+        }
+    }
+}
+
 /// One activation buffer shared by matrices of every format, in any order and from several
 /// threads at once: each conversion is made once per batch and gives the results of a fresh
 /// buffer.
