@@ -201,6 +201,8 @@ pub struct Scratch {
     split_steps: u64,
     /// Per row: (sequence index, absolute position).
     rows: Vec<(usize, usize)>,
+    /// Runs of consecutive rows of one sequence that attend together (first row, end row).
+    groups: Vec<(usize, usize)>,
     /// Rows whose logits are returned, in order.
     logit_rows: Vec<usize>,
     /// The kernels' implementation (`None`: the process-wide one, [`kernels::Level::current`];
@@ -654,16 +656,31 @@ impl ModelWeights {
                     &s.v[row * kvd..(row + 1) * kvd],
                 )?;
             }
+            if li == 0 {
+                // runs of up to `ATTN_GROUP_ROWS` rows of one sequence (a prompt's rows)
+                s.groups.clear();
+                let mut r = 0;
+                while r < s.rows.len() {
+                    let mut e = r + 1;
+                    while e < s.rows.len() && s.rows[e].0 == s.rows[r].0 && e - r < ATTN_GROUP_ROWS
+                    {
+                        e += 1;
+                    }
+                    s.groups.push((r, e));
+                    r = e;
+                }
+            }
             {
                 let seqs: &[BatchSeq<'_>] = seqs;
                 let rows = &s.rows;
+                let groups = &s.groups;
                 let qs = &s.q;
                 let rep = nh / nkv;
                 let window = cfg.layers[li].window;
-                // A task per (row, key/value head), its query heads together: each key and
-                // value block is converted once for all of them.
+                // A task per (run of rows, key/value head), the rows' query heads together:
+                // each key and value block is converted once for all of them.
                 let out = kernels::OutPtr(s.att.as_mut_ptr());
-                let tasks = rows.len() * nkv;
+                let tasks = groups.len() * nkv;
                 let longest = rows
                     .iter()
                     .map(|&(_, pos)| window.map_or(pos + 1, |w| (pos + 1).min(w)))
@@ -692,25 +709,28 @@ impl ModelWeights {
                     s.split_steps += 1;
                 } else {
                     crate::team::for_each(tasks, &|task| {
-                        let (row, g) = (task / nkv, task % nkv);
-                        let (si, pos) = rows[row];
-                        let q = &qs[row * qd + g * rep * hd..row * qd + (g + 1) * rep * hd];
-                        // SAFETY: `s.att` holds `tasks · rep · hd` values; this task alone
-                        // writes its own `rep · hd` of them
-                        let out = unsafe {
-                            std::slice::from_raw_parts_mut(out.get().add(task * rep * hd), rep * hd)
-                        };
-                        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                        let ((r0, r1), g) = (groups[task / nkv], task % nkv);
+                        let si = rows[r0].0;
+                        let at = |i: usize| (r0 + i) * qd + g * rep * hd;
                         attend(
                             level,
                             seqs[si].kv,
                             li,
                             g,
-                            first..pos + 1,
-                            q,
+                            r1 - r0,
+                            &|i| {
+                                let pos = rows[r0 + i].1;
+                                window.map_or(0, |w| (pos + 1).saturating_sub(w))..pos + 1
+                            },
+                            &|i| &qs[at(i)..at(i) + rep * hd],
+                            // SAFETY: `s.att` holds `rows · qd` values; row `r0 + i`'s heads of
+                            // key/value head `g` are written by this task alone, and `attend`
+                            // holds one row's output at a time
+                            &|i| unsafe {
+                                std::slice::from_raw_parts_mut(out.get().add(at(i)), rep * hd)
+                            },
                             hd,
                             score_scale,
-                            out,
                         );
                     });
                 }
@@ -858,21 +878,28 @@ struct AttnScratch {
     block: Vec<f32>,
 }
 
-/// Attention of the query heads `q` (`rep` heads of `head_dim`, sharing key/value head `g`)
-/// over the sequence's keys at positions `keys` (`first..=pos`) of `layer`; writes the `rep`
-/// outputs. Each block of keys and values is converted to `f32` once for all `rep` heads.
+/// Attention of `n` consecutive rows of one sequence for key/value head `g` of `layer`: row `i`
+/// has the query heads `q(i)` (`rep` heads of `head_dim`, sharing head `g`), attends over the
+/// keys at positions `keys(i)` and writes its `rep` outputs to `out(i)`. Each block of keys and
+/// values is converted to `f32` once for all the rows and heads that read it; every row's
+/// scores, softmax and sums are the operations of a row alone, so its result does not depend on
+/// the rows beside it.
 #[allow(clippy::too_many_arguments)]
-fn attend(
+fn attend<'q, 'o>(
     level: kernels::Level,
     kv: &SeqKv,
     layer: usize,
     g: usize,
-    keys: std::ops::Range<usize>,
-    q: &[f32],
+    n: usize,
+    keys: &dyn Fn(usize) -> std::ops::Range<usize>,
+    q: &dyn Fn(usize) -> &'q [f32],
+    out: &dyn Fn(usize) -> &'o mut [f32],
     hd: usize,
     scale: f32,
-    out: &mut [f32],
 ) {
+    if n == 0 {
+        return;
+    }
     ATTN_SCRATCH.with(|cell| {
         let mut cell = cell.borrow_mut();
         let AttnScratch {
@@ -880,19 +907,27 @@ fn attend(
             weights,
             block,
         } = &mut *cell;
-        let rep = q.len() / hd;
-        let len = keys.len();
-        scores.resize(rep * len, 0.0);
-        weights.resize(rep * len, 0.0);
+        let rep = q(0).len() / hd;
+        // the union of the rows' keys, and the longest row (each row's scores and weights take
+        // `rep · widest` values, its own keys first)
+        let (mut lo_all, mut hi_all, mut widest) = (usize::MAX, 0, 0);
+        for i in 0..n {
+            let k = keys(i);
+            lo_all = lo_all.min(k.start);
+            hi_all = hi_all.max(k.end);
+            widest = widest.max(k.len());
+        }
+        let all = lo_all..hi_all;
+        let per_row = rep * widest;
+        scores.resize(n * per_row, 0.0);
+        weights.resize(n * per_row, 0.0);
         block.resize(BLOCK_POSITIONS * hd, 0.0);
         let (b0, b1) = (
-            keys.start / BLOCK_POSITIONS,
-            keys.end.div_ceil(BLOCK_POSITIONS),
+            all.start / BLOCK_POSITIONS,
+            all.end.div_ceil(BLOCK_POSITIONS),
         );
-        // the part of cache block `b` inside `keys`, as offsets into the block
-        let span = |b: usize| block_span(b, &keys);
         for b in b0..b1 {
-            let (lo, hi, off) = span(b);
+            let (lo, hi, _) = block_span(b, &all);
             if b + 1 < b1 {
                 attn::prefetch(kv.slab(b + 1, layer, 0, g));
             }
@@ -900,28 +935,39 @@ fn attend(
                 &kv.slab(b, layer, 0, g)[lo * hd..hi * hd],
                 &mut block[..(hi - lo) * hd],
             );
-            attn::scores(
-                level,
-                q,
-                &block[..(hi - lo) * hd],
-                hd,
-                scale,
-                scores,
-                len,
-                off,
-            );
+            for i in 0..n {
+                let k = keys(i);
+                if k.is_empty() || b < k.start / BLOCK_POSITIONS || b * BLOCK_POSITIONS >= k.end {
+                    continue;
+                }
+                let (rlo, rhi, off) = block_span(b, &k);
+                attn::scores(
+                    level,
+                    q(i),
+                    &block[(rlo - lo) * hd..(rhi - lo) * hd],
+                    hd,
+                    scale,
+                    &mut scores[i * per_row..(i + 1) * per_row],
+                    k.len(),
+                    off,
+                );
+            }
         }
         // softmax with nextok's exp (vectorised, the same bits at every SIMD level), the
         // weights rounded to f16 as llama.cpp multiplies them with the f16 values
-        for h in 0..rep {
-            softmax_f16(
-                &scores[h * len..(h + 1) * len],
-                &mut weights[h * len..(h + 1) * len],
+        for i in 0..n {
+            let len = keys(i).len();
+            let (sc, w) = (
+                &scores[i * per_row..(i + 1) * per_row],
+                &mut weights[i * per_row..(i + 1) * per_row],
             );
+            for h in 0..rep {
+                softmax_f16(&sc[h * len..(h + 1) * len], &mut w[h * len..(h + 1) * len]);
+            }
+            out(i).fill(0.0);
         }
-        out.fill(0.0);
         for b in b0..b1 {
-            let (lo, hi, off) = span(b);
+            let (lo, hi, _) = block_span(b, &all);
             if b + 1 < b1 {
                 attn::prefetch(kv.slab(b + 1, layer, 1, g));
             }
@@ -929,7 +975,22 @@ fn attend(
                 &kv.slab(b, layer, 1, g)[lo * hd..hi * hd],
                 &mut block[..(hi - lo) * hd],
             );
-            attn::accumulate(level, weights, len, off, &block[..(hi - lo) * hd], hd, out);
+            for i in 0..n {
+                let k = keys(i);
+                if k.is_empty() || b < k.start / BLOCK_POSITIONS || b * BLOCK_POSITIONS >= k.end {
+                    continue;
+                }
+                let (rlo, rhi, off) = block_span(b, &k);
+                attn::accumulate(
+                    level,
+                    &weights[i * per_row..(i + 1) * per_row],
+                    k.len(),
+                    off,
+                    &block[(rlo - lo) * hd..(rhi - lo) * hd],
+                    hd,
+                    out(i),
+                );
+            }
         }
     })
 }
@@ -945,6 +1006,10 @@ fn block_span(b: usize, keys: &std::ops::Range<usize>) -> (usize, usize, usize) 
         lo - keys.start,
     )
 }
+
+/// Rows of one sequence (a prompt's) that attend in one task at most, sharing each block of
+/// keys and values converted to `f32`.
+const ATTN_GROUP_ROWS: usize = 8;
 
 /// Attention is split three ways ([`Split`]) from this many keys on.
 const SPLIT_MIN_KEYS: usize = 256;
