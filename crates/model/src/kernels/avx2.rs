@@ -15,7 +15,7 @@ pub(super) use fallback::*;
 
 #[cfg(not(target_arch = "x86_64"))]
 mod fallback {
-    use super::super::{scalar, Acts, QMatrix, BLOCK};
+    use super::super::{scalar, Acts, Chunk, QMatrix, BLOCK, QK_K};
 
     /// Forwards to the scalar code.
     ///
@@ -41,6 +41,18 @@ mod fallback {
     ///
     /// # Safety
     /// None needed; `unsafe` only mirrors the x86-64 signature.
+    pub(in super::super) unsafe fn q8_k_block(
+        xs: &[f32; QK_K],
+        q: &mut [Chunk],
+        bs: &mut [i16; 16],
+    ) -> Option<f32> {
+        scalar::q8_k_block(xs, q, bs)
+    }
+
+    /// Forwards to the scalar code.
+    ///
+    /// # Safety
+    /// None needed; `unsafe` only mirrors the x86-64 signature.
     pub(in super::super) unsafe fn dot_tile(
         w: &QMatrix,
         r0: usize,
@@ -59,7 +71,7 @@ mod fallback {
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::{Acts, Chunk, MatFormat, QMatrix, BLOCK};
+    use super::super::{Acts, Chunk, MatFormat, QMatrix, BLOCK, QK_K};
 
     /// `max |x_i|` over one block (see [`super::super::scalar::amax`]).
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -123,6 +135,72 @@ mod imp {
         // SAFETY: `q` is 32 writable bytes.
         unsafe { _mm256_storeu_si256(q.as_mut_ptr().cast(), c) };
         sum
+    }
+
+    /// Quantises one Q8_K super-block (see [`super::super::scalar::q8_k_block`]).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in super::super) fn q8_k_block(
+        xs: &[f32; QK_K],
+        q: &mut [Chunk],
+        bs: &mut [i16; 16],
+    ) -> Option<f32> {
+        assert!(q.len() == QK_K / 32);
+        let p = xs.as_ptr();
+        let sign = _mm256_set1_ps(-0.0);
+        // SAFETY (every load): `xs` has 256 values and `j < 32`.
+        let ld = |j: usize| unsafe { _mm256_loadu_ps(p.add(8 * j)) };
+        // the largest magnitude, NaN lanes counting as zero (a NaN never compares greater)
+        let mut m = _mm256_setzero_ps();
+        for j in 0..QK_K / 8 {
+            let a = _mm256_andnot_ps(sign, ld(j));
+            m = _mm256_max_ps(m, _mm256_and_ps(a, _mm256_cmp_ps::<_CMP_ORD_Q>(a, a)));
+        }
+        let h = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        let amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        if amax == 0.0 {
+            return None;
+        }
+        // the first value of that magnitude
+        let va = _mm256_set1_ps(amax);
+        let mut max = amax;
+        for j in 0..QK_K / 8 {
+            let a = _mm256_andnot_ps(sign, ld(j));
+            let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(a, va));
+            if hit != 0 {
+                max = xs[8 * j + hit.trailing_zeros() as usize];
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let vs = _mm256_set1_ps(iscale);
+        let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+        for (c, chunk) in q.iter_mut().enumerate() {
+            let i: [__m256i; 4] = std::array::from_fn(|k| {
+                let v = _mm256_mul_ps(vs, ld(4 * c + k));
+                // a NaN product becomes 0 (as `as i32` makes it), then the clamp and the
+                // rounding: clamping first gives the same integers (both are monotonic)
+                let v = _mm256_and_ps(v, _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
+                let v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+                let v = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+                _mm256_cvtps_epi32(v)
+            });
+            for g in 0..2 {
+                let s = _mm256_add_epi32(i[2 * g], i[2 * g + 1]);
+                let s = _mm_add_epi32(_mm256_extracti128_si256::<1>(s), _mm256_castsi256_si128(s));
+                let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+                let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+                bs[2 * c + g] = _mm_cvtsi128_si32(s) as i16;
+            }
+            // values in −127..=127: the saturating packs are exact (see `quantize_block`)
+            let a = _mm256_packs_epi32(i[0], i[1]);
+            let b = _mm256_packs_epi32(i[2], i[3]);
+            let v = _mm256_packs_epi16(a, b);
+            let v = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            // SAFETY: a chunk is 32 writable bytes.
+            unsafe { _mm256_storeu_si256(chunk.0.as_mut_ptr().cast(), v) };
+        }
+        Some(1.0 / iscale)
     }
 
     /// llama.cpp's `hsum_float_8` (see [`super::super::scalar::hsum8`]).

@@ -1048,7 +1048,7 @@ impl Activations {
                         self.cols
                     )));
                 }
-                let b = self.q8k.get(|b| self.to_q8_k(b));
+                let b = self.q8k.get(|b| self.to_q8_k(level.effective(), b));
                 (v.knb, v.kq, v.kd, v.kbs) = (b.knb, &b.kq, &b.kd, &b.kbs);
             }
             ActFormat::F16 => {
@@ -1120,9 +1120,8 @@ impl Activations {
         });
     }
 
-    /// Q8_K super-blocks of `x` (see the module docs; `cols % 256 == 0`); one implementation
-    /// for every level.
-    fn to_q8_k(&self, buf: &mut Q8KBuf) {
+    /// Q8_K super-blocks of `x` (see the module docs; `cols % 256 == 0`).
+    fn to_q8_k(&self, level: Level, buf: &mut Q8KBuf) {
         let n = self.n;
         let knb = self.cols / QK_K;
         buf.knb = knb;
@@ -1145,28 +1144,20 @@ impl Activations {
             &|b0, kq, kd| {
                 for (i, (q, d)) in kq.chunks_exact_mut(8).zip(kd.iter_mut()).enumerate() {
                     let blk = b0 * knb + i;
-                    let xs = &x[blk * QK_K..(blk + 1) * QK_K];
-                    let (mut max, mut amax) = (0f32, 0f32);
-                    for &v in xs {
-                        if v.abs() > amax {
-                            amax = v.abs();
-                            max = v;
-                        }
-                    }
-                    if amax == 0.0 {
-                        continue; // zero quants, sums and scale
-                    }
-                    let iscale = -127.0 / max;
+                    let xs: &[f32; QK_K] = x[blk * QK_K..(blk + 1) * QK_K]
+                        .try_into()
+                        .expect("a super-block is 256 values");
                     // SAFETY: `kbs` (`n · knb` entries) stays borrowed by this call, and entry
                     // `blk` belongs to a row only this task converts.
                     let bs = unsafe { &mut kbs.slice(blk, 1)[0] };
-                    for (e, &v) in xs.iter().enumerate() {
-                        // `as` saturates (NaN → 0); finite input never leaves −127..=127 anyway.
-                        let qi = ((iscale * v).round_ties_even() as i32).clamp(-127, 127);
-                        q[e / 32].0[e % 32] = qi as i8 as u8;
-                        bs[e / 16] += qi as i16;
-                    }
-                    *d = 1.0 / iscale;
+                    let scale = if level >= Level::Avx2 {
+                        // SAFETY: the caller passed an effective level: the CPU has AVX2, FMA, F16C.
+                        unsafe { avx2::q8_k_block(xs, q, bs) }
+                    } else {
+                        scalar::q8_k_block(xs, q, bs)
+                    };
+                    // all zero (or NaN): zero quants, sums and scale, as the buffers are
+                    *d = scale.unwrap_or(0.0);
                 }
             },
         );

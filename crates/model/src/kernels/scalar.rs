@@ -5,7 +5,7 @@
 
 use half::f16;
 
-use super::{Acts, MatFormat, QMatrix, BLOCK};
+use super::{Acts, Chunk, MatFormat, QMatrix, BLOCK, QK_K};
 
 /// `max |x_i|` over one block, NaNs ignored (0 when every value is NaN or zero).
 pub(super) fn amax(x: &[f32; BLOCK]) -> f32 {
@@ -45,6 +45,32 @@ pub(super) fn quantize_block(x: &[f32; BLOCK], id: f32, q: &mut [u8; BLOCK]) -> 
         sum += v;
     }
     sum
+}
+
+/// Quantises one Q8_K super-block of 256 values into `q` (eight chunks of 32) and `bs` (the
+/// sums of each 16 quants), as GGML's `quantize_row_q8_K`: `max` is the first value of the
+/// largest magnitude (NaNs ignored), `q_i = clamp(round_ties_even(−127 / max · x_i), −127, 127)`
+/// (a NaN product gives 0). Returns the scale `d = 1 / (−127 / max)`, or `None` (and writes
+/// nothing) when every value is zero or NaN.
+pub(super) fn q8_k_block(xs: &[f32; QK_K], q: &mut [Chunk], bs: &mut [i16; 16]) -> Option<f32> {
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in xs {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        return None;
+    }
+    let iscale = -127.0 / max;
+    for (e, &v) in xs.iter().enumerate() {
+        // `as` saturates (NaN → 0); finite input never leaves −127..=127 anyway.
+        let qi = ((iscale * v).round_ties_even() as i32).clamp(-127, 127);
+        q[e / 32].0[e % 32] = qi as i8 as u8;
+        bs[e / 16] += qi as i16;
+    }
+    Some(1.0 / iscale)
 }
 
 /// The dots of weight rows `r0..r0 + nr` with activation rows `b0..b0 + n` (`nr, n ≤ 4`):

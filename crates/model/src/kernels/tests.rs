@@ -521,6 +521,65 @@ fn activation_quantisation_scalar_and_avx2_agree() {
     }
 }
 
+/// Q8_K super-blocks: the AVX2 conversion (used at every SIMD level) gives the scalar code's
+/// quants, sums and scales, also for NaNs, infinities, subnormal maxima (an infinite inverse
+/// scale), ties of the largest magnitude and all-zero blocks.
+#[test]
+fn q8_k_activations_scalar_and_avx2_agree() {
+    if !Level::Avx2.supported() {
+        eprintln!("this CPU lacks AVX2: the Q8_K conversions are not compared here");
+        return;
+    }
+    let convert = |x: &[f32], n: usize, cols: usize, level: Level| {
+        let mut a = Activations::new();
+        a.quantize(x, n, cols).unwrap();
+        let v = a.view(level, MatFormat::Q6_K).unwrap();
+        let q: Vec<[u8; 32]> = v.kq.iter().map(|c| c.0).collect();
+        (q, v.kd.to_vec(), v.kbs.to_vec())
+    };
+    let check = |x: &[f32], n: usize, cols: usize, what: &str| {
+        let (sq, sd, sb) = convert(x, n, cols, Level::Scalar);
+        let (vq, vd, vb) = convert(x, n, cols, Level::Avx2);
+        assert_eq!(sq, vq, "{what}: quants");
+        assert_same(&vd, &sd, &format!("{what}: scales"));
+        assert_eq!(sb, vb, "{what}: sums");
+    };
+    let mut rng = Rng(31);
+    for (n, cols) in [(1, 256), (3, 512), (9, 1536)] {
+        for extreme in [false, true] {
+            let x = random_x(&mut rng, n, cols, extreme);
+            check(&x, n, cols, &format!("{n}x{cols} extreme {extreme}"));
+        }
+    }
+    let base: Vec<f32> = (0..256).map(|i| (i as f32 - 120.0) / 9.0).collect();
+    for special in [f32::NAN, f32::INFINITY, -f32::INFINITY, 1e-40, -3e38] {
+        for pos in [0, 7, 8, 100, 255] {
+            let mut x = base.clone();
+            x[pos] = special;
+            check(&x, 1, 256, &format!("{special} at {pos}"));
+        }
+    }
+    // the largest magnitude twice with opposite signs (the first counts), in either order
+    for (a, b) in [(-20.0f32, 20.0f32), (20.0, -20.0)] {
+        let mut x = base.clone();
+        x[40] = a;
+        x[41] = b;
+        check(&x, 1, 256, &format!("{a} then {b}"));
+    }
+    // only subnormals and zeros (an infinite inverse scale), only NaNs, only zeros
+    let mut x = vec![0f32; 256];
+    x[3] = 1e-42;
+    x[200] = -2e-42;
+    check(&x, 1, 256, "subnormal maximum");
+    check(&[f32::NAN; 256], 1, 256, "all NaN");
+    check(&[0.0; 256], 1, 256, "all zero");
+    // products that land on ties: 127 / 2 · (k + ½) / 63.5 for small k
+    let x: Vec<f32> = (0..256)
+        .map(|i| ((i % 9) as f32 - 4.0) * 0.5 / 63.5 * 2.0)
+        .collect();
+    check(&x, 1, 256, "ties");
+}
+
 #[test]
 fn activation_quantisation_follows_ggml() {
     // One block 0, 1, …, 31 scaled: amax = 31 · 0.5, d = amax / 127.
