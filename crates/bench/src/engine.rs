@@ -729,7 +729,16 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_default(),
         simd: nextok_model::simd_features(),
-        kernels: nextok_model::kernels::Level::current().name().to_string(),
+        kernels: {
+            use nextok_model::kernels::{vnni_width, Level, VnniWidth};
+            let level = Level::current();
+            match (level, vnni_width()) {
+                (Level::Avx512Vnni, VnniWidth::Bits256) => {
+                    format!("{} (256-bit tiles)", level.name())
+                }
+                _ => level.name().to_string(),
+            }
+        },
         cpu: cpu(),
         threads,
         max_batch_tokens: config.max_batch_tokens,

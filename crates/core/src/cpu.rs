@@ -120,6 +120,26 @@ impl Level {
     }
 }
 
+/// Whether this CPU runs 512-bit vector operations as two 256-bit halves (AMD Zen 4: family
+/// 19h with AVX-512), so that a kernel gains nothing from 512-bit registers and may lose to
+/// the shuffles they need. Asked once per process.
+pub fn splits_512_bit_ops() -> bool {
+    static SPLITS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SPLITS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::__cpuid;
+            // leaves 0 and 1 exist on every x86-64 CPU
+            let (v, f) = (__cpuid(0), __cpuid(1));
+            let amd = (v.ebx, v.edx, v.ecx) == (0x6874_7541, 0x6974_6E65, 0x444D_4163);
+            let family = ((f.eax >> 8) & 0xF) + ((f.eax >> 20) & 0xFF);
+            amd && family == 0x19
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
 /// The best level this CPU has every feature of.
 fn ask_cpu() -> Level {
     #[cfg(target_arch = "x86_64")]

@@ -110,10 +110,33 @@ mod imp {
         b0: usize,
         n: usize,
     ) -> [[f32; 4]; 4] {
+        // 256-bit tiles where the CPU splits 512-bit operations (see `super::vnni_256`)
+        if super::super::vnni_256() {
+            macro_rules! narrow {
+                ($c:expr) => {
+                    match (nr, n) {
+                        (2, 1) => return vnni::b32y::<{ $c }, 2, 1>(w, r0, a, b0),
+                        (2, 2) => return vnni::b32y::<{ $c }, 2, 2>(w, r0, a, b0),
+                        (2, 3) => return vnni::b32y::<{ $c }, 2, 3>(w, r0, a, b0),
+                        (2, 4) => return vnni::b32y::<{ $c }, 2, 4>(w, r0, a, b0),
+                        (4, 1) => return vnni::b32y::<{ $c }, 4, 1>(w, r0, a, b0),
+                        (4, 2) => return vnni::b32y::<{ $c }, 4, 2>(w, r0, a, b0),
+                        (4, 3) => return vnni::b32y::<{ $c }, 4, 3>(w, r0, a, b0),
+                        (4, 4) => return vnni::b32y::<{ $c }, 4, 4>(w, r0, a, b0),
+                        _ => {}
+                    }
+                };
+            }
+            match w.format {
+                MatFormat::Q4_0 => narrow!(Q4_0),
+                MatFormat::Q5_0 => narrow!(Q5_0),
+                MatFormat::Q8_0 => narrow!(Q8_0),
+                _ => {}
+            }
+        }
         vnni::dot_tile(w, r0, nr, a, b0, n)
     }
 
-    /// `b32` variants.
     const Q4_0: u8 = 0;
     const Q5_0: u8 = 2;
     const Q5_1: u8 = 3;
@@ -440,6 +463,98 @@ mod imp {
         }
 
         kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+
+        /// Q4_0, Q5_0 and Q8_0 for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`
+        /// on 256-bit vectors: one row's eight lane sums per register, so each block's scale
+        /// `dw · da` is one value, broadcast from memory by the FMA, where the 512-bit kernels
+        /// ([`b32`]) hold two rows per register and permute a pair of scales into place.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline(never)]
+        pub(super) fn b32y<const F: u8, const R: usize, const N: usize>(
+            w: &QMatrix,
+            r0: usize,
+            a: &Acts<'_>,
+            b0: usize,
+        ) -> [[f32; 4]; 4] {
+            let nb = w.nb;
+            assert!(a.nb == nb && b0 + N <= a.n && r0 + R <= w.rows && R <= 4 && N <= 4);
+            assert!(F == Q4_0 || F == Q5_0 || F == Q8_0);
+            let wq: [&[Chunk]; R] =
+                std::array::from_fn(|i| &w.qs[(r0 + i) * w.qchunks..(r0 + i + 1) * w.qchunks]);
+            let wd: [&[u16]; R] =
+                std::array::from_fn(|i| &w.d[(r0 + i) * w.nbp..(r0 + i + 1) * w.nbp]);
+            let aq: [&[Chunk]; N] = std::array::from_fn(|i| &a.q[(b0 + i) * nb..(b0 + i + 1) * nb]);
+            let ad: [&[f32]; N] =
+                std::array::from_fn(|i| &a.d[(b0 + i) * a.nbp..(b0 + i + 1) * a.nbp]);
+            let lo4 = _mm256_set1_epi8(0x0F);
+            let sixteen = _mm256_set1_epi8(16);
+            let flip = _mm256_set1_epi8(i8::MIN);
+            let off: i8 = match F {
+                Q4_0 => 8,
+                Q5_0 => 16,
+                _ => i8::MIN,
+            };
+            let offv = _mm256_set1_epi8(off);
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            // `dw · da` of eight blocks for every (row, activation row)
+            let mut sc = [[[0f32; 8]; N]; R];
+            let mut base = 0;
+            while base < nb {
+                for ri in 0..R {
+                    // SAFETY: `base + 8 ≤ nbp`, the length of every `wd` and `ad` slice
+                    // (`nbp % 8 == 0`); `sc[ri][bi]` has eight `f32`s.
+                    unsafe {
+                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(wd[ri].as_ptr().add(base).cast()));
+                        for bi in 0..N {
+                            let da = _mm256_loadu_ps(ad[bi].as_ptr().add(base));
+                            _mm256_storeu_ps(sc[ri][bi].as_mut_ptr(), _mm256_mul_ps(dw, da));
+                        }
+                    }
+                }
+                let kend = (nb - base).min(8);
+                for kk in 0..kend {
+                    let k = base + kk;
+                    let av: [__m256i; N] = std::array::from_fn(|bi| ld(&aq[bi][k]));
+                    // `−off · Σ a` over each four bytes, where each weight sum starts
+                    let corr: [__m256i; N] = std::array::from_fn(|bi| {
+                        _mm256_sub_epi32(
+                            _mm256_setzero_si256(),
+                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), offv, av[bi]),
+                        )
+                    });
+                    let sh = _mm_cvtsi32_si128(((k & 1) * 4) as i32);
+                    for ri in 0..R {
+                        let u = if F == Q8_0 {
+                            _mm256_xor_si256(ld(&wq[ri][k]), flip)
+                        } else {
+                            let nib =
+                                _mm256_and_si256(_mm256_srl_epi16(ld(&wq[ri][k / 2]), sh), lo4);
+                            if F == Q5_0 {
+                                _mm256_mask_add_epi8(nib, w.qh[(r0 + ri) * nb + k], nib, sixteen)
+                            } else {
+                                nib
+                            }
+                        };
+                        for bi in 0..N {
+                            let isum = _mm256_dpbusd_epi32(corr[bi], u, av[bi]);
+                            acc[ri][bi] = _mm256_fmadd_ps(
+                                _mm256_set1_ps(sc[ri][bi][kk]),
+                                _mm256_cvtepi32_ps(isum),
+                                acc[ri][bi],
+                            );
+                        }
+                    }
+                }
+                base += 8;
+            }
+            let mut res = [[0f32; 4]; 4];
+            for ri in 0..R {
+                for bi in 0..N {
+                    res[ri][bi] = hsum8(acc[ri][bi]);
+                }
+            }
+            res
+        }
     }
 
     /// The K-quant kernels (one version for both AVX-512 levels).

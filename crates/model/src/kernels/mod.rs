@@ -331,6 +331,51 @@ impl MatFormat {
 /// AVX-512 levels.
 pub use nextok_core::cpu::Level;
 
+/// The register width of the AVX-512 VNNI kernels of Q4_0, Q5_0 and Q8_0 (the same bits either
+/// way, see [`set_vnni_width`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VnniWidth {
+    /// 256 bits where the CPU splits 512-bit operations in halves
+    /// ([`nextok_core::cpu::splits_512_bit_ops`]: AMD Zen 4), 512 elsewhere.
+    Auto,
+    /// One weight row's eight lane sums per 256-bit register.
+    Bits256,
+    /// Two weight rows per 512-bit register.
+    Bits512,
+}
+
+static VNNI_WIDTH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Sets the register width of the AVX-512 VNNI kernels, process-wide (tests and benchmarks:
+/// results do not change, only the speed).
+pub fn set_vnni_width(width: VnniWidth) {
+    let code = match width {
+        VnniWidth::Auto => 0,
+        VnniWidth::Bits256 => 1,
+        VnniWidth::Bits512 => 2,
+    };
+    VNNI_WIDTH.store(code, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The register width the AVX-512 VNNI kernels of Q4_0, Q5_0 and Q8_0 run at now (never
+/// [`VnniWidth::Auto`]).
+pub fn vnni_width() -> VnniWidth {
+    if vnni_256() {
+        VnniWidth::Bits256
+    } else {
+        VnniWidth::Bits512
+    }
+}
+
+/// Whether the AVX-512 VNNI kernels of the 32-value formats run on 256-bit registers now.
+#[inline]
+fn vnni_256() -> bool {
+    match VNNI_WIDTH.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => nextok_core::cpu::splits_512_bit_ops(),
+        c => c == 1,
+    }
+}
+
 /// 32 bytes aligned to 32: one Q8 block's quants, two 4-bit blocks' nibbles, a quarter of a
 /// K-quant super-block's nibbles, 16 `f16`/`bf16` or 8 `f32` values.
 #[repr(C, align(32))]
@@ -1344,14 +1389,19 @@ unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize
             // activation row, one thread: 3.1 ms row by row, 7–8 ms in tiles of four rows, at
             // either level). The K-quants follow the AVX2 rule (their AVX-512 kernels hold two
             // groups of one row per register).
+            // With VNNI on a CPU that splits 512-bit operations (AMD Zen 4, see `vnni_256`),
+            // those tiles run on 256-bit registers, four weight rows × up to four activation
+            // rows at every batch size, Q8_0 from two activation rows on: 1.3–1.6× the 512-bit
+            // tiles at 4–512 rows, 1.07–1.1× at one (`benches/vnni_width.rs`).
+            let narrow = level == Level::Avx512Vnni && vnni_256();
             let wide = level >= Level::Avx512
                 && match w.format {
                     MatFormat::Q4_0 | MatFormat::Q5_0 | MatFormat::Q5_1 => true,
-                    MatFormat::Q8_0 => a.n > ONE_ROW_TILES_UP_TO,
+                    MatFormat::Q8_0 => a.n > ONE_ROW_TILES_UP_TO || (a.n > 1 && narrow),
                     _ => false,
                 };
             let nr = match (nb, w.format) {
-                _ if wide && (nb == 1 || a.n > ONE_ROW_TILES_UP_TO) => 4,
+                _ if wide && (nb == 1 || a.n > ONE_ROW_TILES_UP_TO || narrow) => 4,
                 _ if wide => 2,
                 (1, MatFormat::Q4_1) => 4,
                 (1, MatFormat::Q8_0 | MatFormat::Q6_K) => 1,

@@ -473,12 +473,25 @@ fn every_simd_level_agrees_with_scalar_bitwise() {
                 a.quantize_with(Level::Scalar, &x, n, cols).unwrap();
                 let want = run(Level::Scalar, &w, &a);
                 for &level in &levels {
-                    let got = run(level, &w, &a);
-                    assert_same(
-                        &got,
-                        &want,
-                        &format!("{format:?} {rows}x{cols} B={n} {extreme} {}", level.name()),
-                    );
+                    // the VNNI kernels at both register widths (the others have one)
+                    let widths: &[VnniWidth] = if level == Level::Avx512Vnni {
+                        &[VnniWidth::Bits256, VnniWidth::Bits512]
+                    } else {
+                        &[VnniWidth::Auto]
+                    };
+                    for &width in widths {
+                        set_vnni_width(width);
+                        let got = run(level, &w, &a);
+                        set_vnni_width(VnniWidth::Auto);
+                        assert_same(
+                            &got,
+                            &want,
+                            &format!(
+                                "{format:?} {rows}x{cols} B={n} {extreme} {} {width:?}",
+                                level.name()
+                            ),
+                        );
+                    }
                 }
             }
         }
