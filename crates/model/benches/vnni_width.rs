@@ -1,7 +1,9 @@
-//! The AVX-512 VNNI kernels of Q4_0, Q5_0 and Q8_0 at both register widths, side by side in one
+//! The AVX-512 VNNI kernels of the 32-value formats at both register widths, side by side in one
 //! process: each repetition runs one product at 512-bit and one at 256-bit width, alternating
 //! which goes first, on one thread; the report gives each width's fastest and median time and
-//! their ratio. On these shared machines, back-to-back pairs in one process are what keeps the
+//! their ratio. Where the 512-bit setting has no VNNI tile for a shape (Q4_1; Q8_0 up to 16
+//! activation rows; one activation row of Q8_0 at either width) it runs the AVX2 tiles. On
+//! these shared machines, back-to-back pairs in one process are what keeps the
 //! comparison fair (separate criterion runs drifted by 30 % here).
 //!
 //! `cargo bench -p nextok-model --bench vnni_width` (add `-- 40` for 40 repetitions).
@@ -48,7 +50,9 @@ fn main() {
     let mut rng = Rng(7);
     for (dtype, rows, cols) in [
         (GgmlDType::Q4_0, 576, 1536),
+        (GgmlDType::Q4_1, 576, 1536),
         (GgmlDType::Q5_0, 576, 1536),
+        (GgmlDType::Q5_1, 576, 1536),
         (GgmlDType::Q8_0, 1536, 576),
     ] {
         let x: Vec<f32> = (0..rows * cols).map(|_| rng.unit() * 0.05).collect();

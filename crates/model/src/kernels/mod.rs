@@ -331,7 +331,7 @@ impl MatFormat {
 /// AVX-512 levels.
 pub use nextok_core::cpu::Level;
 
-/// The register width of the AVX-512 VNNI kernels of Q4_0, Q5_0 and Q8_0 (the same bits either
+/// The register width of the AVX-512 VNNI kernels of the 32-value formats (the same bits either
 /// way, see [`set_vnni_width`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VnniWidth {
@@ -357,7 +357,7 @@ pub fn set_vnni_width(width: VnniWidth) {
     VNNI_WIDTH.store(code, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// The register width the AVX-512 VNNI kernels of Q4_0, Q5_0 and Q8_0 run at now (never
+/// The register width the AVX-512 VNNI kernels of the 32-value formats run at now (never
 /// [`VnniWidth::Auto`]).
 pub fn vnni_width() -> VnniWidth {
     if vnni_256() {
@@ -1391,12 +1391,14 @@ unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize
             // groups of one row per register).
             // With VNNI on a CPU that splits 512-bit operations (AMD Zen 4, see `vnni_256`),
             // those tiles run on 256-bit registers, four weight rows × up to four activation
-            // rows at every batch size, Q8_0 from two activation rows on: 1.3–1.6× the 512-bit
-            // tiles at 4–512 rows, 1.07–1.1× at one (`benches/vnni_width.rs`).
+            // rows at every batch size, Q8_0 and Q4_1 from two activation rows on: 1.25–1.7×
+            // the 512-bit tiles at 4–512 rows, 1.03–1.1× at one; Q4_1 1.17–1.32× its AVX2
+            // tiles at 4–512 rows and 0.96× at one (`benches/vnni_width.rs`).
             let narrow = level == Level::Avx512Vnni && vnni_256();
             let wide = level >= Level::Avx512
                 && match w.format {
                     MatFormat::Q4_0 | MatFormat::Q5_0 | MatFormat::Q5_1 => true,
+                    MatFormat::Q4_1 => a.n > 1 && narrow,
                     MatFormat::Q8_0 => a.n > ONE_ROW_TILES_UP_TO || (a.n > 1 && narrow),
                     _ => false,
                 };
