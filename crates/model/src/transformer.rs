@@ -926,33 +926,33 @@ fn attend<'q, 'o>(
             all.start / BLOCK_POSITIONS,
             all.end.div_ceil(BLOCK_POSITIONS),
         );
-        for b in b0..b1 {
-            let (lo, hi, _) = block_span(b, &all);
-            if b + 1 < b1 {
-                attn::prefetch(kv.slab(b + 1, layer, 0, g));
-            }
-            f16_to_f32(
-                &kv.slab(b, layer, 0, g)[lo * hd..hi * hd],
-                &mut block[..(hi - lo) * hd],
-            );
-            for i in 0..n {
-                let k = keys(i);
-                if k.is_empty() || b < k.start / BLOCK_POSITIONS || b * BLOCK_POSITIONS >= k.end {
-                    continue;
+        // the keys (`part` 0) or values (1) block by block, each converted once: `f(row, its
+        // keys, the offset of the block's first one among them, its part of the block)`
+        let mut blocks = |part: usize, f: &mut BlockFn<'_>| {
+            for b in b0..b1 {
+                let (lo, hi, _) = block_span(b, &all);
+                if b + 1 < b1 {
+                    attn::prefetch(kv.slab(b + 1, layer, part, g));
                 }
-                let (rlo, rhi, off) = block_span(b, &k);
-                attn::scores(
-                    level,
-                    q(i),
-                    &block[(rlo - lo) * hd..(rhi - lo) * hd],
-                    hd,
-                    scale,
-                    &mut scores[i * per_row..(i + 1) * per_row],
-                    k.len(),
-                    off,
+                f16_to_f32(
+                    &kv.slab(b, layer, part, g)[lo * hd..hi * hd],
+                    &mut block[..(hi - lo) * hd],
                 );
+                for i in 0..n {
+                    let k = keys(i);
+                    if k.is_empty() || b < k.start / BLOCK_POSITIONS || b * BLOCK_POSITIONS >= k.end
+                    {
+                        continue;
+                    }
+                    let (rlo, rhi, off) = block_span(b, &k);
+                    f(i, k, off, &block[(rlo - lo) * hd..(rhi - lo) * hd]);
+                }
             }
-        }
+        };
+        blocks(0, &mut |i, k, off, ks| {
+            let sc = &mut scores[i * per_row..(i + 1) * per_row];
+            attn::scores(level, q(i), ks, hd, scale, sc, k.len(), off);
+        });
         // softmax with nextok's exp (vectorised, the same bits at every SIMD level), the
         // weights rounded to f16 as llama.cpp multiplies them with the f16 values
         for i in 0..n {
@@ -966,34 +966,16 @@ fn attend<'q, 'o>(
             }
             out(i).fill(0.0);
         }
-        for b in b0..b1 {
-            let (lo, hi, _) = block_span(b, &all);
-            if b + 1 < b1 {
-                attn::prefetch(kv.slab(b + 1, layer, 1, g));
-            }
-            f16_to_f32(
-                &kv.slab(b, layer, 1, g)[lo * hd..hi * hd],
-                &mut block[..(hi - lo) * hd],
-            );
-            for i in 0..n {
-                let k = keys(i);
-                if k.is_empty() || b < k.start / BLOCK_POSITIONS || b * BLOCK_POSITIONS >= k.end {
-                    continue;
-                }
-                let (rlo, rhi, off) = block_span(b, &k);
-                attn::accumulate(
-                    level,
-                    &weights[i * per_row..(i + 1) * per_row],
-                    k.len(),
-                    off,
-                    &block[(rlo - lo) * hd..(rhi - lo) * hd],
-                    hd,
-                    out(i),
-                );
-            }
-        }
+        blocks(1, &mut |i, k, off, vs| {
+            let w = &weights[i * per_row..(i + 1) * per_row];
+            attn::accumulate(level, w, k.len(), off, vs, hd, out(i));
+        });
     })
 }
+
+/// What [`attend`] runs on each row's part of a converted cache block: `f(row, its keys, the
+/// offset of the block's first one among them, its part of the block)`.
+type BlockFn<'a> = dyn FnMut(usize, std::ops::Range<usize>, usize, &[f32]) + 'a;
 
 /// The part of cache block `b` inside `keys`: its first and end offsets in the block, and the
 /// first one's offset from `keys.start`.
