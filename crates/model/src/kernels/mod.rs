@@ -1361,6 +1361,8 @@ const TILE_BYTES: usize = 16 * 1024;
 unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize, out: *mut f32) {
     let row_bytes = w.bytes() / w.rows.max(1);
     let tile = (TILE_BYTES / row_bytes.max(1)).max(1);
+    // 256-bit VNNI tiles (see the tile rules below), decided once per range
+    let narrow = level == Level::Avx512Vnni && vnni_256();
     let mut t0 = r0;
     while t0 < r1 {
         let t1 = (t0 + tile).min(r1);
@@ -1394,7 +1396,6 @@ unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize
             // rows at every batch size, Q8_0 and Q4_1 from two activation rows on: 1.25–1.7×
             // the 512-bit tiles at 4–512 rows, 1.03–1.1× at one; Q4_1 1.17–1.32× its AVX2
             // tiles at 4–512 rows and 0.96× at one (`benches/vnni_width.rs`).
-            let narrow = level == Level::Avx512Vnni && vnni_256();
             let wide = level >= Level::Avx512
                 && match w.format {
                     MatFormat::Q4_0 | MatFormat::Q5_0 | MatFormat::Q5_1 => true,
