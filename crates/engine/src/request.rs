@@ -157,6 +157,10 @@ pub struct Timing {
     pub time_to_first_token: Duration,
     /// Submission to the last event.
     pub total: Duration,
+    /// Forward passes that ran any of the request's rows: one per prompt chunk (a prompt
+    /// beside decoding sequences goes in chunks), per pass recomputing its cache after a
+    /// preemption, and per decode step (a verified draft is one pass).
+    pub forward_passes: u32,
 }
 
 /// What a request's handle yields, in order. Each sequence sends its `Token`s (and `Record`s

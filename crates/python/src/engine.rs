@@ -355,6 +355,7 @@ fn completion_dict<'py>(
         c.timing.time_to_first_token.as_secs_f64(),
     )?;
     metrics.set_item("total", c.timing.total.as_secs_f64())?;
+    metrics.set_item("forward_passes", c.timing.forward_passes)?;
     d.set_item("metrics", metrics)?;
     let outputs = PyList::empty(py);
     for (i, s) in c.sequences.iter().enumerate() {

@@ -293,6 +293,8 @@ impl Scheduler {
                 },
                 admitted: Instant::now(),
                 first_token: None,
+                passes: 0,
+                last_pass: None,
             },
         );
         let sampler = &r.prepared.sampler;

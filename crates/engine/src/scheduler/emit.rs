@@ -116,6 +116,7 @@ impl Scheduler {
                         .map(|t| t.saturating_duration_since(sub))
                         .unwrap_or_default(),
                     total: now.saturating_duration_since(sub),
+                    forward_passes: p.passes,
                 };
                 let _ = req.tx.send(Event::Done {
                     usage: p.usage,

@@ -131,6 +131,7 @@ impl Scheduler {
         };
         match self.run(&plan) {
             Ok(out) => {
+                self.count_passes(&plan);
                 self.sample(&out);
                 self.emit();
                 self.spare_out = out;
@@ -141,6 +142,21 @@ impl Scheduler {
             Err(e) => self.fail_pass(&plan, e),
         }
         self.spare_plan = plan;
+    }
+
+    /// Counts the pass `plan` planned once for each request it ran rows of (a request's `n`
+    /// sequences share one count).
+    fn count_passes(&mut self, plan: &Plan) {
+        let pass = self.inner.iterations.load(Ordering::Relaxed);
+        for &i in &plan.seqs {
+            let id = self.running[i].req.prepared.info.id;
+            if let Some(p) = self.progress.get_mut(&id) {
+                if p.last_pass != Some(pass) {
+                    p.last_pass = Some(pass);
+                    p.passes = p.passes.saturating_add(1);
+                }
+            }
+        }
     }
 
     /// Fails the requests of the pass `plan` planned, whose forward pass failed with `e` (the

@@ -102,6 +102,10 @@ pub(super) struct Progress {
     pub(super) admitted: Instant,
     /// When its first token was sampled.
     pub(super) first_token: Option<Instant>,
+    /// Forward passes that ran any of its rows.
+    pub(super) passes: u32,
+    /// The engine iteration that last counted in `passes`.
+    pub(super) last_pass: Option<u64>,
 }
 
 impl Seq {
