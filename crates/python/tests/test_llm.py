@@ -38,6 +38,8 @@ def test_request_outputs_are_vllm_shaped(llm: nextok.LLM) -> None:
     assert o.text and o.finish_reason in ("stop", "length")
     assert (o.finish_reason == "length") == (len(o.token_ids) == 8)
     assert o.logprobs is None and o.cumulative_logprob is None
+    # alone, the prompt goes in one forward pass with the first token, then one pass per token
+    assert r.metrics["forward_passes"] == len(o.token_ids)
     # greedy decoding is deterministic, and token ids are a prompt too
     (again,) = llm.generate({"prompt_token_ids": r.prompt_token_ids}, params)
     assert again.outputs[0].token_ids == o.token_ids and again.prompt is None
