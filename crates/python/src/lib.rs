@@ -54,6 +54,12 @@ fn explain<'py>(py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<
 const PRESETS: [&str; 4] = ["reference", "hf", "vllm", "llama.cpp"];
 
 /// The extension module.
+/// The module's own allocations (weights, cache, workspaces) come from mimalloc, as in the
+/// `nextok` binary: huge pages for the memory a decode step streams (Python's objects keep
+/// Python's allocator).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[pymodule]
 fn _nextok(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
