@@ -90,7 +90,7 @@ enum Cmd {
 
 /// mimalloc rather than the C library's allocator: its 2 MiB-aligned segments are advised for
 /// transparent huge pages, and a decode step, which streams every weight and the cache, ran
-/// 10–15 % faster for it (docs/performance.md). Results do not depend on the allocator.
+/// 6–15 % faster for it here (docs/performance.md). Results do not depend on the allocator.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
