@@ -2,9 +2,8 @@
 //! positions, shared between sequences until one of them writes.
 //!
 //! A block holds, for [`BLOCK_POSITIONS`] consecutive positions, the key and the value of every
-//! layer and key/value head, in half precision (llama.cpp keeps its cache in `f16` too), laid
-//! out `[layer][key | value][kv head][position][head_dim]` so that one head's keys for a block
-//! are contiguous. A sequence ([`SeqKv`]) is a list of reference-counted blocks and a length:
+//! layer and key/value head, in half precision (llama.cpp keeps its cache in `f16` too). A
+//! sequence ([`SeqKv`]) is a list of reference-counted blocks and a length:
 //!
 //! * a decode step writes only its new position (no copy of what is already cached);
 //! * [`fork`](SeqKv::clone) clones the list (the branches share every block), and the first
@@ -12,9 +11,29 @@
 //! * [`truncate`](SeqKv::truncate) drops the blocks past the new length;
 //! * the [`KvPool`] counts the blocks alive (each shared block once), which is what the engine's
 //!   memory budget and the server's metrics read, and can refuse to allocate past a limit.
+//!
+//! # Where the values live
+//!
+//! The pool owns *segments* of block slots, each laid out
+//! `[layer][key | value][kv head][slot][position][head_dim]`: a block is one slot, and its part
+//! for (layer, keys or values, head) is `BLOCK_POSITIONS · head_dim` values in that triple's
+//! region of the segment. A sequence whose blocks are consecutive slots therefore has each
+//! head's keys (and values) of a layer in one contiguous run, which is what a long-context
+//! decode step reads, head by head; a block laid out on its own would cut that run into pieces
+//! of `BLOCK_POSITIONS` positions (2 KiB for a 64-wide head), which the CPU's prefetchers do not
+//! follow from one block to the next (`docs/performance.md`: 9–10 against 21–24 GB/s).
+//!
+//! So a new block takes the slot after the sequence's last block when that slot is free, and
+//! otherwise the middle of the largest run of free slots (its start when the run begins a
+//! segment), which leaves room behind it for the sequence to grow into and in front of it for
+//! the sequence that ends there. Slots are zeroed when handed out, so a block reads as it did
+//! when each block was a fresh allocation. A segment is kept until the pool is dropped (a
+//! freed slot is reused, not returned to the system), as llama.cpp and vLLM keep their caches.
 
+use std::alloc::Layout;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use half::f16;
 
@@ -22,6 +41,13 @@ use crate::error::{ModelError, ModelErrorKind, Result};
 
 /// Positions per block.
 pub const BLOCK_POSITIONS: usize = 16;
+
+/// The size a segment aims at: its slots are this over a block's bytes, within
+/// [`SEGMENT_MIN_SLOTS`]..=[`SEGMENT_MAX_SLOTS`] (and a limited pool's limit). Memory is taken
+/// from the system when a slot is first handed out, not when the segment is made.
+const SEGMENT_BYTES: usize = 64 << 20;
+const SEGMENT_MIN_SLOTS: usize = 16;
+const SEGMENT_MAX_SLOTS: usize = 1024;
 
 /// The shape of a model's cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,9 +81,127 @@ impl KvGeometry {
         positions.div_ceil(BLOCK_POSITIONS)
     }
 
-    /// Start of the `[position][head_dim]` slab of (`layer`, key (`0`) or value (`1`), `head`).
-    fn slab(&self, layer: usize, kv: usize, head: usize) -> usize {
-        ((layer * 2 + kv) * self.n_kv_head + head) * BLOCK_POSITIONS * self.head_dim
+    /// Values of one (layer, keys or values, head) part of a block.
+    fn slab_values(&self) -> usize {
+        BLOCK_POSITIONS * self.head_dim
+    }
+
+    /// The (layer, keys or values, head) parts of a block.
+    fn slabs(&self) -> usize {
+        self.n_layer * 2 * self.n_kv_head
+    }
+
+    /// Index of the region of (`layer`, key (`0`) or value (`1`), `head`) in a segment.
+    fn region(&self, layer: usize, kv: usize, head: usize) -> usize {
+        (layer * 2 + kv) * self.n_kv_head + head
+    }
+
+    /// Slots of a full segment.
+    fn segment_slots(&self) -> usize {
+        (SEGMENT_BYTES / self.block_bytes().max(1)).clamp(SEGMENT_MIN_SLOTS, SEGMENT_MAX_SLOTS)
+    }
+}
+
+/// One allocation of block slots, laid out `[layer][key | value][kv head][slot][position]
+/// [head_dim]`, with a bit per slot saying whether a block holds it.
+struct Segment {
+    data: NonNull<f16>,
+    layout: Layout,
+    slots: usize,
+    /// One bit per slot, set while a block holds it; the bits past `slots` are set.
+    used: Vec<u64>,
+}
+
+// SAFETY: a segment owns its memory; its values are read and written only through the
+// `Block`s that hold its slots (see `Block`), and its bitmap only under the pool's lock.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// A segment of `slots` slots for `geometry`, zeroed.
+    fn new(geometry: &KvGeometry, slots: usize) -> Result<Segment> {
+        let values = slots
+            .checked_mul(geometry.block_values())
+            .filter(|&v| v <= isize::MAX as usize / 2)
+            .ok_or_else(|| {
+                ModelError::new("KV cache segment too large").with_kind(ModelErrorKind::Capacity)
+            })?;
+        // at least one cache line, so that an empty geometry still makes a valid allocation
+        let layout = Layout::from_size_align((values * 2).max(64), 64)
+            .map_err(|e| ModelError::new(format!("KV cache segment: {e}")))?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let data = NonNull::new(ptr.cast::<f16>()).ok_or_else(|| {
+            ModelError::new(format!(
+                "KV cache: the system refused {} bytes for {slots} blocks",
+                layout.size()
+            ))
+            .with_kind(ModelErrorKind::Capacity)
+        })?;
+        let mut used = vec![0u64; slots.div_ceil(64)];
+        if !slots.is_multiple_of(64) {
+            used[slots / 64] = !0u64 << (slots % 64);
+        }
+        Ok(Segment {
+            data,
+            layout,
+            slots,
+            used,
+        })
+    }
+
+    fn is_used(&self, s: usize) -> bool {
+        self.used[s / 64] >> (s % 64) & 1 == 1
+    }
+
+    fn set_used(&mut self, s: usize, used: bool) {
+        if used {
+            self.used[s / 64] |= 1 << (s % 64);
+        } else {
+            self.used[s / 64] &= !(1 << (s % 64));
+        }
+    }
+
+    /// The first slot from `from` on whose bit is `used` (`slots` if none).
+    fn next(&self, from: usize, used: bool) -> usize {
+        let mut w = from / 64;
+        if w >= self.used.len() {
+            return self.slots;
+        }
+        let flip = if used { 0 } else { !0u64 };
+        let mut bits = (self.used[w] ^ flip) & (!0u64 << (from % 64));
+        loop {
+            if bits != 0 {
+                return (w * 64 + bits.trailing_zeros() as usize).min(self.slots);
+            }
+            w += 1;
+            if w == self.used.len() {
+                return self.slots;
+            }
+            bits = self.used[w] ^ flip;
+        }
+    }
+
+    /// The longest run of free slots (its start and length; the first of equal ones).
+    fn largest_free_run(&self) -> Option<(usize, usize)> {
+        let mut best: Option<(usize, usize)> = None;
+        let mut s = self.next(0, false);
+        while s < self.slots {
+            let e = self.next(s, true);
+            if best.is_none_or(|(_, len)| e - s > len) {
+                best = Some((s, e - s));
+            }
+            s = self.next(e, false);
+        }
+        best
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.data.as_ptr().cast(), self.layout) };
     }
 }
 
@@ -65,6 +209,15 @@ struct PoolInner {
     geometry: KvGeometry,
     in_use: AtomicUsize,
     limit: Option<usize>,
+    segments: Mutex<Vec<Segment>>,
+}
+
+impl PoolInner {
+    fn segments(&self) -> MutexGuard<'_, Vec<Segment>> {
+        // a panic while the lock was held left the bitmaps consistent (each update is one
+        // statement), so a poisoned lock is taken as it is
+        self.segments.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// Where a model's KV blocks come from: counts the blocks alive and optionally caps them.
@@ -89,6 +242,7 @@ impl KvPool {
             geometry,
             in_use: AtomicUsize::new(0),
             limit,
+            segments: Mutex::new(Vec::new()),
         }))
     }
 
@@ -107,6 +261,12 @@ impl KvPool {
         self.blocks_in_use() * self.0.geometry.block_bytes()
     }
 
+    /// Block slots the pool has reserved (in use or free for reuse); the system gives memory
+    /// to a slot the first time it is handed out.
+    pub fn slots_reserved(&self) -> usize {
+        self.0.segments().iter().map(|s| s.slots).sum()
+    }
+
     /// The block limit, if any.
     pub fn limit(&self) -> Option<usize> {
         self.0.limit
@@ -122,13 +282,30 @@ impl KvPool {
     }
 }
 
+/// One slot of a segment, held by one block at a time.
 struct Block {
-    data: Box<[f16]>,
+    segment: usize,
+    slot: usize,
+    /// The slot's first value in the segment's first region.
+    base: NonNull<f16>,
+    /// Values from one region of the segment to the next.
+    region: usize,
     pool: Arc<PoolInner>,
 }
 
+// SAFETY: the pool hands a slot to one `Block` at a time and takes it back when the block is
+// dropped, so a block's values are reached only through it: read through `&Block`, written
+// through `&mut Block` (a `SeqKv` writes only into blocks it holds alone, `Arc::get_mut`). The
+// segment's memory lives as long as the pool, which the block keeps alive.
+unsafe impl Send for Block {}
+// SAFETY: as above.
+unsafe impl Sync for Block {}
+
 impl Block {
-    fn alloc(pool: &Arc<PoolInner>, data: Box<[f16]>) -> Result<Block> {
+    /// A block in a free slot: the one after `after`'s when free, otherwise the middle of the
+    /// largest run of free slots (its start when the run begins a segment); a new segment when
+    /// every slot is held. Zeroed.
+    fn alloc(pool: &Arc<PoolInner>, after: Option<&Block>) -> Result<Block> {
         let n = pool.in_use.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(limit) = pool.limit {
             if n > limit {
@@ -140,15 +317,91 @@ impl Block {
                 .with_kind(ModelErrorKind::Capacity));
             }
         }
-        Ok(Block {
-            data,
+        let g = pool.geometry;
+        let mut segments = pool.segments();
+        let next = after.and_then(|b| {
+            let s = &segments[b.segment];
+            (b.slot + 1 < s.slots && !s.is_used(b.slot + 1)).then_some((b.segment, b.slot + 1))
+        });
+        let picked = next.or_else(|| {
+            let mut best: Option<(usize, usize, usize)> = None;
+            for (i, s) in segments.iter().enumerate() {
+                if let Some((start, len)) = s.largest_free_run() {
+                    if best.is_none_or(|(_, _, l)| len > l) {
+                        best = Some((i, start, len));
+                    }
+                }
+            }
+            best.map(|(i, start, len)| (i, if start == 0 { 0 } else { start + len / 2 }))
+        });
+        let (segment, slot) = match picked {
+            Some(p) => p,
+            None => {
+                let reserved: usize = segments.iter().map(|s| s.slots).sum();
+                let slots = match pool.limit {
+                    Some(limit) => g.segment_slots().min(limit.saturating_sub(reserved)).max(1),
+                    None => g.segment_slots(),
+                };
+                match Segment::new(&g, slots) {
+                    Ok(s) => segments.push(s),
+                    Err(e) => {
+                        pool.in_use.fetch_sub(1, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
+                (segments.len() - 1, 0)
+            }
+        };
+        let s = &mut segments[segment];
+        s.set_used(slot, true);
+        let region = s.slots * g.slab_values();
+        // SAFETY: `slot < s.slots`, so the offset is inside the segment's first region.
+        let base = unsafe { s.data.add(slot * g.slab_values()) };
+        drop(segments);
+        let mut block = Block {
+            segment,
+            slot,
+            base,
+            region,
             pool: pool.clone(),
-        })
+        };
+        for r in 0..g.slabs() {
+            block.slab_at_mut(r).fill(f16::ZERO);
+        }
+        Ok(block)
+    }
+
+    /// The part of region `r` ([`KvGeometry::region`]) this block holds.
+    #[inline]
+    fn slab_at(&self, r: usize) -> &[f16] {
+        let n = self.pool.geometry.slab_values();
+        // SAFETY: region `r < slabs()` of the segment holds `slots · n` values from
+        // `r · region`, the block's `n` of them from its slot's offset (`base`); only this
+        // block reaches them (see the `Send` impl).
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(r * self.region), n) }
+    }
+
+    /// [`slab_at`](Self::slab_at), to write.
+    #[inline]
+    fn slab_at_mut(&mut self, r: usize) -> &mut [f16] {
+        let n = self.pool.geometry.slab_values();
+        // SAFETY: as in `slab_at`, and `&mut self` is the only way to this block's values.
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(r * self.region), n) }
+    }
+
+    /// A copy of this block in a new slot (after `after`'s when free).
+    fn copy(&self, after: Option<&Block>) -> Result<Block> {
+        let mut copy = Block::alloc(&self.pool, after)?;
+        for r in 0..self.pool.geometry.slabs() {
+            copy.slab_at_mut(r).copy_from_slice(self.slab_at(r));
+        }
+        Ok(copy)
     }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
+        self.pool.segments()[self.segment].set_used(self.slot, false);
         self.pool.in_use.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -231,14 +484,14 @@ impl SeqKv {
         let need = KvGeometry::blocks_for(end);
         for b in first..need.min(self.blocks.len()) {
             if Arc::strong_count(&self.blocks[b]) > 1 {
-                let copy = Block::alloc(&self.pool, self.blocks[b].data.clone())?;
+                let after = b.checked_sub(1).map(|a| &*self.blocks[a]);
+                let copy = self.blocks[b].copy(after)?;
                 self.blocks[b] = Arc::new(copy);
             }
         }
-        let values = self.pool.geometry.block_values();
         while self.blocks.len() < need {
-            let data = vec![f16::ZERO; values].into_boxed_slice();
-            self.blocks.push(Arc::new(Block::alloc(&self.pool, data)?));
+            let block = Block::alloc(&self.pool, self.blocks.last().map(|b| &**b))?;
+            self.blocks.push(Arc::new(block));
         }
         Ok(())
     }
@@ -259,8 +512,7 @@ impl SeqKv {
         let hd = g.head_dim;
         for head in 0..g.n_kv_head {
             for (kv, src) in [k, v].into_iter().enumerate() {
-                let at = g.slab(layer, kv, head) + p * hd;
-                let dst = &mut block.data[at..at + hd];
+                let dst = &mut block.slab_at_mut(g.region(layer, kv, head))[p * hd..(p + 1) * hd];
                 for (d, s) in dst.iter_mut().zip(&src[head * hd..(head + 1) * hd]) {
                     *d = f16::from_f32(*s);
                 }
@@ -280,8 +532,42 @@ impl SeqKv {
     #[inline]
     pub(crate) fn slab(&self, block: usize, layer: usize, kv: usize, head: usize) -> &[f16] {
         let g = &self.pool.geometry;
-        let at = g.slab(layer, kv, head);
-        &self.blocks[block].data[at..at + BLOCK_POSITIONS * g.head_dim]
+        self.blocks[block].slab_at(g.region(layer, kv, head))
+    }
+
+    /// The keys (`kv = 0`) or values (`kv = 1`) of `head` in `layer` from block `block` on,
+    /// over the blocks after it whose values follow in memory, at most `max` blocks: the
+    /// `[blocks · BLOCK_POSITIONS][head_dim]` values, and how many blocks they span.
+    #[inline]
+    pub(crate) fn slab_run(
+        &self,
+        block: usize,
+        max: usize,
+        layer: usize,
+        kv: usize,
+        head: usize,
+    ) -> (&[f16], usize) {
+        let mut n = 1;
+        while n < max && self.continues(block + n - 1) {
+            n += 1;
+        }
+        let first = self.slab(block, layer, kv, head);
+        // SAFETY: blocks `block..block + n` hold consecutive slots of one segment, so their
+        // parts of this (layer, kv, head) region are one run of `n · first.len()` values from
+        // the first one's; this sequence holds all of them and only reads them while `&self`
+        // lives (a write takes `&mut self`).
+        let run = unsafe { std::slice::from_raw_parts(first.as_ptr(), n * first.len()) };
+        (run, n)
+    }
+
+    /// Whether block `block + 1`'s values directly follow block `block`'s in memory (the next
+    /// slot of the same segment), so that reading one head's keys or values goes on in one run.
+    #[inline]
+    pub(crate) fn continues(&self, block: usize) -> bool {
+        match (self.blocks.get(block), self.blocks.get(block + 1)) {
+            (Some(a), Some(b)) => a.segment == b.segment && a.slot + 1 == b.slot,
+            _ => false,
+        }
     }
 
     /// Whether both sequences hold the very same block at index `block` (tests).
@@ -290,6 +576,16 @@ impl SeqKv {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
+    }
+
+    /// Runs of blocks whose values lie one after the other in memory (1 when all do).
+    pub fn runs(&self) -> usize {
+        if self.blocks.is_empty() {
+            return 0;
+        }
+        1 + (0..self.blocks.len() - 1)
+            .filter(|&b| !self.continues(b))
+            .count()
     }
 }
 
@@ -353,5 +649,92 @@ mod tests {
         assert!(e.to_string().contains("KV cache full"), "{e}");
         assert_eq!(e.kind(), ModelErrorKind::Capacity);
         assert_eq!(pool.blocks_in_use(), 2);
+    }
+
+    #[test]
+    fn a_sequence_alone_is_one_run_and_freed_slots_are_reused_zeroed() {
+        let g = KvGeometry {
+            n_layer: 3,
+            n_kv_head: 2,
+            head_dim: 8,
+        };
+        let pool = KvPool::new(g, None);
+        let mut a = pool.sequence();
+        // a prompt, then decode steps one position at a time
+        a.prepare_write(40).unwrap();
+        a.set_len(40);
+        for pos in 40..200 {
+            a.prepare_write(1).unwrap();
+            for l in 0..3 {
+                a.write(l, pos, &[1.5; 16], &[-2.5; 16]).unwrap();
+            }
+            a.set_len(pos + 1);
+        }
+        assert_eq!(a.blocks(), 13);
+        assert_eq!(a.runs(), 1, "one sequence alone gets consecutive slots");
+        // every (layer, kv, head) part of a block sits at its own place
+        assert_eq!(a.slab(12, 2, 1, 1)[7 * 8].to_f32(), -2.5);
+        assert_eq!(a.slab(12, 2, 0, 0)[7 * 8].to_f32(), 1.5);
+        let reserved = pool.slots_reserved();
+        drop(a);
+        assert_eq!(pool.blocks_in_use(), 0);
+        // the slots come back zeroed, and no new segment is made
+        let mut b = pool.sequence();
+        b.prepare_write(200).unwrap();
+        assert_eq!(pool.slots_reserved(), reserved);
+        assert_eq!(b.runs(), 1);
+        for blk in 0..b.blocks() {
+            for l in 0..3 {
+                for kv in 0..2 {
+                    for h in 0..2 {
+                        assert!(b.slab(blk, l, kv, h).iter().all(|x| x.to_bits() == 0));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sequences_growing_side_by_side_keep_long_runs() {
+        let pool = KvPool::new(geo(), None);
+        let mut seqs: Vec<SeqKv> = (0..4).map(|_| pool.sequence()).collect();
+        // four sequences take a block in turn, 16 blocks each
+        for _ in 0..16 {
+            for s in &mut seqs {
+                let len = s.len();
+                s.prepare_write(BLOCK_POSITIONS).unwrap();
+                s.set_len(len + BLOCK_POSITIONS);
+            }
+        }
+        let runs: Vec<usize> = seqs.iter().map(SeqKv::runs).collect();
+        // interleaved one slot at a time, each would be 16 runs of one block
+        assert!(runs.iter().all(|&r| r <= 4), "runs per sequence: {runs:?}");
+        assert_eq!(pool.blocks_in_use(), 64);
+    }
+
+    #[test]
+    fn a_limited_pool_reserves_no_more_than_its_limit() {
+        let g = KvGeometry {
+            n_layer: 1,
+            n_kv_head: 1,
+            head_dim: 4,
+        };
+        let limit = g.segment_slots() + 3;
+        let pool = KvPool::new(g, Some(limit));
+        let mut a = pool.sequence();
+        a.prepare_write(limit * BLOCK_POSITIONS).unwrap();
+        assert_eq!(pool.slots_reserved(), limit);
+        assert_eq!(a.runs(), 2, "one run per segment");
+        a.set_len(limit * BLOCK_POSITIONS);
+        // full: a fork that writes needs a block (a copy of the last) and is refused
+        let mut b = a.clone();
+        b.truncate(limit * BLOCK_POSITIONS - 1).unwrap();
+        let e = b.prepare_write(1).unwrap_err();
+        assert_eq!(e.kind(), ModelErrorKind::Capacity);
+        assert_eq!(pool.slots_reserved(), limit);
+        drop(a);
+        // now the fork holds every block alone and writes in place
+        b.prepare_write(1).unwrap();
+        assert_eq!(pool.blocks_in_use(), limit);
     }
 }

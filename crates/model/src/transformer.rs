@@ -900,6 +900,10 @@ fn attend<'q, 'o>(
     if n == 0 {
         return;
     }
+    if n == 1 {
+        attend_one(level, kv, layer, g, keys(0), q(0), out(0), hd, scale);
+        return;
+    }
     ATTN_SCRATCH.with(|cell| {
         let mut cell = cell.borrow_mut();
         let AttnScratch {
@@ -931,7 +935,7 @@ fn attend<'q, 'o>(
         let mut blocks = |part: usize, f: &mut BlockFn<'_>| {
             for b in b0..b1 {
                 let (lo, hi, _) = block_span(b, &all);
-                if b + 1 < b1 {
+                if b + 1 < b1 && !kv.continues(b) {
                     attn::prefetch(kv.slab(b + 1, layer, part, g));
                 }
                 f16_to_f32(
@@ -973,6 +977,75 @@ fn attend<'q, 'o>(
     })
 }
 
+/// [`attend`] for one row (a decode step): reads the cache's `f16` keys and values in place,
+/// a run of blocks that follow one another in memory at a time, converting them in registers
+/// ([`attn::scores_f16`], [`attn::accumulate_f16`]; the same bits as converting each block into
+/// a buffer first).
+#[allow(clippy::too_many_arguments)]
+fn attend_one(
+    level: kernels::Level,
+    kv: &SeqKv,
+    layer: usize,
+    g: usize,
+    keys: std::ops::Range<usize>,
+    q: &[f32],
+    out: &mut [f32],
+    hd: usize,
+    scale: f32,
+) {
+    ATTN_SCRATCH.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let AttnScratch {
+            scores, weights, ..
+        } = &mut *cell;
+        let rep = q.len() / hd;
+        let len = keys.len();
+        scores.resize(rep * len, 0.0);
+        weights.resize(rep * len, 0.0);
+        // each run of the keys (`part` 0) or values (1): `f(its values, positions, offset of
+        // its first among the keys)`
+        let runs = |part: usize, f: &mut dyn FnMut(&[f16], usize, usize)| {
+            let (b0, b1) = (
+                keys.start / BLOCK_POSITIONS,
+                keys.end.div_ceil(BLOCK_POSITIONS),
+            );
+            let mut b = b0;
+            while b < b1 {
+                let (slab, nb) = kv.slab_run(b, b1 - b, layer, part, g);
+                let start = b * BLOCK_POSITIONS;
+                let lo = keys.start.max(start);
+                let hi = keys.end.min(start + nb * BLOCK_POSITIONS);
+                f(
+                    &slab[(lo - start) * hd..(hi - start) * hd],
+                    hi - lo,
+                    lo - keys.start,
+                );
+                b += nb;
+            }
+        };
+        runs(0, &mut |k, _, off| {
+            attn::scores_f16(level, q, k, hd, scale, scores, len, off);
+        });
+        for h in 0..rep {
+            softmax_f16(
+                &scores[h * len..(h + 1) * len],
+                &mut weights[h * len..(h + 1) * len],
+            );
+        }
+        out.fill(0.0);
+        // in pieces that stay in the L1 cache while the kernel goes over their columns
+        runs(1, &mut |v, here, off| {
+            let mut p = 0;
+            while p < here {
+                let e = (p + VALUES_PIECE).min(here);
+                let piece = &v[p * hd..e * hd];
+                attn::accumulate_f16(level, weights, len, off + p, piece, hd, e - p, hd, out);
+                p = e;
+            }
+        });
+    })
+}
+
 /// What [`attend`] runs on each row's part of a converted cache block: `f(row, its keys, the
 /// offset of the block's first one among them, its part of the block)`.
 type BlockFn<'a> = dyn FnMut(usize, std::ops::Range<usize>, usize, &[f32]) + 'a;
@@ -988,6 +1061,9 @@ fn block_span(b: usize, keys: &std::ops::Range<usize>) -> (usize, usize, usize) 
         lo - keys.start,
     )
 }
+
+/// Positions of values [`attend_one`] gives the kernel at a time (4 KiB of a 64-wide head).
+const VALUES_PIECE: usize = 32;
 
 /// Rows of one sequence (a prompt's) that attend in one task at most, sharing each block of
 /// keys and values converted to `f32`.
@@ -1098,7 +1174,7 @@ impl Split<'_, '_> {
                 block.resize(BLOCK_POSITIONS * hd, 0.0);
                 for b in c0..c1 {
                     let (lo, hi, off) = block_span(b, &(first + k0..first + k1));
-                    if b + 1 < c1 {
+                    if b + 1 < c1 && !kv.continues(b) {
                         attn::prefetch(kv.slab(b + 1, self.layer, 0, g));
                     }
                     f16_to_f32(
@@ -1161,7 +1237,7 @@ impl Split<'_, '_> {
                 let (b0, b1) = blocks(first, len);
                 for b in b0..b1 {
                     let (lo, hi, off) = block_span(b, &(first..first + len));
-                    if b + 1 < b1 {
+                    if b + 1 < b1 && !kv.continues(b) {
                         // this task's columns of the next block (one cache line a position)
                         let next = kv.slab(b + 1, self.layer, 1, g);
                         for p in 0..BLOCK_POSITIONS.min(next.len() / hd) {

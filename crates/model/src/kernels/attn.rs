@@ -63,6 +63,61 @@ pub fn scores(
     }
 }
 
+/// [`scores`] over the cache's `f16` keys, converted in registers as they are read, each key
+/// once for up to three query heads (the same bits: the conversion is exact). For a decode
+/// step, which reads every key once: converting a block into a buffer first and then reading
+/// it puts all of a block's memory reads in one burst, which the CPU's prefetchers do not
+/// spread over the arithmetic.
+#[allow(clippy::too_many_arguments)]
+pub fn scores_f16(
+    level: Level,
+    q: &[f32],
+    k: &[half::f16],
+    hd: usize,
+    scale: f32,
+    scores: &mut [f32],
+    stride: usize,
+    off: usize,
+) {
+    let here = k.len() / hd;
+    let rep = q.len() / hd;
+    assert!(q.len() == rep * hd && k.len() == here * hd);
+    assert!(rep == 0 || (rep - 1) * stride + off + here <= scores.len());
+    #[cfg(target_arch = "x86_64")]
+    if level.effective() >= Level::Avx2 && hd.is_multiple_of(8) {
+        type Heads = unsafe fn(&[f32], &[half::f16], usize, f32, &mut [f32], usize, usize);
+        let mut h0 = 0;
+        while h0 < rep {
+            let n = (rep - h0).min(3);
+            let heads: Heads = match n {
+                1 => avx2::scores_f16::<1>,
+                2 => avx2::scores_f16::<2>,
+                _ => avx2::scores_f16::<3>,
+            };
+            // SAFETY: `effective` checked that the CPU has AVX2, FMA and F16C.
+            unsafe {
+                heads(
+                    &q[h0 * hd..(h0 + n) * hd],
+                    k,
+                    hd,
+                    scale,
+                    &mut scores[h0 * stride..],
+                    stride,
+                    off,
+                )
+            };
+            h0 += n;
+        }
+        return;
+    }
+    let _ = level;
+    for (p, kp) in k.chunks_exact(hd).enumerate() {
+        for (h, qh) in q.chunks_exact(hd).enumerate() {
+            scores[h * stride + off + p] = dot_f16(qh, kp) * scale;
+        }
+    }
+}
+
 /// Adds the block's values to the `rep` head outputs `out` (`rep · hd`): for each head `h` and
 /// position `p` in order, `out_h = fma(weights[h · stride + off + p], v_p, out_h)`.
 #[allow(clippy::too_many_arguments)]
@@ -169,6 +224,16 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     hsum8(acc)
 }
 
+/// [`dot`] with `b` in `f16` (each element converted exactly).
+#[inline]
+pub fn dot_f16(a: &[f32], b: &[half::f16]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        acc[i % 8] = x.mul_add(y.to_f32(), acc[i % 8]);
+    }
+    hsum8(acc)
+}
+
 #[inline]
 fn hsum8(a: [f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
@@ -199,6 +264,16 @@ mod avx2 {
             }
             c += 8;
         }
+        let r = tree8(acc);
+        let r = _mm256_mul_ps(r, _mm256_set1_ps(scale));
+        // SAFETY: `o` is eight writable `f32`s.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), r) };
+    }
+
+    /// The lane trees of eight accumulators at once, by transposing adds (each add is one of
+    /// the scalar tree's): lane `i` of the result is accumulator `i`'s sum.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn tree8(acc: [__m256; 8]) -> __m256 {
         // Level 1, (l, l + 4): pair positions (0,4), (1,5), (2,6), (3,7) in one register each:
         // lanes 0..4 hold position i's four sums, lanes 4..8 position i + 4's.
         let s: [__m256; 4] = std::array::from_fn(|i| {
@@ -218,13 +293,87 @@ mod avx2 {
         let t01 = t(s[0], s[1]);
         let t23 = t(s[2], s[3]);
         // Level 3, y0 + y1: lanes come out as positions 0, 1, 2, 3 | 4, 5, 6, 7.
-        let r = _mm256_add_ps(
+        _mm256_add_ps(
             _mm256_shuffle_ps::<0b10_00_10_00>(t01, t23),
             _mm256_shuffle_ps::<0b11_01_11_01>(t01, t23),
-        );
-        let r = _mm256_mul_ps(r, _mm256_set1_ps(scale));
-        // SAFETY: `o` is eight writable `f32`s.
-        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), r) };
+        )
+    }
+
+    /// [`scores`](super::scores) of the `G` heads in `q` against the `f16` keys in `k`: four
+    /// keys at a time, each converted once for the `G` heads, its `4 · G` sums reduced eight at
+    /// a time by [`tree8`] (heads in order, four keys each); the last keys one by one.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn scores_f16<const G: usize>(
+        q: &[f32],
+        k: &[half::f16],
+        hd: usize,
+        scale: f32,
+        sc: &mut [f32],
+        stride: usize,
+        off: usize,
+    ) {
+        let here = k.len() / hd;
+        assert!(hd.is_multiple_of(8) && q.len() == G * hd && k.len() == here * hd);
+        assert!((G - 1) * stride + off + here <= sc.len());
+        let kp = k.as_ptr().cast::<u16>();
+        let qp = q.as_ptr();
+        let scale = _mm256_set1_ps(scale);
+        let mut p = 0;
+        while p + 4 <= here {
+            let mut acc = [[_mm256_setzero_ps(); 4]; G];
+            let mut c = 0;
+            while c < hd {
+                for j in 0..4 {
+                    // SAFETY: `(p + j) · hd + c + 8 ≤ here · hd = k.len()`; `f16` is a
+                    // transparent `u16`.
+                    let kv = unsafe {
+                        _mm256_cvtph_ps(_mm_loadu_si128(kp.add((p + j) * hd + c).cast()))
+                    };
+                    for (h, acc) in acc.iter_mut().enumerate() {
+                        // SAFETY: `h · hd + c + 8 ≤ G · hd = q.len()`.
+                        let qv = unsafe { _mm256_loadu_ps(qp.add(h * hd + c)) };
+                        acc[j] = _mm256_fmadd_ps(qv, kv, acc[j]);
+                    }
+                }
+                c += 8;
+            }
+            // heads two by two: lanes 0..4 hold the first head's four keys, 4..8 the second's
+            let mut h = 0;
+            while h < G {
+                let second = if h + 1 < G {
+                    acc[h + 1]
+                } else {
+                    [_mm256_setzero_ps(); 4]
+                };
+                let (a, b) = (acc[h], second);
+                let r = _mm256_mul_ps(
+                    tree8([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]),
+                    scale,
+                );
+                // SAFETY: `h · stride + off + p + 4 ≤ (G − 1) · stride + off + here ≤ sc.len()`,
+                // and the same for `h + 1 < G`.
+                unsafe {
+                    _mm_storeu_ps(
+                        sc.as_mut_ptr().add(h * stride + off + p),
+                        _mm256_castps256_ps128(r),
+                    );
+                    if h + 1 < G {
+                        _mm_storeu_ps(
+                            sc.as_mut_ptr().add((h + 1) * stride + off + p),
+                            _mm256_extractf128_ps::<1>(r),
+                        );
+                    }
+                }
+                h += 2;
+            }
+            p += 4;
+        }
+        for p in p..here {
+            let kp = &k[p * hd..(p + 1) * hd];
+            for (h, qh) in q.chunks_exact(hd).enumerate() {
+                sc[h * stride + off + p] = super::dot_f16(qh, kp) * _mm256_cvtss_f32(scale);
+            }
+        }
     }
 
     /// `o = fma(w[p], v_p, o)` for the positions `p` in order (`v` holds `w.len()` rows of
@@ -307,8 +456,9 @@ mod avx2 {
 }
 
 /// Asks the CPU to bring `x` into the cache ahead of its use (a hint; no effect on results).
-/// The cache's blocks hold each head's keys of a layer as a short contiguous run, too short for
-/// the hardware prefetcher to follow from one block to the next.
+/// For a cache block whose values do not follow the previous block's in memory (a sequence's
+/// blocks in different places of the pool): a run of one block is too short for the hardware
+/// prefetcher to follow.
 #[inline]
 pub fn prefetch<T>(x: &[T]) {
     #[cfg(target_arch = "x86_64")]
@@ -401,6 +551,34 @@ mod tests {
                         let v = &kh[hd - width..];
                         accumulate_f16(level, &w, stride, off, v, hd, here, width, &mut part);
                         assert_eq!(cols(&want), bits(&part), "f16 columns hd {hd} here {here}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scores_from_f16_keys_give_the_bits_of_converted_keys() {
+        for hd in [8, 24, 64, 72, 256] {
+            for rep in 1..=7 {
+                for here in [1, 3, 4, 5, 8, 15, 16, 17, 40] {
+                    let q = values(rep * hd, (hd * 31 + rep * 7 + here) as u64);
+                    let kh: Vec<half::f16> = values(here * hd, (hd + here * 3) as u64)
+                        .iter()
+                        .map(|&x| half::f16::from_f32(x))
+                        .collect();
+                    let kf: Vec<f32> = kh.iter().map(|x| x.to_f32()).collect();
+                    let (stride, off) = (here + 3, 2);
+                    let mut want = vec![0f32; rep * stride];
+                    scores(Level::Scalar, &q, &kf, hd, 0.125, &mut want, stride, off);
+                    for level in [Level::Scalar, Level::Avx2] {
+                        let mut got = vec![0f32; rep * stride];
+                        scores_f16(level, &q, &kh, hd, 0.125, &mut got, stride, off);
+                        assert_eq!(
+                            bits(&want),
+                            bits(&got),
+                            "{level:?} hd {hd} rep {rep} here {here}"
+                        );
                     }
                 }
             }
