@@ -1002,27 +1002,7 @@ fn attend_one(
         let len = keys.len();
         scores.resize(rep * len, 0.0);
         weights.resize(rep * len, 0.0);
-        // each run of the keys (`part` 0) or values (1): `f(its values, positions, offset of
-        // its first among the keys)`
-        let runs = |part: usize, f: &mut dyn FnMut(&[f16], usize, usize)| {
-            let (b0, b1) = (
-                keys.start / BLOCK_POSITIONS,
-                keys.end.div_ceil(BLOCK_POSITIONS),
-            );
-            let mut b = b0;
-            while b < b1 {
-                let (slab, nb) = kv.slab_run(b, b1 - b, layer, part, g);
-                let start = b * BLOCK_POSITIONS;
-                let lo = keys.start.max(start);
-                let hi = keys.end.min(start + nb * BLOCK_POSITIONS);
-                f(
-                    &slab[(lo - start) * hd..(hi - start) * hd],
-                    hi - lo,
-                    lo - keys.start,
-                );
-                b += nb;
-            }
-        };
+        let runs = |part: usize, f: &mut RunFn<'_>| for_runs(kv, layer, part, g, &keys, hd, f);
         runs(0, &mut |k, _, off| {
             attn::scores_f16(level, q, k, hd, scale, scores, len, off);
         });
@@ -1044,6 +1024,40 @@ fn attend_one(
             }
         });
     })
+}
+
+/// What [`for_runs`] runs on each run: `f(its values, positions, offset of its first among
+/// the keys)`.
+type RunFn<'a> = dyn FnMut(&[f16], usize, usize) + 'a;
+
+/// The keys (`part` 0) or values (1) of key/value head `g` in `layer` at the positions `keys`,
+/// a run of blocks that follow one another in memory at a time.
+fn for_runs(
+    kv: &SeqKv,
+    layer: usize,
+    part: usize,
+    g: usize,
+    keys: &std::ops::Range<usize>,
+    hd: usize,
+    f: &mut RunFn<'_>,
+) {
+    let (b0, b1) = (
+        keys.start / BLOCK_POSITIONS,
+        keys.end.div_ceil(BLOCK_POSITIONS),
+    );
+    let mut b = b0;
+    while b < b1 {
+        let (slab, nb) = kv.slab_run(b, b1 - b, layer, part, g);
+        let start = b * BLOCK_POSITIONS;
+        let lo = keys.start.max(start);
+        let hi = keys.end.min(start + nb * BLOCK_POSITIONS);
+        f(
+            &slab[(lo - start) * hd..(hi - start) * hd],
+            hi - lo,
+            lo - keys.start,
+        );
+        b += nb;
+    }
 }
 
 /// What [`attend`] runs on each row's part of a converted cache block: `f(row, its keys, the
@@ -1154,7 +1168,7 @@ impl Split<'_, '_> {
         // at the unit's base `+ rep · k0`
         crate::team::for_each(units.len() * chunks, &|t| {
             let (u, c) = (t / chunks, t % chunks);
-            let (c0, c1, k0, k1) = chunk(u, c);
+            let (_, _, k0, k1) = chunk(u, c);
             if k1 == k0 {
                 return;
             }
@@ -1168,30 +1182,9 @@ impl Split<'_, '_> {
             let sc = unsafe {
                 std::slice::from_raw_parts_mut(sp.get().add(base + rep * k0), rep * (k1 - k0))
             };
-            ATTN_SCRATCH.with(|cell| {
-                let mut cell = cell.borrow_mut();
-                let block = &mut cell.block;
-                block.resize(BLOCK_POSITIONS * hd, 0.0);
-                for b in c0..c1 {
-                    let (lo, hi, off) = block_span(b, &(first + k0..first + k1));
-                    if b + 1 < c1 && !kv.continues(b) {
-                        attn::prefetch(kv.slab(b + 1, self.layer, 0, g));
-                    }
-                    f16_to_f32(
-                        &kv.slab(b, self.layer, 0, g)[lo * hd..hi * hd],
-                        &mut block[..(hi - lo) * hd],
-                    );
-                    attn::scores(
-                        self.level,
-                        q,
-                        &block[..(hi - lo) * hd],
-                        hd,
-                        self.scale,
-                        sc,
-                        k1 - k0,
-                        off,
-                    );
-                }
+            let keys = first + k0..first + k1;
+            for_runs(kv, self.layer, 0, g, &keys, hd, &mut |k, _, off| {
+                attn::scores_f16(self.level, q, k, hd, self.scale, sc, k1 - k0, off);
             });
         });
         // 2. each head's softmax into its weights (the unit's base `+ h · len`)
@@ -1234,29 +1227,18 @@ impl Split<'_, '_> {
                 let acc = &mut cell.weights;
                 acc.clear();
                 acc.resize(rep * SPLIT_COLS, 0.0);
-                let (b0, b1) = blocks(first, len);
-                for b in b0..b1 {
-                    let (lo, hi, off) = block_span(b, &(first..first + len));
-                    if b + 1 < b1 && !kv.continues(b) {
-                        // this task's columns of the next block (one cache line a position)
-                        let next = kv.slab(b + 1, self.layer, 1, g);
-                        for p in 0..BLOCK_POSITIONS.min(next.len() / hd) {
-                            attn::prefetch(&next[p * hd + c0..p * hd + c0 + SPLIT_COLS]);
-                        }
+                // in pieces that stay in the L1 cache while the kernel goes over them
+                let keys = first..first + len;
+                for_runs(kv, self.layer, 1, g, &keys, hd, &mut |v, here, off| {
+                    let mut p = 0;
+                    while p < here {
+                        let e = (p + VALUES_PIECE).min(here);
+                        let piece = &v[p * hd + c0..e * hd];
+                        let (level, n) = (self.level, e - p);
+                        attn::accumulate_f16(level, w, len, off + p, piece, hd, n, SPLIT_COLS, acc);
+                        p = e;
                     }
-                    let slab = kv.slab(b, self.layer, 1, g);
-                    attn::accumulate_f16(
-                        self.level,
-                        w,
-                        len,
-                        off,
-                        &slab[lo * hd + c0..hi * hd],
-                        hd,
-                        hi - lo,
-                        SPLIT_COLS,
-                        acc,
-                    );
-                }
+                });
                 for h in 0..rep {
                     // SAFETY: `out` holds every unit's `rep · hd` outputs; this task alone
                     // writes columns `c0..c0 + SPLIT_COLS` of this unit's heads
