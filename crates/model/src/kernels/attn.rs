@@ -177,15 +177,20 @@ pub fn accumulate_f16(
     #[cfg(target_arch = "x86_64")]
     if level.effective() >= Level::Avx2 && hd.is_multiple_of(16) {
         type Heads = unsafe fn(&[f32], usize, usize, usize, &[half::f16], usize, usize, &mut [f32]);
-        // up to four heads at a time
+        // up to four heads at a time; up to three, 32 columns at a time (twelve independent
+        // chains of fused multiply-adds: with eight, their latency bounds the loop)
+        let wide = hd.is_multiple_of(32);
         let mut h0 = 0;
         while h0 < rep {
             let n = (rep - h0).min(4);
-            let heads: Heads = match n {
-                1 => avx2::accumulate_f16::<1>,
-                2 => avx2::accumulate_f16::<2>,
-                3 => avx2::accumulate_f16::<3>,
-                _ => avx2::accumulate_f16::<4>,
+            let heads: Heads = match (n, wide) {
+                (1, false) => avx2::accumulate_f16::<1, 2>,
+                (2, false) => avx2::accumulate_f16::<2, 2>,
+                (3, false) => avx2::accumulate_f16::<3, 2>,
+                (1, true) => avx2::accumulate_f16::<1, 4>,
+                (2, true) => avx2::accumulate_f16::<2, 4>,
+                (3, true) => avx2::accumulate_f16::<3, 4>,
+                _ => avx2::accumulate_f16::<4, 2>,
             };
             let o = &mut out[h0 * hd..(h0 + n) * hd];
             // SAFETY: `effective` checked that the CPU has AVX2, FMA and F16C.
@@ -406,11 +411,11 @@ mod avx2 {
     }
 
     /// [`accumulate`] reading `f16` values, for the `G` heads `o` (head `h`'s weights at
-    /// `w[h · stride + off..][..here]`; `v_p`: the `hd` values at `v[p · vs..]`), 16 columns at
-    /// a time, each value converted in registers once for the `G` heads.
+    /// `w[h · stride + off..][..here]`; `v_p`: the `hd` values at `v[p · vs..]`), `8 · J`
+    /// columns at a time, each value converted in registers once for the `G` heads.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn accumulate_f16<const G: usize>(
+    pub(super) fn accumulate_f16<const G: usize, const J: usize>(
         w: &[f32],
         stride: usize,
         off: usize,
@@ -420,27 +425,45 @@ mod avx2 {
         hd: usize,
         o: &mut [f32],
     ) {
-        assert!(hd.is_multiple_of(16) && vs >= hd);
+        accumulate_f16_body::<G, J>(w, stride, off, here, v, vs, hd, o)
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate_f16_body<const G: usize, const J: usize>(
+        w: &[f32],
+        stride: usize,
+        off: usize,
+        here: usize,
+        v: &[half::f16],
+        vs: usize,
+        hd: usize,
+        o: &mut [f32],
+    ) {
+        assert!(hd.is_multiple_of(8 * J) && vs >= hd);
         assert!(G * hd <= o.len() && (G - 1) * stride + off + here <= w.len());
         assert!(here == 0 || (here - 1) * vs + hd <= v.len());
         let vp = v.as_ptr().cast::<u16>();
         let op = o.as_mut_ptr();
+        let wp = w.as_ptr();
         let mut c = 0;
         while c < hd {
-            // SAFETY: `h · hd + c + 16 ≤ G · hd ≤ o.len()`.
-            let mut acc: [[__m256; 2]; G] = std::array::from_fn(|h| {
+            // SAFETY (here and below, the intrinsics): the caller's target features include
+            // AVX2, FMA and F16C. The loads: `h · hd + c + 8J ≤ G · hd ≤ o.len()`.
+            let mut acc: [[__m256; J]; G] = std::array::from_fn(|h| {
                 std::array::from_fn(|j| unsafe { _mm256_loadu_ps(op.add(h * hd + c + 8 * j)) })
             });
             for p in 0..here {
-                // SAFETY: `p · vs + c + 16 ≤ (here − 1) · vs + hd ≤ v.len()`; `f16` is a
+                // SAFETY: `p · vs + c + 8J ≤ (here − 1) · vs + hd ≤ v.len()`; `f16` is a
                 // transparent `u16`.
-                let x: [__m256; 2] = std::array::from_fn(|j| unsafe {
+                let x: [__m256; J] = std::array::from_fn(|j| unsafe {
                     _mm256_cvtph_ps(_mm_loadu_si128(vp.add(p * vs + c + 8 * j).cast()))
                 });
                 for (h, acc) in acc.iter_mut().enumerate() {
-                    let wb = _mm256_set1_ps(w[h * stride + off + p]);
-                    for j in 0..2 {
-                        acc[j] = _mm256_fmadd_ps(wb, x[j], acc[j]);
+                    // SAFETY: `h · stride + off + p < (G − 1) · stride + off + here ≤ w.len()`.
+                    let wb = unsafe { _mm256_broadcast_ss(&*wp.add(h * stride + off + p)) };
+                    for j in 0..J {
+                        acc[j] = unsafe { _mm256_fmadd_ps(wb, x[j], acc[j]) };
                     }
                 }
             }
@@ -450,7 +473,7 @@ mod avx2 {
                     unsafe { _mm256_storeu_ps(op.add(h * hd + c + 8 * j), *a) };
                 }
             }
-            c += 16;
+            c += 8 * J;
         }
     }
 }
