@@ -23,6 +23,12 @@
 //! of `BLOCK_POSITIONS` positions (2 KiB for a 64-wide head), which the CPU's prefetchers do not
 //! follow from one block to the next (`docs/performance.md`: 9–10 against 21–24 GB/s).
 //!
+//! A head's values are stored in column groups of [`VALUE_COLUMNS`] (when the head width is a
+//! multiple of it): region (layer, values, head) holds one run per group, each
+//! `[slot][position][VALUE_COLUMNS]`, so that a task summing some columns of the values reads
+//! one run of memory too (reading every other cache line of a run measured slower than
+//! reading all of it).
+//!
 //! So a new block takes the slot after the sequence's last block when that slot is free, and
 //! otherwise the middle of the largest run of free slots (its start when the run begins a
 //! segment), which leaves room behind it for the sequence to grow into and in front of it for
@@ -41,6 +47,9 @@ use crate::error::{ModelError, ModelErrorKind, Result};
 
 /// Positions per block.
 pub const BLOCK_POSITIONS: usize = 16;
+
+/// The columns of one group of a head's values (see "Where the values live").
+pub const VALUE_COLUMNS: usize = 32;
 
 /// The size a segment aims at: its slots are this over a block's bytes, within
 /// [`SEGMENT_MIN_SLOTS`]..=[`SEGMENT_MAX_SLOTS`] (and a limited pool's limit). Memory is taken
@@ -86,6 +95,27 @@ impl KvGeometry {
         BLOCK_POSITIONS * self.head_dim
     }
 
+    /// The column groups a head's values are stored in: `head_dim / VALUE_COLUMNS` when that
+    /// divides, else one.
+    pub fn value_groups(&self) -> usize {
+        if self.head_dim >= VALUE_COLUMNS && self.head_dim.is_multiple_of(VALUE_COLUMNS) {
+            self.head_dim / VALUE_COLUMNS
+        } else {
+            1
+        }
+    }
+
+    /// The pieces of keys (`kv = 0`: one, every column) or values (`kv = 1`: one per column
+    /// group), and the columns of each.
+    fn pieces(&self, kv: usize) -> (usize, usize) {
+        if kv == 0 {
+            (1, self.head_dim)
+        } else {
+            let g = self.value_groups();
+            (g, self.head_dim / g)
+        }
+    }
+
     /// The (layer, keys or values, head) parts of a block.
     fn slabs(&self) -> usize {
         self.n_layer * 2 * self.n_kv_head
@@ -94,6 +124,12 @@ impl KvGeometry {
     /// Index of the region of (`layer`, key (`0`) or value (`1`), `head`) in a segment.
     fn region(&self, layer: usize, kv: usize, head: usize) -> usize {
         (layer * 2 + kv) * self.n_kv_head + head
+    }
+
+    /// Every (region, piece) of a block.
+    fn all_pieces(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.slabs())
+            .flat_map(move |r| (0..self.pieces(r / self.n_kv_head % 2).0).map(move |p| (r, p)))
     }
 
     /// Slots of a full segment.
@@ -286,10 +322,10 @@ impl KvPool {
 struct Block {
     segment: usize,
     slot: usize,
-    /// The slot's first value in the segment's first region.
-    base: NonNull<f16>,
-    /// Values from one region of the segment to the next.
-    region: usize,
+    /// The segment's values.
+    data: NonNull<f16>,
+    /// The segment's slots.
+    slots: usize,
     pool: Arc<PoolInner>,
 }
 
@@ -354,46 +390,57 @@ impl Block {
         };
         let s = &mut segments[segment];
         s.set_used(slot, true);
-        let region = s.slots * g.slab_values();
-        // SAFETY: `slot < s.slots`, so the offset is inside the segment's first region.
-        let base = unsafe { s.data.add(slot * g.slab_values()) };
+        let (data, slots) = (s.data, s.slots);
         drop(segments);
         let mut block = Block {
             segment,
             slot,
-            base,
-            region,
+            data,
+            slots,
             pool: pool.clone(),
         };
-        for r in 0..g.slabs() {
-            block.slab_at_mut(r).fill(f16::ZERO);
+        for (r, piece) in g.all_pieces() {
+            block.piece_mut(r, piece).fill(f16::ZERO);
         }
         Ok(block)
     }
 
-    /// The part of region `r` ([`KvGeometry::region`]) this block holds.
+    /// Where piece `piece` of region `r` ([`KvGeometry::region`]) of this block starts in
+    /// the segment, and its length. A region holds `slots · BLOCK_POSITIONS · head_dim`
+    /// values, its pieces one after the other, each `[slot][position][its columns]`.
     #[inline]
-    fn slab_at(&self, r: usize) -> &[f16] {
-        let n = self.pool.geometry.slab_values();
-        // SAFETY: region `r < slabs()` of the segment holds `slots · n` values from
-        // `r · region`, the block's `n` of them from its slot's offset (`base`); only this
-        // block reaches them (see the `Send` impl).
-        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(r * self.region), n) }
+    fn piece_at(&self, r: usize, piece: usize) -> (usize, usize) {
+        let g = &self.pool.geometry;
+        let (_, cols) = g.pieces(r / g.n_kv_head % 2);
+        let per_slot = BLOCK_POSITIONS * cols;
+        let at = r * self.slots * g.slab_values() + (piece * self.slots + self.slot) * per_slot;
+        (at, per_slot)
     }
 
-    /// [`slab_at`](Self::slab_at), to write.
+    /// Piece `piece` of this block's part of region `r`.
     #[inline]
-    fn slab_at_mut(&mut self, r: usize) -> &mut [f16] {
-        let n = self.pool.geometry.slab_values();
-        // SAFETY: as in `slab_at`, and `&mut self` is the only way to this block's values.
-        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(r * self.region), n) }
+    fn piece(&self, r: usize, piece: usize) -> &[f16] {
+        let (at, n) = self.piece_at(r, piece);
+        // SAFETY: `at + n` is inside the segment (`r < slabs()`, `piece` below the region's
+        // pieces, `slot < slots`); the slot's values are reached only through this block (see
+        // the `Send` impl).
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr().add(at), n) }
+    }
+
+    /// [`piece`](Self::piece), to write.
+    #[inline]
+    fn piece_mut(&mut self, r: usize, piece: usize) -> &mut [f16] {
+        let (at, n) = self.piece_at(r, piece);
+        // SAFETY: as in `piece`, and `&mut self` is the only way to this block's values.
+        unsafe { std::slice::from_raw_parts_mut(self.data.as_ptr().add(at), n) }
     }
 
     /// A copy of this block in a new slot (after `after`'s when free).
     fn copy(&self, after: Option<&Block>) -> Result<Block> {
         let mut copy = Block::alloc(&self.pool, after)?;
-        for r in 0..self.pool.geometry.slabs() {
-            copy.slab_at_mut(r).copy_from_slice(self.slab_at(r));
+        for (r, piece) in self.pool.geometry.all_pieces() {
+            copy.piece_mut(r, piece)
+                .copy_from_slice(self.piece(r, piece));
         }
         Ok(copy)
     }
@@ -512,9 +559,14 @@ impl SeqKv {
         let hd = g.head_dim;
         for head in 0..g.n_kv_head {
             for (kv, src) in [k, v].into_iter().enumerate() {
-                let dst = &mut block.slab_at_mut(g.region(layer, kv, head))[p * hd..(p + 1) * hd];
-                for (d, s) in dst.iter_mut().zip(&src[head * hd..(head + 1) * hd]) {
-                    *d = f16::from_f32(*s);
+                let (pieces, cols) = g.pieces(kv);
+                let r = g.region(layer, kv, head);
+                for piece in 0..pieces {
+                    let dst = &mut block.piece_mut(r, piece)[p * cols..(p + 1) * cols];
+                    let src = &src[head * hd + piece * cols..head * hd + (piece + 1) * cols];
+                    for (d, s) in dst.iter_mut().zip(src) {
+                        *d = f16::from_f32(*s);
+                    }
                 }
             }
         }
@@ -527,35 +579,50 @@ impl SeqKv {
         self.len = len;
     }
 
-    /// The `[BLOCK_POSITIONS][head_dim]` keys (`kv = 0`) or values (`kv = 1`) of `head` in
-    /// `layer` held by block `block`.
+    /// The column groups of a head's values ([`KvGeometry::value_groups`]).
     #[inline]
-    pub(crate) fn slab(&self, block: usize, layer: usize, kv: usize, head: usize) -> &[f16] {
-        let g = &self.pool.geometry;
-        self.blocks[block].slab_at(g.region(layer, kv, head))
+    pub(crate) fn value_groups(&self) -> usize {
+        self.pool.geometry.value_groups()
     }
 
-    /// The keys (`kv = 0`) or values (`kv = 1`) of `head` in `layer` from block `block` on,
-    /// over the blocks after it whose values follow in memory, at most `max` blocks: the
-    /// `[blocks · BLOCK_POSITIONS][head_dim]` values, and how many blocks they span.
+    /// Piece `piece` of the keys (`kv = 0`; one piece, `[BLOCK_POSITIONS][head_dim]`) or the
+    /// values (`kv = 1`; [`KvGeometry::value_groups`] pieces of `[BLOCK_POSITIONS][columns]`,
+    /// columns `piece · columns..`) of `head` in `layer` held by block `block`.
     #[inline]
-    pub(crate) fn slab_run(
+    pub(crate) fn piece(
+        &self,
+        block: usize,
+        layer: usize,
+        kv: usize,
+        head: usize,
+        piece: usize,
+    ) -> &[f16] {
+        let g = &self.pool.geometry;
+        self.blocks[block].piece(g.region(layer, kv, head), piece)
+    }
+
+    /// [`piece`](Self::piece) from block `block` on, over the blocks after it whose values
+    /// follow in memory, at most `max` blocks: the `[blocks · BLOCK_POSITIONS][columns]`
+    /// values, and how many blocks they span.
+    #[inline]
+    pub(crate) fn piece_run(
         &self,
         block: usize,
         max: usize,
         layer: usize,
         kv: usize,
         head: usize,
+        piece: usize,
     ) -> (&[f16], usize) {
         let mut n = 1;
         while n < max && self.continues(block + n - 1) {
             n += 1;
         }
-        let first = self.slab(block, layer, kv, head);
+        let first = self.piece(block, layer, kv, head, piece);
         // SAFETY: blocks `block..block + n` hold consecutive slots of one segment, so their
-        // parts of this (layer, kv, head) region are one run of `n · first.len()` values from
-        // the first one's; this sequence holds all of them and only reads them while `&self`
-        // lives (a write takes `&mut self`).
+        // pieces are one run of `n · first.len()` values from the first one's; this sequence
+        // holds all of them and only reads them while `&self` lives (a write takes
+        // `&mut self`).
         let run = unsafe { std::slice::from_raw_parts(first.as_ptr(), n * first.len()) };
         (run, n)
     }
@@ -627,9 +694,9 @@ mod tests {
         assert!(a.same_block(&b, 0) && !a.same_block(&b, 1));
         b.write(0, 20, &[9.0; 4], &[9.0; 4]).unwrap();
         b.set_len(21);
-        assert_eq!(a.slab(1, 0, 0, 0)[4 * 4].to_f32(), 0.0);
-        assert_eq!(b.slab(1, 0, 0, 0)[4 * 4].to_f32(), 9.0);
-        assert_eq!(b.slab(1, 1, 0, 0)[3 * 4].to_f32(), 19.0);
+        assert_eq!(a.piece(1, 0, 0, 0, 0)[4 * 4].to_f32(), 0.0);
+        assert_eq!(b.piece(1, 0, 0, 0, 0)[4 * 4].to_f32(), 9.0);
+        assert_eq!(b.piece(1, 1, 0, 0, 0)[3 * 4].to_f32(), 19.0);
         b.truncate(3).unwrap();
         assert_eq!(b.blocks(), 1);
         assert_eq!(pool.blocks_in_use(), 2);
@@ -673,8 +740,8 @@ mod tests {
         assert_eq!(a.blocks(), 13);
         assert_eq!(a.runs(), 1, "one sequence alone gets consecutive slots");
         // every (layer, kv, head) part of a block sits at its own place
-        assert_eq!(a.slab(12, 2, 1, 1)[7 * 8].to_f32(), -2.5);
-        assert_eq!(a.slab(12, 2, 0, 0)[7 * 8].to_f32(), 1.5);
+        assert_eq!(a.piece(12, 2, 1, 1, 0)[7 * 8].to_f32(), -2.5);
+        assert_eq!(a.piece(12, 2, 0, 0, 0)[7 * 8].to_f32(), 1.5);
         let reserved = pool.slots_reserved();
         drop(a);
         assert_eq!(pool.blocks_in_use(), 0);
@@ -687,11 +754,46 @@ mod tests {
             for l in 0..3 {
                 for kv in 0..2 {
                     for h in 0..2 {
-                        assert!(b.slab(blk, l, kv, h).iter().all(|x| x.to_bits() == 0));
+                        assert!(b.piece(blk, l, kv, h, 0).iter().all(|x| x.to_bits() == 0));
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn values_are_stored_in_column_groups() {
+        let g = KvGeometry {
+            n_layer: 2,
+            n_kv_head: 2,
+            head_dim: 64,
+        };
+        assert_eq!(g.value_groups(), 2);
+        let pool = KvPool::new(g, None);
+        let mut a = pool.sequence();
+        a.prepare_write(40).unwrap();
+        let k: Vec<f32> = (0..128).map(|i| i as f32).collect();
+        let v: Vec<f32> = (0..128).map(|i| -(i as f32)).collect();
+        for pos in 0..40 {
+            a.write(1, pos, &k, &v).unwrap();
+        }
+        a.set_len(40);
+        for (b, p) in [(0, 0), (1, 3), (2, 7)] {
+            for h in 0..2 {
+                let keys = a.piece(b, 1, 0, h, 0);
+                assert_eq!(keys.len(), BLOCK_POSITIONS * 64);
+                assert_eq!(keys[p * 64 + 5].to_f32(), (h * 64 + 5) as f32);
+                for c in 0..2 {
+                    let vals = a.piece(b, 1, 1, h, c);
+                    assert_eq!(vals.len(), BLOCK_POSITIONS * 32);
+                    assert_eq!(vals[p * 32 + 9].to_f32(), -((h * 64 + c * 32 + 9) as f32));
+                }
+            }
+        }
+        // one run per column group across the blocks
+        let (run, n) = a.piece_run(0, 3, 1, 1, 1, 1);
+        assert_eq!(n, 3);
+        assert_eq!(run[(2 * BLOCK_POSITIONS + 7) * 32].to_f32(), -(64.0 + 32.0));
     }
 
     #[test]

@@ -197,6 +197,8 @@ pub struct Scratch {
     units: Vec<(usize, usize, usize)>,
     split_scores: Vec<f32>,
     split_weights: Vec<f32>,
+    /// Per unit of a split attention: its score chunks done.
+    split_done: Vec<std::sync::atomic::AtomicUsize>,
     /// How many layer steps ran their attention split ([`Scratch::split_attention_steps`]).
     split_steps: u64,
     /// Per row: (sequence index, absolute position).
@@ -705,7 +707,13 @@ impl ModelWeights {
                         window,
                         scale: score_scale,
                     };
-                    split.run(&mut s.units, &mut s.split_scores, &mut s.split_weights, out);
+                    split.run(
+                        &mut s.units,
+                        &mut s.split_scores,
+                        &mut s.split_weights,
+                        &mut s.split_done,
+                        out,
+                    );
                     s.split_steps += 1;
                 } else {
                     crate::team::for_each(tasks, &|task| {
@@ -932,16 +940,30 @@ fn attend<'q, 'o>(
         );
         // the keys (`part` 0) or values (1) block by block, each converted once: `f(row, its
         // keys, the offset of the block's first one among them, its part of the block)`
+        let groups = kv.value_groups();
         let mut blocks = |part: usize, f: &mut BlockFn<'_>| {
             for b in b0..b1 {
                 let (lo, hi, _) = block_span(b, &all);
-                if b + 1 < b1 && !kv.continues(b) {
-                    attn::prefetch(kv.slab(b + 1, layer, part, g));
+                // the values' column groups side by side again
+                let (pieces, cols) = if part == 0 {
+                    (1, hd)
+                } else {
+                    (groups, hd / groups)
+                };
+                for c in 0..pieces {
+                    if b + 1 < b1 && !kv.continues(b) {
+                        attn::prefetch(kv.piece(b + 1, layer, part, g, c));
+                    }
+                    let src = kv.piece(b, layer, part, g, c);
+                    if pieces == 1 {
+                        f16_to_f32(&src[lo * hd..hi * hd], &mut block[..(hi - lo) * hd]);
+                    } else {
+                        for p in lo..hi {
+                            let dst = &mut block[(p - lo) * hd + c * cols..][..cols];
+                            f16_to_f32(&src[p * cols..(p + 1) * cols], dst);
+                        }
+                    }
                 }
-                f16_to_f32(
-                    &kv.slab(b, layer, part, g)[lo * hd..hi * hd],
-                    &mut block[..(hi - lo) * hd],
-                );
                 for i in 0..n {
                     let k = keys(i);
                     if k.is_empty() || b < k.start / BLOCK_POSITIONS || b * BLOCK_POSITIONS >= k.end
@@ -996,14 +1018,15 @@ fn attend_one(
     ATTN_SCRATCH.with(|cell| {
         let mut cell = cell.borrow_mut();
         let AttnScratch {
-            scores, weights, ..
+            scores,
+            weights,
+            block,
         } = &mut *cell;
         let rep = q.len() / hd;
         let len = keys.len();
         scores.resize(rep * len, 0.0);
         weights.resize(rep * len, 0.0);
-        let runs = |part: usize, f: &mut RunFn<'_>| for_runs(kv, layer, part, g, &keys, hd, f);
-        runs(0, &mut |k, _, off| {
+        for_runs(kv, layer, (0, 0), g, &keys, hd, &mut |k, _, off| {
             attn::scores_f16(level, q, k, hd, scale, scores, len, off);
         });
         for h in 0..rep {
@@ -1012,33 +1035,62 @@ fn attend_one(
                 &mut weights[h * len..(h + 1) * len],
             );
         }
-        out.fill(0.0);
-        // in pieces that stay in the L1 cache while the kernel goes over their columns
-        runs(1, &mut |v, here, off| {
-            let mut p = 0;
-            while p < here {
-                let e = (p + VALUES_PIECE).min(here);
-                let piece = &v[p * hd..e * hd];
-                attn::accumulate_f16(level, weights, len, off + p, piece, hd, e - p, hd, out);
-                p = e;
+        // the values column group by column group, in pieces that stay in the L1 cache while
+        // the kernel goes over their columns
+        let groups = kv.value_groups();
+        let cols = hd / groups;
+        let acc = block;
+        for c in 0..groups {
+            acc.clear();
+            acc.resize(rep * cols, 0.0);
+            values_run(level, kv, layer, (g, c), &keys, weights, cols, acc);
+            for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+                o[c * cols..(c + 1) * cols].copy_from_slice(&acc[h * cols..(h + 1) * cols]);
             }
-        });
+        }
     })
+}
+
+/// Adds the values of column group `c` of key/value head `g` (`(g, c)`) at the positions
+/// `keys`, weighted by `weights` (`rep` heads of `keys.len()`), to `acc` (`rep · cols`), in
+/// pieces that stay in the L1 cache while the kernel goes over their columns.
+#[allow(clippy::too_many_arguments)]
+fn values_run(
+    level: kernels::Level,
+    kv: &SeqKv,
+    layer: usize,
+    (g, c): (usize, usize),
+    keys: &std::ops::Range<usize>,
+    weights: &[f32],
+    cols: usize,
+    acc: &mut [f32],
+) {
+    let len = keys.len();
+    for_runs(kv, layer, (1, c), g, keys, cols, &mut |v, here, off| {
+        let mut p = 0;
+        while p < here {
+            let e = (p + VALUES_PIECE).min(here);
+            let piece = &v[p * cols..e * cols];
+            attn::accumulate_f16(level, weights, len, off + p, piece, cols, e - p, cols, acc);
+            p = e;
+        }
+    });
 }
 
 /// What [`for_runs`] runs on each run: `f(its values, positions, offset of its first among
 /// the keys)`.
 type RunFn<'a> = dyn FnMut(&[f16], usize, usize) + 'a;
 
-/// The keys (`part` 0) or values (1) of key/value head `g` in `layer` at the positions `keys`,
-/// a run of blocks that follow one another in memory at a time.
+/// The keys (`part` `(0, 0)`) or a column group `c` of the values (`(1, c)`) of key/value head
+/// `g` in `layer` at the positions `keys` (`cols` values each), a run of blocks that follow one
+/// another in memory at a time.
 fn for_runs(
     kv: &SeqKv,
     layer: usize,
-    part: usize,
+    (part, c): (usize, usize),
     g: usize,
     keys: &std::ops::Range<usize>,
-    hd: usize,
+    cols: usize,
     f: &mut RunFn<'_>,
 ) {
     let (b0, b1) = (
@@ -1047,12 +1099,12 @@ fn for_runs(
     );
     let mut b = b0;
     while b < b1 {
-        let (slab, nb) = kv.slab_run(b, b1 - b, layer, part, g);
+        let (run, nb) = kv.piece_run(b, b1 - b, layer, part, g, c);
         let start = b * BLOCK_POSITIONS;
         let lo = keys.start.max(start);
         let hi = keys.end.min(start + nb * BLOCK_POSITIONS);
         f(
-            &slab[(lo - start) * hd..(hi - start) * hd],
+            &run[(lo - start) * cols..(hi - start) * cols],
             hi - lo,
             lo - keys.start,
         );
@@ -1083,27 +1135,28 @@ const VALUES_PIECE: usize = 32;
 /// keys and values converted to `f32`.
 const ATTN_GROUP_ROWS: usize = 8;
 
-/// Attention is split three ways ([`Split`]) from this many keys on.
+/// Attention is split ([`Split`]) from this many keys on.
 const SPLIT_MIN_KEYS: usize = 256;
 
-/// The value columns one task of a split attention accumulates.
-const SPLIT_COLS: usize = 32;
+/// The value columns one task of a split attention accumulates: one column group of the cache,
+/// which it reads as one run.
+const SPLIT_COLS: usize = crate::kv::VALUE_COLUMNS;
 
 /// Attention for a few (row, key/value head) units over long key ranges — a decode step at a
 /// long context, where one task per unit would leave threads idle (a model with one key/value
-/// head has one such task per layer) — split three ways, each way in parallel, computing
-/// exactly what [`attend`] computes:
+/// head has one such task per layer) — split in two parallel steps, computing exactly what
+/// [`attend`] computes:
 ///
-/// 1. the scores, in chunks of whole cache blocks (each block's scores as [`attend`] computes
-///    them);
-/// 2. each query head's softmax, over its scores gathered in position order;
-/// 3. the weighted sum of the values, `SPLIT_COLS` value columns per task, read from the
-///    cache's `f16` values ([`attn::accumulate_f16`]; each output value sums the same products
-///    in the same position order).
+/// 1. the scores, in chunks of whole cache blocks (each key's score as [`attend`] computes
+///    it); the task that finishes a unit's last chunk then computes each of its query heads'
+///    softmax, over its scores gathered in position order;
+/// 2. the weighted sum of the values, one column group of the cache (`SPLIT_COLS` columns, one
+///    run of memory) per task ([`attn::accumulate_f16`]; each output value sums the same
+///    products in the same position order).
 ///
-/// Only when there are fewer units than threads: on a two-vCPU machine a long-context decode
-/// step measured bound by reading the cache, and splitting three units over two threads was
-/// slower than one task per unit (docs/performance.md).
+/// Only when there are fewer units than threads: on a two-vCPU machine, splitting the three
+/// units of a SmolLM2 decode step over two threads measured slower than one task per unit, the
+/// cache's values in column groups too (docs/performance.md).
 struct Split<'a, 'b> {
     level: kernels::Level,
     seqs: &'a [BatchSeq<'b>],
@@ -1125,8 +1178,10 @@ impl Split<'_, '_> {
         units: &mut Vec<(usize, usize, usize)>,
         scores: &mut Vec<f32>,
         weights: &mut Vec<f32>,
+        done: &mut Vec<std::sync::atomic::AtomicUsize>,
         out: kernels::OutPtr,
     ) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
         let (rep, hd, nkv) = (self.rep, self.hd, self.nkv);
         units.clear();
         let mut total = 0;
@@ -1164,54 +1219,65 @@ impl Split<'_, '_> {
         let units = &units[..];
         let sp = kernels::OutPtr(scores.as_mut_ptr());
         let wp = kernels::OutPtr(weights.as_mut_ptr());
+        // grow, never shrink; every unit's count starts at zero
+        if done.len() < units.len() {
+            done.resize_with(units.len(), || AtomicUsize::new(0));
+        }
+        for d in &done[..units.len()] {
+            d.store(0, Ordering::Relaxed);
+        }
+        let done = &done[..units.len()];
         // 1. scores: chunk `c` of unit `u` writes `rep × (k1 − k0)` values (stride `k1 − k0`)
-        // at the unit's base `+ rep · k0`
+        // at the unit's base `+ rep · k0`; the task that finishes a unit's last chunk computes
+        // its heads' softmax into their weights (the unit's base `+ h · len`)
         crate::team::for_each(units.len() * chunks, &|t| {
             let (u, c) = (t / chunks, t % chunks);
             let (_, _, k0, k1) = chunk(u, c);
-            if k1 == k0 {
+            let (row, g) = (u / nkv, u % nkv);
+            let (first, len, base) = units[u];
+            if k1 > k0 {
+                let (si, _) = self.rows[row];
+                let kv = &*self.seqs[si].kv;
+                let q = self.q(row, g);
+                // SAFETY: the chunks' ranges are disjoint parts of `scores`, which holds
+                // `total` values and outlives this step
+                let sc = unsafe {
+                    std::slice::from_raw_parts_mut(sp.get().add(base + rep * k0), rep * (k1 - k0))
+                };
+                let keys = first + k0..first + k1;
+                for_runs(kv, self.layer, (0, 0), g, &keys, hd, &mut |k, _, off| {
+                    attn::scores_f16(self.level, q, k, hd, self.scale, sc, k1 - k0, off);
+                });
+            }
+            // the last chunk to finish sees every other chunk's scores (acquire of their
+            // releases)
+            if done[u].fetch_add(1, Ordering::AcqRel) + 1 < chunks {
                 return;
             }
-            let (row, g) = (u / nkv, u % nkv);
-            let (si, _) = self.rows[row];
-            let kv = &*self.seqs[si].kv;
-            let (first, _, base) = units[u];
-            let q = self.q(row, g);
-            // SAFETY: the chunks' ranges are disjoint parts of `scores`, which holds `total`
-            // values and outlives this step
-            let sc = unsafe {
-                std::slice::from_raw_parts_mut(sp.get().add(base + rep * k0), rep * (k1 - k0))
-            };
-            let keys = first + k0..first + k1;
-            for_runs(kv, self.layer, 0, g, &keys, hd, &mut |k, _, off| {
-                attn::scores_f16(self.level, q, k, hd, self.scale, sc, k1 - k0, off);
-            });
-        });
-        // 2. each head's softmax into its weights (the unit's base `+ h · len`)
-        crate::team::for_each(units.len() * rep, &|t| {
-            let (u, h) = (t / rep, t % rep);
-            let (_, len, base) = units[u];
-            // SAFETY: as above: the scores are written, this task alone writes this head's
-            // weights
+            // SAFETY: every chunk of this unit is written and no other task touches its
+            // scores or weights in this step
             let (sc, w) = unsafe {
                 (
                     std::slice::from_raw_parts(sp.get().add(base), rep * len),
-                    std::slice::from_raw_parts_mut(wp.get().add(base + h * len), len),
+                    std::slice::from_raw_parts_mut(wp.get().add(base), rep * len),
                 )
             };
             ATTN_SCRATCH.with(|cell| {
                 let mut cell = cell.borrow_mut();
                 let gathered = &mut cell.scores;
                 gathered.resize(len, 0.0);
-                for c in 0..chunks {
-                    let (_, _, k0, k1) = chunk(u, c);
-                    let n = k1 - k0;
-                    gathered[k0..k1].copy_from_slice(&sc[rep * k0 + h * n..rep * k0 + (h + 1) * n]);
+                for h in 0..rep {
+                    for c in 0..chunks {
+                        let (_, _, k0, k1) = chunk(u, c);
+                        let n = k1 - k0;
+                        gathered[k0..k1]
+                            .copy_from_slice(&sc[rep * k0 + h * n..rep * k0 + (h + 1) * n]);
+                    }
+                    softmax_f16(gathered, &mut w[h * len..(h + 1) * len]);
                 }
-                softmax_f16(gathered, w);
             });
         });
-        // 3. the values, `SPLIT_COLS` columns per task
+        // 2. the values, `SPLIT_COLS` columns (one column group of the cache) per task
         let cols = hd / SPLIT_COLS;
         crate::team::for_each(units.len() * cols, &|t| {
             let (u, cc) = (t / cols, t % cols);
@@ -1227,18 +1293,18 @@ impl Split<'_, '_> {
                 let acc = &mut cell.weights;
                 acc.clear();
                 acc.resize(rep * SPLIT_COLS, 0.0);
-                // in pieces that stay in the L1 cache while the kernel goes over them
+                // the column group's own run of values
                 let keys = first..first + len;
-                for_runs(kv, self.layer, 1, g, &keys, hd, &mut |v, here, off| {
-                    let mut p = 0;
-                    while p < here {
-                        let e = (p + VALUES_PIECE).min(here);
-                        let piece = &v[p * hd + c0..e * hd];
-                        let (level, n) = (self.level, e - p);
-                        attn::accumulate_f16(level, w, len, off + p, piece, hd, n, SPLIT_COLS, acc);
-                        p = e;
-                    }
-                });
+                values_run(
+                    self.level,
+                    kv,
+                    self.layer,
+                    (g, cc),
+                    &keys,
+                    w,
+                    SPLIT_COLS,
+                    acc,
+                );
                 for h in 0..rep {
                     // SAFETY: `out` holds every unit's `rep · hd` outputs; this task alone
                     // writes columns `c0..c0 + SPLIT_COLS` of this unit's heads
