@@ -54,7 +54,7 @@ pub const VALUE_COLUMNS: usize = 32;
 /// The size a segment aims at: its slots are this over a block's bytes, within
 /// [`SEGMENT_MIN_SLOTS`]..=[`SEGMENT_MAX_SLOTS`] (and a limited pool's limit). Memory is taken
 /// from the system when a slot is first handed out, not when the segment is made.
-const SEGMENT_BYTES: usize = 64 << 20;
+const SEGMENT_BYTES: usize = 32 << 20;
 const SEGMENT_MIN_SLOTS: usize = 16;
 const SEGMENT_MAX_SLOTS: usize = 1024;
 
