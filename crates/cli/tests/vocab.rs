@@ -291,3 +291,42 @@ fn real_smollm2_gguf() {
     assert_eq!(t["ids"].as_array().unwrap().len(), 7);
     fails(&["vocab", "--tokenizer", &p], "this is a GGUF file");
 }
+
+/// Gemma 3 270M (a SentencePiece vocabulary of 262,144 tokens in the GGUF file): `vocab` and
+/// `tokenize --model` read it from the file, and the ids (with the BOS token the file asks
+/// for) are llama.cpp's on the same file (the committed reference's prompts).
+#[test]
+fn real_gemma3_gguf() {
+    let Some(p) = testdata(nextok_testdata::GEMMA3_270M) else {
+        return;
+    };
+    let v = json_of(&["vocab", "--model", &p, "--json", "--id", "2"]);
+    assert_eq!(v["vocab_size"], 262_144);
+    assert_eq!(v["bos_token_id"], 2);
+    assert_eq!(v["tokens"][0]["name"], "<bos>");
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            nextok_testdata::repo_root().join("testdata/reference/gemma-3-270m.llamacpp.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let prompts = reference["models"][0]["prompts"].as_array().unwrap();
+    assert!(prompts.len() >= 5);
+    for prompt in prompts {
+        let text = prompt["text"].as_str().unwrap();
+        let t = json_of(&[
+            "tokenize",
+            "--model",
+            &p,
+            "--text",
+            text,
+            "--add-special-tokens",
+            "--json",
+        ]);
+        assert_eq!(t["ids"], prompt["ids"], "{text:?}");
+        // without the BOS token, the bytes of the ids are the text
+        let t = json_of(&["tokenize", "--model", &p, "--text", text, "--json"]);
+        assert_eq!(t["round_trip"], true, "{text:?}");
+    }
+}

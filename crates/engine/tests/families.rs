@@ -2,7 +2,9 @@
 //! with a small SentencePiece vocabulary): a request's tokens and step records are the same
 //! alone and batched with others arriving at different iterations, `n` sequences fork the
 //! prompt and equal single runs, the prefix cache changes no token, and a KV budget too small
-//! for everyone preempts and recomputes without changing a token.
+//! for everyone preempts and recomputes without changing a token; speculative decoding (prompt
+//! lookup and a draft model) changes no token or record, and a trace replays bit for bit on an
+//! engine of its own.
 
 #[path = "../../model/tests/common/mod.rs"]
 mod common;
@@ -12,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::tiny::{Tiny, SEED};
 use nextok_core::SamplingParams;
+use nextok_engine::speculative::{DrafterKind, SpecOptions};
+use nextok_engine::trace::{compare, parse, replay_request, TraceHeader};
 use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
 use nextok_model::{KvGeometry, Model, Requant};
 
@@ -134,5 +138,95 @@ fn every_family_batches_forks_caches_and_preempts_without_changing_a_token() {
         }
         assert!(tight.stats().preemptions > 0, "{name}: {:?}", tight.stats());
         eprintln!("{name}: batched, forked, cached and preempted runs equal the solo runs");
+    }
+}
+
+/// The records as JSON without their draft marks, and how many tokens were drafted and how
+/// many of those accepted (each mark consistent with its record).
+fn unmarked(c: &nextok_engine::Completion) -> (Vec<(Vec<u32>, String)>, usize, usize) {
+    let (mut drafted, mut accepted) = (0, 0);
+    let seqs = c
+        .sequences
+        .iter()
+        .map(|s| {
+            let plain: Vec<_> = s
+                .records
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    if let Some(d) = r.draft.take() {
+                        assert_eq!(d.accepted, d.token == r.selected, "mark of step {}", r.step);
+                        drafted += 1;
+                        accepted += usize::from(d.accepted);
+                    }
+                    r
+                })
+                .collect();
+            (s.tokens.clone(), serde_json::to_string(&plain).unwrap())
+        })
+        .collect();
+    (seqs, drafted, accepted)
+}
+
+#[test]
+fn every_family_speculates_without_changing_a_token_and_replays_its_traces() {
+    for tiny in Tiny::all() {
+        let name = tiny.arch.name();
+        let m = model(&tiny);
+        let config = EngineConfig {
+            max_batch_tokens: 16,
+            max_num_seqs: 8,
+            prefill_chunk_tokens: 4,
+            ..Default::default()
+        };
+        // the model drafting for itself: its greedy drafts are all accepted at temperature 0
+        let engine = Engine::with_draft_model(m.clone(), m.clone(), config.clone()).unwrap();
+        for (temp, seed) in [(0.0f32, 3u64), (0.9, 4)] {
+            let mut r = request(2, seed, if temp == 0.0 { 1 } else { 2 });
+            r.params.temperature = Some(temp);
+            r.records = Some(4);
+            let plain = engine.generate(r.clone()).expect("plain run");
+            for drafter in [DrafterKind::Ngram, DrafterKind::Model] {
+                let mut fast = r.clone();
+                fast.speculative = Some(SpecOptions {
+                    drafter,
+                    max_draft: 4,
+                    ..Default::default()
+                });
+                let got = engine.generate(fast.clone()).expect("speculative run");
+                let (seqs, drafted, accepted) = unmarked(&got);
+                assert_eq!(
+                    seqs,
+                    unmarked(&plain).0,
+                    "{name}: {drafter:?} at temperature {temp}"
+                );
+                if drafter == DrafterKind::Model {
+                    assert!(drafted > 0, "{name}: nothing drafted");
+                    if temp == 0.0 {
+                        assert_eq!(accepted, drafted, "{name}: greedy drafts of itself");
+                    }
+                }
+                // the trace of the speculative run replays bit for bit (draft marks included)
+                // on an engine of its own
+                let p = engine.prepare(&fast).unwrap();
+                let header =
+                    TraceHeader::new(&p.info, &m, "reference", 4).with_draft_model(Some(&m));
+                let mut text = serde_json::to_string(&header).unwrap();
+                for s in &got.sequences {
+                    for rec in &s.records {
+                        text.push('\n');
+                        text.push_str(&serde_json::to_string(rec).unwrap());
+                    }
+                }
+                let (back, recorded) = parse(&text).unwrap();
+                assert_eq!(back.model_sha256, m.sha256);
+                let again = replay_request(&back).unwrap();
+                let fresh = Engine::with_draft_model(m.clone(), m.clone(), config.clone()).unwrap();
+                let run = fresh.generate(again).expect("replay");
+                let steps: usize = got.sequences.iter().map(|s| s.records.len()).sum();
+                assert_eq!(compare(&back, &recorded, &run), Ok(steps), "{name}: replay");
+            }
+        }
+        eprintln!("{name}: speculative runs equal plain runs; their traces replay");
     }
 }

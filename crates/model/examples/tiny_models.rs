@@ -1,17 +1,31 @@
 //! Writes the tiny seeded model of every family (the ones `tests/families.rs` builds) into a
-//! directory: `cargo run -p nextok-model --example tiny_models -- DIR`. The script that makes
-//! the llama.cpp references (`scripts/reference/model-logits.sh`) runs llama.cpp on them.
+//! directory: `cargo run -p nextok-model --example tiny_models -- DIR`; with `--real-vocab`,
+//! the same models carrying their families' real tokenizers (from the test data) instead. The
+//! script that makes the llama.cpp references (`scripts/reference/model-logits.sh`) runs
+//! llama.cpp on them.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 fn main() {
-    let Some(dir) = std::env::args_os().nth(1) else {
-        eprintln!("usage: tiny_models DIR");
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let real = args.iter().any(|a| a == "--real-vocab");
+    let Some(dir) = args.iter().find(|a| *a != "--real-vocab") else {
+        eprintln!("usage: tiny_models DIR [--real-vocab]");
         std::process::exit(2);
     };
     let dir = std::path::PathBuf::from(dir);
-    for t in common::tiny::Tiny::all() {
+    let tinies = if real {
+        common::tiny::Tiny::all_with_real_vocab().unwrap_or_else(|| {
+            eprintln!(
+                "tiny_models: the real vocabularies are missing: run scripts/fetch-testdata.sh"
+            );
+            std::process::exit(1);
+        })
+    } else {
+        common::tiny::Tiny::all()
+    };
+    for t in tinies {
         let p = t.write_to(&dir, &t.tensors(common::tiny::SEED));
         println!("{}", p.display());
     }

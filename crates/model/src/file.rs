@@ -41,6 +41,10 @@ pub mod ggml_type {
     pub const Q5_K: u32 = 13;
     /// 6-bit K-quant.
     pub const Q6_K: u32 = 14;
+    /// 4-bit non-linear (a 16-value table), scale per 32.
+    pub const IQ4_NL: u32 = 20;
+    /// 4-bit non-linear, 6-bit scales per 32 in super-blocks of 256.
+    pub const IQ4_XS: u32 = 23;
     /// brain float 16.
     pub const BF16: u32 = 30;
 
@@ -65,12 +69,20 @@ pub mod ggml_type {
             17 => "IQ2_XS".into(),
             18 => "IQ3_XXS".into(),
             19 => "IQ1_S".into(),
-            20 => "IQ4_NL".into(),
+            IQ4_NL => "IQ4_NL".into(),
             21 => "IQ3_S".into(),
             22 => "IQ2_S".into(),
-            23 => "IQ4_XS".into(),
+            IQ4_XS => "IQ4_XS".into(),
+            24 => "I8".into(),
+            25 => "I16".into(),
+            26 => "I32".into(),
+            27 => "I64".into(),
+            28 => "F64".into(),
             29 => "IQ1_M".into(),
             BF16 => "BF16".into(),
+            34 => "TQ1_0".into(),
+            35 => "TQ2_0".into(),
+            39 => "MXFP4".into(),
             other => format!("type {other}"),
         }
     }
@@ -236,8 +248,50 @@ pub(crate) fn to_f32(name: &str, t: u32, b: &[u8], dims: Vec<usize>) -> Result<V
             .chunks_exact(2)
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
+        ggml_type::IQ4_NL | ggml_type::IQ4_XS => dequantize_iq4(t, b),
         other => dequantize(name, other, b, dims)?,
     })
+}
+
+/// llama.cpp's table of the 16 values an IQ4_NL / IQ4_XS quant stands for (`kvalues_iq4nl`).
+const IQ4_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// IQ4_NL (`t` = 20: blocks of 32, an `f16` scale and 16 bytes of nibbles) or IQ4_XS (23:
+/// super-blocks of 256 with 6-bit scales per 32) as llama.cpp's `dequantize_row_iq4_nl` /
+/// `_iq4_xs` compute them (the byte count was checked against the tensor's dimensions).
+fn dequantize_iq4(t: u32, b: &[u8]) -> Vec<f32> {
+    let f16 = |lo: u8, hi: u8| half::f16::from_le_bytes([lo, hi]).to_f32();
+    // 32 values from 16 bytes of nibbles: the low nibbles first, then the high ones
+    let nibbles = |out: &mut Vec<f32>, dl: f32, qs: &[u8]| {
+        let lo = qs
+            .iter()
+            .map(|&q| dl * f32::from(IQ4_VALUES[usize::from(q & 0xf)]));
+        out.extend(lo);
+        let hi = qs
+            .iter()
+            .map(|&q| dl * f32::from(IQ4_VALUES[usize::from(q >> 4)]));
+        out.extend(hi);
+    };
+    let mut out = Vec::with_capacity(b.len() * 2);
+    if t == ggml_type::IQ4_NL {
+        for blk in b.chunks_exact(18) {
+            nibbles(&mut out, f16(blk[0], blk[1]), &blk[2..]);
+        }
+    } else {
+        for blk in b.chunks_exact(136) {
+            let d = f16(blk[0], blk[1]);
+            let scales_h = u16::from_le_bytes([blk[2], blk[3]]);
+            let (scales_l, qs) = (&blk[4..8], &blk[8..]);
+            for ib in 0..8 {
+                let ls = i32::from((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf)
+                    | (i32::from((scales_h >> (2 * ib)) & 3) << 4);
+                nibbles(&mut out, d * (ls - 32) as f32, &qs[ib * 16..(ib + 1) * 16]);
+            }
+        }
+    }
+    out
 }
 
 /// Dequantises GGML blocks of type `t` with candle's reference code (the formats nextok has no
@@ -277,4 +331,39 @@ pub(crate) fn dequantize(
     Ok(q.dequantize(&candle_core::Device::Cpu)?
         .flatten_all()?
         .to_vec1::<f32>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// IQ4_XS by hand: scale 1, 6-bit block scales `(ib + 1) + 32` (low nibbles 1..8, high bits
+    /// all 2), every byte `0xF0` (low nibble → −127, high nibble → 113).
+    #[test]
+    fn iq4_xs_blocks_dequantise_as_llama_cpp_defines_them() {
+        let mut b = vec![0x00, 0x3C, 0xAA, 0xAA, 0x21, 0x43, 0x65, 0x87];
+        b.extend([0xF0u8; 128]);
+        let v = to_f32("t", ggml_type::IQ4_XS, &b, vec![256]).unwrap();
+        assert_eq!(v.len(), 256);
+        for (ib, block) in v.chunks_exact(32).enumerate() {
+            let dl = (ib + 1) as f32;
+            assert!(
+                block[..16].iter().all(|&x| x == -127.0 * dl),
+                "{ib}: {block:?}"
+            );
+            assert!(
+                block[16..].iter().all(|&x| x == 113.0 * dl),
+                "{ib}: {block:?}"
+            );
+        }
+        // IQ4_NL: scale 0.5, value j in byte j's low nibble (index j % 16), value j + 16 in
+        // its high nibble (index 15 − j % 16)
+        let mut b = vec![0x00, 0x38];
+        b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let v = to_f32("t", ggml_type::IQ4_NL, &b, vec![32]).unwrap();
+        for j in 0..16 {
+            assert_eq!(v[j], 0.5 * f32::from(IQ4_VALUES[j]));
+            assert_eq!(v[j + 16], 0.5 * f32::from(IQ4_VALUES[15 - j]));
+        }
+    }
 }

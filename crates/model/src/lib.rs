@@ -20,8 +20,10 @@
 //!   name, or the default model) and loaded with a report on standard error, as every front end
 //!   does;
 //! * [`chat`] — rendering the GGUF chat template;
-//! * [`kernels`] — quantised matrix × batch-of-activations kernels (Q4_1/Q8_0 weights, Q8_1
-//!   activations), bit-identical across batch sizes, threads and SIMD levels;
+//! * [`kernels`] — matrix × batch-of-activations kernels for every format nextok keeps as the
+//!   file has it (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32; activations
+//!   quantised per block as llama.cpp's CPU backend does), bit-identical across batch sizes,
+//!   threads and SIMD levels (scalar, AVX2, AVX-512, AVX-512 VNNI);
 //! * [`beam`] — beam search over any [`LogitsSource`];
 //! * [`scripted`] — a logits source that replays a scripted tree (tests, examples).
 
@@ -49,7 +51,9 @@ pub use arch::{Arch, ArchConfig};
 pub use error::{ModelError, ModelErrorKind, Result};
 pub use kv::{KvGeometry, KvPool, SeqKv};
 pub use open::{load_model, model_path};
-pub use transformer::{BatchSeq, LogitRows, ModelSource, ModelWeights, Requant, Scratch};
+pub use transformer::{
+    BatchSeq, Converted, LogitRows, ModelSource, ModelWeights, Requant, Scratch,
+};
 
 /// One sequence of a model: produces the raw logits after each id it is fed.
 pub trait LogitsSource: Sized {
@@ -113,9 +117,10 @@ impl std::fmt::Debug for Model {
     }
 }
 
-/// The SIMD features this build was compiled with (`avx,avx2,fma,f16c`, …; `none`). candle
-/// picks its quantised kernels at compile time, so builds with different features give
-/// (slightly) different logits for the same model and input.
+/// The SIMD features this build was compiled with (`avx,avx2,fma,f16c`, …; `none`), which a
+/// trace records. nextok's kernels pick their instruction set at run time and give the same
+/// bits at every level ([`kernels::Level`]), so the logits do not depend on these features;
+/// the field says which build recorded a trace.
 pub fn simd_features() -> String {
     let all = [
         ("avx", cfg!(target_feature = "avx")),
@@ -150,6 +155,35 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     Ok(hex(&h.finalize()))
 }
 
+/// The one line the loader says about the matrices it converted: their count, and for each
+/// format in the file's order of first appearance, how many and the first tensor
+/// (`None` when nothing was converted).
+pub fn converted_note(converted: &[Converted]) -> Option<String> {
+    let first = converted.first()?;
+    // (format, matrices, first tensor), in order of first appearance
+    let mut kinds: Vec<(&str, usize, &str)> = Vec::new();
+    for c in converted {
+        match kinds.iter_mut().find(|k| k.0 == c.from) {
+            Some(k) => k.1 += 1,
+            None => kinds.push((&c.from, 1, &c.tensor)),
+        }
+    }
+    let n = converted.len();
+    let each: Vec<String> = kinds
+        .iter()
+        .map(|&(from, count, tensor)| match count {
+            1 => format!("{from}: `{tensor}`"),
+            _ => format!("{from}: {count}, the first `{tensor}`"),
+        })
+        .collect();
+    Some(format!(
+        "no kernel for the format of {n} matri{} ({}): converted to {} at load",
+        if n == 1 { "x" } else { "ces" },
+        each.join("; "),
+        first.to
+    ))
+}
+
 pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -161,18 +195,8 @@ impl Model {
     pub fn load(path: &Path, requant: Requant) -> Result<Model> {
         let f = file::GgufFile::open(path)?;
         let weights = Arc::new(ModelWeights::from_file(&f, requant)?);
-        if let Some(first) = weights.converted.first() {
-            let more = weights.converted.len() - 1;
-            eprintln!(
-                "nextok: {}: no kernel for the format of {} matri{} ({} is {}{}): converted to {} at load",
-                path.display(),
-                weights.converted.len(),
-                if more == 0 { "x" } else { "ces" },
-                first.tensor,
-                first.from,
-                if more == 0 { String::new() } else { format!(", and {more} more") },
-                first.to
-            );
+        if let Some(line) = converted_note(&weights.converted) {
+            eprintln!("nextok: {}: {line}", path.display());
         }
         let g = f.meta();
         let label = path.display().to_string();

@@ -103,14 +103,8 @@ struct Layer {
     gate_up: GateUp,
     w_down: QMatrix,
     post_ffn_norm: Option<Vec<f32>>,
-    /// Index into the rotary tables.
+    /// Index into the model's rotary settings ([`ModelWeights`]' `ropes`).
     rope: usize,
-}
-
-/// `cos` and `sin` of every (position, pair) for one [`RopeSpec`], `[context_length][n_rot / 2]`.
-struct RopeTable {
-    cos: Vec<f32>,
-    sin: Vec<f32>,
 }
 
 /// A matrix the loader could not keep in the file's format.
@@ -133,7 +127,11 @@ pub struct ModelWeights {
     norm: Vec<f32>,
     /// `None`: tied to the embedding.
     output: Option<QMatrix>,
-    ropes: Vec<RopeTable>,
+    /// The distinct rotary settings of the layers, and Llama 3's frequency factors: each
+    /// forward pass computes the angles of its own rows' positions ([`rope_angles`]), so no
+    /// table sized by the file's context length is built.
+    ropes: Vec<RopeSpec>,
+    rope_factors: Option<Vec<f32>>,
     pool: KvPool,
     /// The quantisation of the output matrix after load (for reports).
     pub output_dtype: String,
@@ -203,6 +201,8 @@ pub struct Scratch {
     split_steps: u64,
     /// Per row: (sequence index, absolute position).
     rows: Vec<(usize, usize)>,
+    /// Per rotary setting of the model: `cos` and `sin` of each row's angles, `[row][n_rot / 2]`.
+    rope: Vec<(Vec<f32>, Vec<f32>)>,
     /// Runs of consecutive rows of one sequence that attend together (first row, end row).
     groups: Vec<(usize, usize)>,
     /// Rows whose logits are returned, in order.
@@ -443,10 +443,6 @@ impl ModelWeights {
         } else {
             None
         };
-        let ropes = ropes_spec
-            .iter()
-            .map(|s| rope_table(s, cfg.n_rot, cfg.context_length, factors.as_deref()))
-            .collect();
         let pool = KvPool::new(
             KvGeometry {
                 n_layer: cfg.n_layer,
@@ -461,7 +457,8 @@ impl ModelWeights {
             layers,
             norm,
             output,
-            ropes,
+            ropes: ropes_spec,
+            rope_factors: factors,
             pool,
             output_dtype,
             requant,
@@ -548,6 +545,16 @@ impl ModelWeights {
             }
         }
         let n = s.rows.len();
+        // the rotary angles of the rows' positions, once per pass for every layer
+        let half = cfg.n_rot / 2;
+        s.rope.resize_with(self.ropes.len(), Default::default);
+        for (spec, (cos, sin)) in self.ropes.iter().zip(s.rope.iter_mut()) {
+            cos.clear();
+            sin.clear();
+            for &(_, pos) in &s.rows {
+                rope_angles(spec, cfg.n_rot, pos, self.rope_factors.as_deref(), cos, sin);
+            }
+        }
         resize(&mut s.x, n * d);
         let mut r = 0;
         for q in seqs.iter() {
@@ -606,19 +613,17 @@ impl ModelWeights {
                 add_rows(&mut s.k, bk);
                 add_rows(&mut s.v, bv);
             }
-            let table = &self.ropes[layer.rope];
-            let half = cfg.n_rot / 2;
-            let rows = &s.rows;
-            let cos_sin = |pos: usize| {
+            let (cos, sin) = &s.rope[layer.rope];
+            let cos_sin = |row: usize| {
                 (
-                    &table.cos[pos * half..(pos + 1) * half],
-                    &table.sin[pos * half..(pos + 1) * half],
+                    &cos[row * half..(row + 1) * half],
+                    &sin[row * half..(row + 1) * half],
                 )
             };
             // row by row, on the team when the batch is large (the same bits)
             crate::team::for_rows(&mut s.q, qd, &|r0, q| {
                 for (i, q) in q.chunks_exact_mut(qd).enumerate() {
-                    let (c, sn) = cos_sin(rows[r0 + i].1);
+                    let (c, sn) = cos_sin(r0 + i);
                     for head in q.chunks_exact_mut(hd) {
                         if let Some(w) = &layer.q_norm {
                             rms_norm_in_place(head, w, eps);
@@ -639,7 +644,7 @@ impl ModelWeights {
                     .zip(v.chunks_exact_mut(kvd))
                     .enumerate()
                 {
-                    let (c, sn) = cos_sin(rows[r0 + i].1);
+                    let (c, sn) = cos_sin(r0 + i);
                     for head in k.chunks_exact_mut(hd) {
                         if let Some(w) = &layer.k_norm {
                             rms_norm_in_place(head, w, eps);
@@ -817,32 +822,40 @@ impl ModelWeights {
         logits.clear();
         logits.resize(nl * out.rows(), 0.0);
         kernels::matmul_with(level, out, &s.acts, logits)?;
+        if let Some(c) = cfg.final_softcap {
+            // as llama.cpp's graph: scale by 1/c, tanh, scale by c
+            let inv = 1.0 / c;
+            for z in logits.iter_mut() {
+                *z = (*z * inv).tanh() * c;
+            }
+        }
         Ok(())
     }
 }
 
-/// The rotary table of `spec` for every position below `ctx`, as GGML's `rope_cache_init`
-/// computes it: `θ_0 = position`, `θ_{i+1} = θ_i · base^(−2/n_rot)` in `f32`, angle
-/// `scale · θ_i / factor_i`.
-fn rope_table(spec: &RopeSpec, n_rot: usize, ctx: usize, factors: Option<&[f32]>) -> RopeTable {
-    let half = n_rot / 2;
+/// Appends the `n_rot / 2` rotary angles of `spec` at position `p` to `cos` and `sin`, as
+/// GGML's `rope_cache_init` computes them: `θ_0 = p`, `θ_{i+1} = θ_i · base^(−2/n_rot)` in
+/// `f32`, angle `scale · θ_i / factor_i`.
+fn rope_angles(
+    spec: &RopeSpec,
+    n_rot: usize,
+    p: usize,
+    factors: Option<&[f32]>,
+    cos: &mut Vec<f32>,
+    sin: &mut Vec<f32>,
+) {
     let theta_scale = spec.base.powf(-2.0 / n_rot as f32);
-    let mut cos = Vec::with_capacity(ctx * half);
-    let mut sin = Vec::with_capacity(ctx * half);
-    for p in 0..ctx {
-        let mut theta = p as f32;
-        for i in 0..half {
-            let ff = match (spec.freq_factors, factors) {
-                (true, Some(f)) => f[i],
-                _ => 1.0,
-            };
-            let a = spec.scale * (theta / ff);
-            cos.push(a.cos());
-            sin.push(a.sin());
-            theta *= theta_scale;
-        }
+    let mut theta = p as f32;
+    for i in 0..n_rot / 2 {
+        let ff = match (spec.freq_factors, factors) {
+            (true, Some(f)) => f[i],
+            _ => 1.0,
+        };
+        let a = spec.scale * (theta / ff);
+        cos.push(a.cos());
+        sin.push(a.sin());
+        theta *= theta_scale;
     }
-    RopeTable { cos, sin }
 }
 
 /// GGML's GELU table: for every `f16` input, the tanh approximation evaluated in `f32`, as
@@ -1578,19 +1591,21 @@ mod tests {
     }
 
     #[test]
-    fn rope_table_follows_ggml_recurrence() {
+    fn rope_angles_follow_ggml_recurrence() {
         let spec = RopeSpec {
             base: 10_000.0,
             scale: 0.5,
             freq_factors: true,
         };
-        let t = rope_table(&spec, 8, 3, Some(&[1.0, 2.0, 4.0, 8.0]));
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        rope_angles(&spec, 8, 2, Some(&[1.0, 2.0, 4.0, 8.0]), &mut cos, &mut sin);
+        assert_eq!(cos.len(), 4);
         let ts = 10_000f32.powf(-2.0 / 8.0);
         let mut theta = 2.0f32;
         for i in 0..4 {
             let a = 0.5 * (theta / [1.0, 2.0, 4.0, 8.0][i]);
-            assert_eq!(t.cos[2 * 4 + i], a.cos());
-            assert_eq!(t.sin[2 * 4 + i], a.sin());
+            assert_eq!(cos[i], a.cos());
+            assert_eq!(sin[i], a.sin());
             theta *= ts;
         }
     }

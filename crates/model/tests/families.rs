@@ -147,6 +147,7 @@ fn gemma3_local_layers_see_only_their_window() {
         window: Some(3),
         fused_qkv: false,
         context: 64,
+        vocab: None,
     };
     let w = tiny.load();
     assert!(w.config.layers.iter().all(|l| l.window == Some(3)));
@@ -301,4 +302,213 @@ fn long_context_decode_splits_attention_with_the_same_bits() {
             assert_eq!(splits, expected as u64, "{arch:?} at {threads} threads");
         }
     }
+}
+
+/// `t` with every matrix (2-D tensor) re-encoded by `enc(values)`, which gives the new GGML
+/// type, its bytes and the values those bytes stand for; also the same tensors as F32 holding
+/// those values.
+fn reencoded(t: Vec<T>, enc: impl Fn(&[f32]) -> (u32, Vec<u8>, Vec<f32>)) -> (Vec<T>, Vec<T>) {
+    let (mut coded, mut twin) = (Vec::new(), Vec::new());
+    for t in t {
+        if t.dims.len() != 2 {
+            twin.push(T {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                ty: t.ty,
+                data: t.data.clone(),
+            });
+            coded.push(t);
+            continue;
+        }
+        let v: Vec<f32> = t
+            .data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let (ty, bytes, stands_for) = enc(&v);
+        twin.push(T {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: 0,
+            data: stands_for.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        });
+        coded.push(T {
+            ty,
+            data: bytes,
+            ..t
+        });
+    }
+    (coded, twin)
+}
+
+/// llama.cpp's `kvalues_iq4nl`, written out here from ggml's source.
+const IQ4_NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+#[test]
+fn bf16_files_run_on_their_kernels_and_other_formats_are_converted_and_named() {
+    let tiny = Tiny::of(Arch::Llama);
+    let f32_file = tiny.load();
+    let ids = prompt(9, 2);
+    let reference = logits_in_chunks(&f32_file, &ids, &[9], Level::current());
+
+    // BF16 matrices (ggml type 30) load and run on the BF16 kernels: nothing converted, the
+    // logits near the F32 file's (the weights and activations rounded to bf16)
+    let (bf16, _) = reencoded(tiny.tensors(common::tiny::SEED), |v| {
+        let b: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
+        let bytes = b.iter().flat_map(|x| x.to_le_bytes()).collect();
+        (30, bytes, b.iter().map(|x| x.to_f32()).collect())
+    });
+    let w = ModelWeights::load(&tiny.file(&bf16), Requant::Keep).expect("a BF16 file loads");
+    assert!(w.converted.is_empty(), "{:?}", w.converted);
+    let got = logits_in_chunks(&w, &ids, &[9], Level::current());
+    let worst = got
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 0.1, "BF16 logits {worst} from the F32 file's");
+
+    // IQ4_NL matrices (ggml type 20: no kernel of nextok's own) are dequantised as llama.cpp
+    // does and converted to Q8_0, named: the same logits as an F32 file of the values they
+    // stand for, re-quantised to Q8_0
+    let (iq4, twin) = reencoded(tiny.tensors(common::tiny::SEED), |v| {
+        let (mut bytes, mut vals) = (Vec::new(), Vec::new());
+        for blk in v.chunks_exact(32) {
+            let amax = blk.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let d = half::f16::from_f32(amax / 127.0);
+            let df = d.to_f32();
+            let q: Vec<u8> = blk
+                .iter()
+                .map(|&x| {
+                    (0..16u8)
+                        .min_by(|&a, &b| {
+                            let ea = (df * f32::from(IQ4_NL[a as usize]) - x).abs();
+                            let eb = (df * f32::from(IQ4_NL[b as usize]) - x).abs();
+                            ea.total_cmp(&eb)
+                        })
+                        .unwrap()
+                })
+                .collect();
+            bytes.extend(d.to_le_bytes());
+            // value j in the low nibble of byte j, value j + 16 in its high nibble
+            bytes.extend((0..16).map(|j| q[j] | (q[j + 16] << 4)));
+            vals.extend(q.iter().map(|&k| df * f32::from(IQ4_NL[k as usize])));
+        }
+        (20, bytes, vals)
+    });
+    let w = ModelWeights::load(&tiny.file(&iq4), Requant::Keep).expect("an IQ4_NL file loads");
+    let matrices = iq4.iter().filter(|t| t.dims.len() == 2).count();
+    assert_eq!(w.converted.len(), matrices);
+    assert!(w
+        .converted
+        .iter()
+        .all(|c| c.from == "IQ4_NL" && c.to == "Q8_0"));
+    let dir = std::env::temp_dir().join(format!("nextok-families-{}", std::process::id()));
+    let twin_path = tiny.write_to(&dir.join("twin"), &twin);
+    let wt = ModelWeights::load(&twin_path, Requant::Q8_0).unwrap();
+    assert_eq!(
+        bits(&logits_in_chunks(&w, &ids, &[9], Level::current())),
+        bits(&logits_in_chunks(&wt, &ids, &[9], Level::current()))
+    );
+    let note = nextok_model::converted_note(&w.converted).unwrap();
+    assert!(
+        note.contains(&format!("{matrices} matrices"))
+            && note.contains("IQ4_NL: ")
+            && note.contains("`token_embd.weight`"),
+        "{note}"
+    );
+    // a file of several such formats names each, with its first tensor
+    let mut mixed = w.converted.clone();
+    mixed[3].from = "Q2_K".into();
+    mixed[5].from = "Q2_K".into();
+    let note = nextok_model::converted_note(&mixed).unwrap();
+    assert!(
+        note.contains(&format!(
+            "IQ4_NL: {}, the first `token_embd.weight`",
+            matrices - 2
+        )) && note.contains(&format!("Q2_K: 2, the first `{}`", mixed[3].tensor)),
+        "{note}"
+    );
+
+    // a format with neither a kernel nor a converter (MXFP4, ggml type 39: blocks of 32 in
+    // 17 bytes) is an error naming the tensor and the format
+    let mut t = tiny.tensors(common::tiny::SEED);
+    let down = t
+        .iter_mut()
+        .find(|t| t.name == "blk.0.ffn_down.weight")
+        .unwrap();
+    down.ty = 39;
+    down.data = vec![0; (FF * E / 32 * 17) as usize];
+    let m = ModelWeights::load(&tiny.file(&t), Requant::Keep)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        m.contains("blk.0.ffn_down.weight") && m.contains("MXFP4"),
+        "{m}"
+    );
+}
+
+/// The Gemma 3 keys llama.cpp reads when a file carries them: the local layers' pattern (one
+/// flag per layer, or a period), their rotary base, and a soft cap on the output logits.
+#[test]
+fn gemma3_reads_the_optional_keys_llama_cpp_reads() {
+    let tiny = Tiny::of(Arch::Gemma3);
+    let t = tiny.tensors(common::tiny::SEED);
+    let dir = std::env::temp_dir().join(format!("nextok-families-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let load = |extra: Vec<(String, G)>| {
+        let mut md = tiny.metadata();
+        md.extend(extra);
+        let p = dir.join(format!("gemma-keys-{}.gguf", md.len()));
+        std::fs::write(&p, gguf(&md, &t)).unwrap();
+        ModelWeights::load(&p, Requant::Keep)
+    };
+    let key = |k: &str| format!("gemma3.{k}");
+    let windows = |w: &ModelWeights| -> Vec<bool> {
+        w.config.layers.iter().map(|l| l.window.is_some()).collect()
+    };
+    let flags = vec![true, false, true, true, false, false, true];
+    let w = load(vec![(
+        key("attention.sliding_window_pattern"),
+        G::Array(nextok_vocab::gguf::Array::Bool(flags.clone())),
+    )])
+    .unwrap();
+    assert_eq!(windows(&w), flags);
+    let w = load(vec![
+        (key("attention.sliding_window_pattern"), G::U32(2)),
+        (key("rope.freq_base_swa"), G::F32(5000.0)),
+    ])
+    .unwrap();
+    assert_eq!(
+        windows(&w),
+        vec![true, false, true, false, true, false, true]
+    );
+    assert_eq!(w.config.layers[0].rope.base, 5000.0);
+    assert_eq!(w.config.layers[1].rope.base, 1e6);
+    // the soft cap: c · tanh(z / c) of the uncapped logits
+    let plain = load(vec![]).unwrap();
+    let capped = load(vec![(key("final_logit_softcapping"), G::F32(0.5))]).unwrap();
+    let ids = prompt(6, 1);
+    let z = logits_in_chunks(&plain, &ids, &[6], Level::current());
+    let want: Vec<f32> = z.iter().map(|&z| (z * (1.0 / 0.5)).tanh() * 0.5).collect();
+    let got = logits_in_chunks(&capped, &ids, &[6], Level::current());
+    assert_eq!(bits(&got), bits(&want));
+    assert!(got.iter().all(|z| z.abs() <= 0.5));
+    // a pattern of the wrong length, a negative cap: errors naming the key
+    let m = load(vec![(
+        key("attention.sliding_window_pattern"),
+        G::Array(nextok_vocab::gguf::Array::Bool(vec![true; 3])),
+    )])
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(m.contains("gemma3.attention.sliding_window_pattern"), "{m}");
+    let m = load(vec![(key("final_logit_softcapping"), G::F32(-1.0))])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(m.contains("gemma3.final_logit_softcapping"), "{m}");
 }

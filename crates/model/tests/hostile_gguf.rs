@@ -192,3 +192,125 @@ fn non_finite_norm_weights_and_epsilon_are_errors() {
     );
     assert!(m.contains("epsilon"), "{m}");
 }
+
+#[test]
+fn rope_window_and_norm_settings_out_of_range_are_errors_naming_them() {
+    let cases: [(&str, G, &str); 7] = [
+        (
+            "llama.rope.dimension_count",
+            G::U32(7),
+            "llama.rope.dimension_count",
+        ),
+        (
+            "llama.rope.dimension_count",
+            G::U32(64),
+            "llama.rope.dimension_count",
+        ),
+        ("llama.rope.freq_base", G::F32(-1.0), "llama.rope.freq_base"),
+        (
+            "llama.rope.freq_base",
+            G::F32(f32::NAN),
+            "llama.rope.freq_base",
+        ),
+        (
+            "llama.rope.scaling.type",
+            G::String("yarn".into()),
+            "llama.rope.scaling.type",
+        ),
+        (
+            "llama.rope.scaling.factor",
+            G::F32(-2.0),
+            "llama.rope.scaling.factor",
+        ),
+        (
+            "llama.attention.key_length",
+            G::U32(0),
+            "llama.attention.key_length",
+        ),
+    ];
+    for (key, value, named) in cases {
+        let m = load_err(
+            "rope.gguf",
+            &gguf(&metadata(&[(key, value.clone())]), &tensors(1.0)),
+        );
+        assert!(m.contains(named), "{key} = {value:?}: {m}");
+    }
+    // a norm of the wrong length, and Llama 3's frequency factors of the wrong length or sign
+    let mut t = tensors(1.0);
+    t.iter_mut()
+        .find(|t| t.name == "blk.0.attn_norm.weight")
+        .unwrap()
+        .dims = vec![E - 1];
+    t.iter_mut()
+        .find(|t| t.name == "blk.0.attn_norm.weight")
+        .unwrap()
+        .data
+        .truncate(4 * (E as usize - 1));
+    let m = load_err("norm.gguf", &gguf(&metadata(&[]), &t));
+    assert!(m.contains("blk.0.attn_norm.weight"), "{m}");
+    for (len, v) in [(E / 2 - 1, 1.0), (E / 2, -1.0)] {
+        let mut t = tensors(1.0);
+        t.push(f32s("rope_freqs.weight", &[len], v));
+        let m = load_err("freqs.gguf", &gguf(&metadata(&[]), &t));
+        assert!(m.contains("rope_freqs.weight"), "{m}");
+    }
+    // Gemma 3: a sliding window of zero positions means none (as in llama.cpp: every layer is
+    // global), and a window that is not a number is an error naming the key
+    let tiny = common::tiny::Tiny::of(nextok_model::arch::Arch::Gemma3);
+    for (value, err) in [(G::U32(0), false), (G::String("wide".into()), true)] {
+        let mut md = tiny.metadata();
+        for (k, v) in md.iter_mut() {
+            if k == "gemma3.attention.sliding_window" {
+                *v = value.clone();
+            }
+        }
+        let data = gguf(&md, &tiny.tensors(7));
+        if err {
+            let m = load_err("window.gguf", &data);
+            assert!(m.contains("gemma3.attention.sliding_window"), "{m}");
+        } else {
+            let w = ModelWeights::load(&write("window.gguf", &data), Requant::Keep).unwrap();
+            assert!(w.config.layers.iter().all(|l| l.window.is_none()));
+        }
+    }
+}
+
+/// The widest heads and the longest context a file may declare take no memory sized by their
+/// product: the rotary angles are computed for the positions a pass runs, not tabled for every
+/// position of the context (a table would be 2^20 positions × 2,048 pairs × 2 `f32`, 16 GiB).
+#[test]
+fn the_longest_context_with_the_widest_heads_loads_and_runs() {
+    const HD: u64 = 4096;
+    let md = metadata(&[
+        (
+            "llama.context_length",
+            G::U32(nextok_model::MAX_CONTEXT as u32),
+        ),
+        ("llama.attention.key_length", G::U32(HD as u32)),
+        ("llama.attention.value_length", G::U32(HD as u32)),
+        ("llama.rope.dimension_count", G::U32(HD as u32)),
+    ]);
+    let mut t = tensors(1.0);
+    for t in t.iter_mut() {
+        let wide = match t.name.as_str() {
+            "blk.0.attn_q.weight" | "blk.0.attn_k.weight" | "blk.0.attn_v.weight" => [E, HD],
+            "blk.0.attn_output.weight" => [HD, E],
+            _ => continue,
+        };
+        *t = f32s(&t.name, &wide, 0.01);
+    }
+    let p = write("wide.gguf", &gguf(&md, &t));
+    let w = ModelWeights::load(&p, Requant::Keep).expect("loads");
+    assert_eq!(w.config.context_length, nextok_model::MAX_CONTEXT);
+    let mut kv = w.default_pool().sequence();
+    let mut logits = Vec::new();
+    let mut b = [nextok_model::BatchSeq {
+        kv: &mut kv,
+        tokens: &[1, 2, 3],
+        logits: nextok_model::LogitRows::Last,
+    }];
+    w.forward_batch(&mut b, &mut nextok_model::Scratch::default(), &mut logits)
+        .unwrap();
+    assert_eq!(logits.len(), V as usize);
+    assert!(logits.iter().all(|x| x.is_finite()));
+}

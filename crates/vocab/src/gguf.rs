@@ -280,7 +280,8 @@ pub struct GgufTensors {
     pub file_len: u64,
 }
 
-/// `(elements per block, bytes per block)` of a GGML type id, `None` when unknown.
+/// `(elements per block, bytes per block)` of a GGML type id (ggml's block structs), `None` when
+/// unknown.
 pub fn ggml_type_size(t: u32) -> Option<(u64, u64)> {
     Some(match t {
         0 => (1, 4),      // F32
@@ -297,6 +298,24 @@ pub fn ggml_type_size(t: u32) -> Option<(u64, u64)> {
         13 => (256, 176), // Q5_K
         14 => (256, 210), // Q6_K
         15 => (256, 292), // Q8_K
+        16 => (256, 66),  // IQ2_XXS
+        17 => (256, 74),  // IQ2_XS
+        18 => (256, 98),  // IQ3_XXS
+        19 => (256, 50),  // IQ1_S
+        20 => (32, 18),   // IQ4_NL
+        21 => (256, 110), // IQ3_S
+        22 => (256, 82),  // IQ2_S
+        23 => (256, 136), // IQ4_XS
+        24 => (1, 1),     // I8
+        25 => (1, 2),     // I16
+        26 => (1, 4),     // I32
+        27 => (1, 8),     // I64
+        28 => (1, 8),     // F64
+        29 => (256, 56),  // IQ1_M
+        30 => (1, 2),     // BF16
+        34 => (256, 54),  // TQ1_0
+        35 => (256, 66),  // TQ2_0
+        39 => (32, 17),   // MXFP4
         _ => return None,
     })
 }

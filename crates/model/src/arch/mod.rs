@@ -174,6 +174,9 @@ pub struct ArchConfig {
     pub query_scale: Option<f32>,
     /// Multiplies the token embeddings (Gemma: `√n_embd`).
     pub embed_scale: Option<f32>,
+    /// `Some(c)`: the output logits are soft-capped, `c · tanh(z / c)` (Gemma 3 files that carry
+    /// `final_logit_softcapping`).
+    pub final_softcap: Option<f32>,
     /// Feed-forward activation.
     pub act: FfnAct,
     /// Per-head RMSNorm of queries and keys before rotation (`attn_q_norm`, `attn_k_norm`).
@@ -270,6 +273,11 @@ impl ArchConfig {
                 return Err(md.err("attention.key_length", format!("scale {s}")));
             }
         }
+        if let Some(c) = self.final_softcap {
+            if !c.is_finite() || c <= 0.0 {
+                return Err(md.err("final_logit_softcapping", format!("{c}")));
+            }
+        }
         Ok(())
     }
 }
@@ -340,6 +348,14 @@ impl Md<'_> {
                 Some(i) => Ok(Some(i as f32)),
                 None => Err(self.err(key, format!("{v:?} is not a number"))),
             },
+        }
+    }
+
+    /// An array of booleans (`None` when the key is absent or holds something else).
+    pub(crate) fn opt_bools(&self, key: &str) -> Option<&[bool]> {
+        match self.value(key) {
+            Some(Value::Array(nextok_vocab::gguf::Array::Bool(b))) => Some(b),
+            _ => None,
         }
     }
 
@@ -415,6 +431,7 @@ fn base(md: &Md<'_>) -> Result<ArchConfig> {
         ],
         query_scale: None,
         embed_scale: None,
+        final_softcap: None,
         act: FfnAct::Silu,
         qk_norm: false,
         post_norms: false,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use nextok_model::arch::Arch;
 use nextok_model::{ModelWeights, Requant};
-use nextok_vocab::gguf::{Array, Value as G};
+use nextok_vocab::gguf::{Array, Gguf, Value as G};
 
 use super::{gguf, random, Rng, T};
 
@@ -29,6 +29,22 @@ pub struct Tiny {
     pub fused_qkv: bool,
     /// The context length the file declares.
     pub context: u64,
+    /// The vocabulary: `None` for the small SentencePiece one of [`V`] tokens; else a GGUF file
+    /// of the test data (relative to `nextok_testdata::dir()`) whose `tokenizer.*` metadata the
+    /// model carries — its family's real tokenizer ([`Tiny::with_real_vocab`]).
+    pub vocab: Option<&'static str>,
+}
+
+/// The test-data file whose tokenizer a family's tiny model carries with
+/// [`Tiny::with_real_vocab`]: llama.cpp's vocabulary files of Llama 3 (`llama-bpe`), Qwen 2
+/// (whose pre-tokenizer Qwen 3 shares) and Phi-3, and the real Gemma 3 file.
+pub fn real_vocab_file(arch: Arch) -> &'static str {
+    match arch {
+        Arch::Llama => "llama-vocab/ggml-vocab-llama-bpe.gguf",
+        Arch::Qwen2 | Arch::Qwen3 => "llama-vocab/ggml-vocab-qwen2.gguf",
+        Arch::Gemma3 => nextok_testdata::GEMMA3_270M,
+        Arch::Phi3 => "llama-vocab/ggml-vocab-phi-3.gguf",
+    }
 }
 
 impl Tiny {
@@ -39,6 +55,46 @@ impl Tiny {
             window: (arch == Arch::Gemma3).then_some(5),
             fused_qkv: arch == Arch::Phi3,
             context: 64,
+            vocab: None,
+        }
+    }
+
+    /// The tiny model of `arch` with its family's real tokenizer ([`real_vocab_file`]); `None`
+    /// after a notice when the test data lacks the file (outside CI).
+    pub fn with_real_vocab(arch: Arch) -> Option<Tiny> {
+        let rel = real_vocab_file(arch);
+        nextok_testdata::require(rel)?;
+        Some(Tiny {
+            vocab: Some(rel),
+            ..Tiny::of(arch)
+        })
+    }
+
+    /// The `tokenizer.*` metadata this model carries.
+    fn vocab_metadata(&self) -> Vec<(String, G)> {
+        match self.vocab {
+            None => vocab(),
+            Some(rel) => {
+                let path = nextok_testdata::dir().join(rel);
+                Gguf::read_file(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+                    .metadata
+                    .into_iter()
+                    .filter(|(k, _)| k.starts_with("tokenizer."))
+                    .collect()
+            }
+        }
+    }
+
+    /// Tokens in this model's vocabulary (rows of its embedding and output matrices).
+    pub fn vocab_size(&self) -> u64 {
+        if self.vocab.is_none() {
+            return V;
+        }
+        let md = self.vocab_metadata();
+        match md.iter().find(|(k, _)| k == "tokenizer.ggml.tokens") {
+            Some((_, G::Array(Array::String(t)))) => t.len() as u64,
+            _ => panic!("{:?}: no tokenizer.ggml.tokens", self.vocab),
         }
     }
 
@@ -72,13 +128,14 @@ impl Tiny {
         if let Some(w) = self.window {
             md.push((k("attention.sliding_window"), G::U32(w as u32)));
         }
-        md.extend(vocab());
+        md.extend(self.vocab_metadata());
         md
     }
 
     pub fn tensors(&self, seed: u64) -> Vec<T> {
         let mut rng = Rng(seed);
         let hd = self.head_dim();
+        let v = self.vocab_size();
         let (qd, kvd) = (HEADS * hd, KV_HEADS * hd);
         let w = |n: &str, dims: &[u64], rng: &mut Rng| {
             let fan_in = dims[0] as f32;
@@ -86,11 +143,11 @@ impl Tiny {
         };
         let norm = |n: &str, len: u64, rng: &mut Rng| random(n, &[len], rng, 0.2, 1.0);
         let mut t = vec![
-            random("token_embd.weight", &[E, V], &mut rng, 1.0, 0.0),
+            random("token_embd.weight", &[E, v], &mut rng, 1.0, 0.0),
             norm("output_norm.weight", E, &mut rng),
         ];
         if matches!(self.arch, Arch::Llama | Arch::Qwen2 | Arch::Phi3) {
-            t.push(w("output.weight", &[E, V], &mut rng));
+            t.push(w("output.weight", &[E, v], &mut rng));
         }
         if self.arch == Arch::Llama {
             // Llama 3's frequency factors
@@ -141,11 +198,12 @@ impl Tiny {
     /// The file name of this model.
     pub fn name(&self) -> String {
         format!(
-            "tiny-{}-{}l-w{}{}.gguf",
+            "tiny-{}-{}l-w{}{}{}.gguf",
             self.arch.name(),
             self.layers,
             self.window.unwrap_or(0),
-            if self.fused_qkv { "-fused" } else { "" }
+            if self.fused_qkv { "-fused" } else { "" },
+            if self.vocab.is_some() { "-vocab" } else { "" }
         )
     }
 
@@ -213,5 +271,11 @@ impl Tiny {
     /// The default tiny model of every family (the ones the llama.cpp references cover).
     pub fn all() -> Vec<Tiny> {
         Arch::ALL.into_iter().map(Tiny::of).collect()
+    }
+
+    /// The tiny model of every family with its real tokenizer ([`Tiny::with_real_vocab`]);
+    /// `None` when the test data lacks one of the files (outside CI).
+    pub fn all_with_real_vocab() -> Option<Vec<Tiny>> {
+        Arch::ALL.into_iter().map(Tiny::with_real_vocab).collect()
     }
 }
