@@ -3,10 +3,12 @@ each prompt, the token ids, the ten highest raw logits after every prompt positi
 greedy continuation (argmax at every step, EOS not stopped). Called by model-logits.sh with the
 virtual environment that holds llama-cpp-python; never run in CI.
 
-    python model-logits.py OUT.json LLAMA_CPP_PYTHON_VERSION MODEL.gguf[=PROMPTS.json] ...
+    python model-logits.py [--flash-attn-delta] OUT.json LLAMA_CPP_PYTHON_VERSION MODEL.gguf[=PROMPTS.json] ...
 
 A model given alone gets the tiny models' prompt (token ids); PROMPTS.json is a list of texts,
-tokenized by llama.cpp itself (BOS added, special tokens parsed).
+tokenized by llama.cpp itself (BOS added, special tokens parsed). With --flash-attn-delta, each
+model's entry also records how far llama.cpp's own logits move when its other attention path
+runs (flash attention on): the largest |difference| over the same top-10 entries.
 """
 
 import hashlib
@@ -54,20 +56,45 @@ def run(llm, ids, greedy_steps):
     return {"ids": ids, "top": rows, "greedy": greedy}
 
 
+def load(path, **kw):
+    return Llama(
+        model_path=path,
+        n_ctx=512,
+        n_batch=512,
+        n_ubatch=512,
+        logits_all=True,
+        n_threads=1,
+        verbose=False,
+        **kw,
+    )
+
+
+def flash_attn_delta(path, prompts):
+    """The largest |logit| difference over the recorded top-10 entries when llama.cpp runs the
+    same prompts with flash attention on."""
+    llm = load(path, flash_attn=True)
+    worst = 0.0
+    for p in prompts:
+        llm.reset()
+        llm.eval(p["ids"])
+        rows = np.array(llm.scores[: len(p["ids"])], dtype=np.float32)
+        for pos, t in enumerate(p["top"]):
+            for i, z in t:
+                worst = max(worst, abs(float(rows[pos][i]) - z))
+    del llm
+    return worst
+
+
 def main():
-    out, version, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
+    args = sys.argv[1:]
+    with_delta = args[:1] == ["--flash-attn-delta"]
+    if with_delta:
+        args = args[1:]
+    out, version, specs = args[0], args[1], args[2:]
     models = []
     for spec in specs:
         path, _, prompts = spec.partition("=")
-        llm = Llama(
-            model_path=path,
-            n_ctx=512,
-            n_batch=512,
-            n_ubatch=512,
-            logits_all=True,
-            n_threads=1,
-            verbose=False,
-        )
+        llm = load(path)
         entry = {"file": os.path.basename(path), "sha256": sha256(path), "prompts": []}
         if prompts:
             for text in json.load(open(prompts)):
@@ -78,8 +105,10 @@ def main():
         else:
             for n, salt in [(11, 1), (23, 5)]:
                 entry["prompts"].append(run(llm, tiny_prompt(n, salt, llm.n_vocab()), 8))
-        models.append(entry)
         del llm
+        if with_delta:
+            entry["flash_attn_delta"] = flash_attn_delta(path, entry["prompts"])
+        models.append(entry)
         print(f"model-logits: {path}: {len(entry['prompts'])} prompt(s)", file=sys.stderr)
     doc = {
         "producer": f"llama.cpp (CPU) through llama-cpp-python {version}",

@@ -6,6 +6,10 @@
 #   tiny_models`, the same files crates/model/tests/families.rs builds, identified by SHA-256):
 #   the ten highest raw logits after every position of two prompts and an 8-token greedy
 #   continuation;
+# * testdata/reference/families-vocab.llamacpp.json — the same tiny models carrying their
+#   families' real tokenizers (`tiny_models --real-vocab`: Llama 3, Qwen 2, Gemma 3, Phi-3 from
+#   the test data): the texts of testdata/reference/tiny-vocab-prompts.json tokenized by
+#   llama.cpp, the ten highest raw logits after every position, a 16-token greedy continuation;
 # * testdata/reference/gemma-3-270m.llamacpp.json — the real Gemma 3 270M Q4_K_M file
 #   (scripts/fetch-testdata.sh): the prompts of testdata/reference/gemma-prompts.json tokenized
 #   by llama.cpp, the ten highest raw logits after every position, a 16-token greedy continuation.
@@ -25,7 +29,7 @@ set -E
 trap 'rc=$?; echo "$ME: error: line $LINENO: exit $rc from: $BASH_COMMAND" >&2; exit $rc' ERR
 
 case "${1:-}" in
-  -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   "") ;;
   *) die "unknown argument: $1 (see --help)" ;;
 esac
@@ -58,8 +62,17 @@ mapfile -t TINY <"$TMP/list"
 say "running llama.cpp on ${#TINY[@]} tiny models"
 "$VENV/bin/python" "$REPO/scripts/reference/model-logits.py" \
   "$REPO/testdata/reference/families.llamacpp.json" "$LLAMA_CPP_PYTHON_VERSION" "${TINY[@]}"
+say "writing the tiny models with their real tokenizers"
+(cd "$REPO" && cargo run --quiet -p nextok-model --example tiny_models -- "$TMP/vocab" --real-vocab) >"$TMP/list-vocab"
+mapfile -t TINY_VOCAB <"$TMP/list-vocab"
+[ "${#TINY_VOCAB[@]}" -gt 0 ] || die "no tiny model with a real tokenizer was written"
+PROMPTS="$REPO/testdata/reference/tiny-vocab-prompts.json"
+say "running llama.cpp on ${#TINY_VOCAB[@]} tiny models with real tokenizers"
+"$VENV/bin/python" "$REPO/scripts/reference/model-logits.py" \
+  "$REPO/testdata/reference/families-vocab.llamacpp.json" "$LLAMA_CPP_PYTHON_VERSION" \
+  "${TINY_VOCAB[@]/%/=$PROMPTS}"
 say "running llama.cpp on Gemma 3 270M"
 "$VENV/bin/python" "$REPO/scripts/reference/model-logits.py" \
   "$REPO/testdata/reference/gemma-3-270m.llamacpp.json" "$LLAMA_CPP_PYTHON_VERSION" \
   "$DEST/gemma3/gemma-3-270m-q4_k_m.gguf=$REPO/testdata/reference/gemma-prompts.json"
-say "wrote testdata/reference/families.llamacpp.json and gemma-3-270m.llamacpp.json"
+say "wrote testdata/reference/families.llamacpp.json, families-vocab.llamacpp.json and gemma-3-270m.llamacpp.json"

@@ -1,6 +1,7 @@
 //! Writes the tiny seeded model of every family (the ones `tests/families.rs` builds) into a
 //! directory: `cargo run -p nextok-model --example tiny_models -- DIR`; with `--real-vocab`,
-//! the same models carrying their families' real tokenizers (from the test data) instead. The
+//! the same models carrying their families' real tokenizers (from the test data) instead; with
+//! `--wide`, one-layer models whose rows hold 256 values (for the K-quants). The
 //! script that makes the llama.cpp references (`scripts/reference/model-logits.sh`) runs
 //! llama.cpp on them.
 
@@ -9,19 +10,24 @@ mod common;
 
 fn main() {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    let real = args.iter().any(|a| a == "--real-vocab");
-    let Some(dir) = args.iter().find(|a| *a != "--real-vocab") else {
-        eprintln!("usage: tiny_models DIR [--real-vocab]");
+    let flag = |f: &str| args.iter().any(|a| a == f);
+    let Some(dir) = args.iter().find(|a| !a.to_string_lossy().starts_with("--")) else {
+        eprintln!("usage: tiny_models DIR [--real-vocab | --wide]");
         std::process::exit(2);
     };
     let dir = std::path::PathBuf::from(dir);
-    let tinies = if real {
+    let tinies = if flag("--real-vocab") {
         common::tiny::Tiny::all_with_real_vocab().unwrap_or_else(|| {
             eprintln!(
                 "tiny_models: the real vocabularies are missing: run scripts/fetch-testdata.sh"
             );
             std::process::exit(1);
         })
+    } else if flag("--wide") {
+        nextok_model::arch::Arch::ALL
+            .into_iter()
+            .map(common::tiny::Tiny::wide)
+            .collect()
     } else {
         common::tiny::Tiny::all()
     };

@@ -144,6 +144,8 @@ fn gemma3_local_layers_see_only_their_window() {
     let tiny = Tiny {
         arch: Arch::Gemma3,
         layers: 2,
+        embd: E,
+        ff: FF,
         window: Some(3),
         fused_qkv: false,
         context: 64,

@@ -17,12 +17,18 @@ pub const FF: u64 = 96;
 pub const V: u64 = 320;
 pub const HEADS: u64 = 4;
 pub const KV_HEADS: u64 = 2;
+/// The embedding and feed-forward width of [`Tiny::wide`].
+pub const WIDE: u64 = 256;
 
 /// How a tiny model is built.
 #[derive(Clone, Copy)]
 pub struct Tiny {
     pub arch: Arch,
     pub layers: u64,
+    /// Embedding width ([`E`], or [`WIDE`] for the K-quant files, whose rows hold 256 values).
+    pub embd: u64,
+    /// Feed-forward width ([`FF`], or [`WIDE`]).
+    pub ff: u64,
     /// Gemma 3's sliding window.
     pub window: Option<u64>,
     /// Phi-3: one `attn_qkv` matrix (else separate Q/K/V).
@@ -52,10 +58,23 @@ impl Tiny {
         Tiny {
             arch,
             layers: if arch == Arch::Gemma3 { 7 } else { 2 },
+            embd: E,
+            ff: FF,
             window: (arch == Arch::Gemma3).then_some(5),
             fused_qkv: arch == Arch::Phi3,
             context: 64,
             vocab: None,
+        }
+    }
+
+    /// A one-layer model of `arch` whose matrices have rows of [`WIDE`] values (a multiple of
+    /// the K-quants' 256-value super-blocks), for `llama-quantize`'s K-quant types.
+    pub fn wide(arch: Arch) -> Tiny {
+        Tiny {
+            layers: 1,
+            embd: WIDE,
+            ff: WIDE,
+            ..Tiny::of(arch)
         }
     }
 
@@ -101,8 +120,8 @@ impl Tiny {
     pub fn head_dim(&self) -> u64 {
         match self.arch {
             // heads wider than n_embd / n_head, as in the real files
-            Arch::Qwen3 | Arch::Gemma3 => 32,
-            _ => E / HEADS,
+            Arch::Qwen3 | Arch::Gemma3 => 2 * self.embd / HEADS,
+            _ => self.embd / HEADS,
         }
     }
 
@@ -112,8 +131,8 @@ impl Tiny {
         let mut md = vec![
             ("general.architecture".to_string(), G::String(a.into())),
             (k("block_count"), G::U32(self.layers as u32)),
-            (k("embedding_length"), G::U32(E as u32)),
-            (k("feed_forward_length"), G::U32(FF as u32)),
+            (k("embedding_length"), G::U32(self.embd as u32)),
+            (k("feed_forward_length"), G::U32(self.ff as u32)),
             (k("attention.head_count"), G::U32(HEADS as u32)),
             (k("attention.head_count_kv"), G::U32(KV_HEADS as u32)),
             (k("attention.key_length"), G::U32(self.head_dim() as u32)),
@@ -136,6 +155,7 @@ impl Tiny {
         let mut rng = Rng(seed);
         let hd = self.head_dim();
         let v = self.vocab_size();
+        let (e, ff) = (self.embd, self.ff);
         let (qd, kvd) = (HEADS * hd, KV_HEADS * hd);
         let w = |n: &str, dims: &[u64], rng: &mut Rng| {
             let fan_in = dims[0] as f32;
@@ -143,11 +163,11 @@ impl Tiny {
         };
         let norm = |n: &str, len: u64, rng: &mut Rng| random(n, &[len], rng, 0.2, 1.0);
         let mut t = vec![
-            random("token_embd.weight", &[E, v], &mut rng, 1.0, 0.0),
-            norm("output_norm.weight", E, &mut rng),
+            random("token_embd.weight", &[e, v], &mut rng, 1.0, 0.0),
+            norm("output_norm.weight", e, &mut rng),
         ];
         if matches!(self.arch, Arch::Llama | Arch::Qwen2 | Arch::Phi3) {
-            t.push(w("output.weight", &[E, v], &mut rng));
+            t.push(w("output.weight", &[e, v], &mut rng));
         }
         if self.arch == Arch::Llama {
             // Llama 3's frequency factors
@@ -155,13 +175,13 @@ impl Tiny {
         }
         for i in 0..self.layers {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
-            t.push(norm(&n("attn_norm"), E, &mut rng));
+            t.push(norm(&n("attn_norm"), e, &mut rng));
             if self.fused_qkv {
-                t.push(w(&n("attn_qkv"), &[E, qd + 2 * kvd], &mut rng));
+                t.push(w(&n("attn_qkv"), &[e, qd + 2 * kvd], &mut rng));
             } else {
-                t.push(w(&n("attn_q"), &[E, qd], &mut rng));
-                t.push(w(&n("attn_k"), &[E, kvd], &mut rng));
-                t.push(w(&n("attn_v"), &[E, kvd], &mut rng));
+                t.push(w(&n("attn_q"), &[e, qd], &mut rng));
+                t.push(w(&n("attn_k"), &[e, kvd], &mut rng));
+                t.push(w(&n("attn_v"), &[e, kvd], &mut rng));
             }
             if self.arch == Arch::Qwen2 {
                 for (s, len) in [("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)] {
@@ -178,19 +198,19 @@ impl Tiny {
                 t.push(norm(&n("attn_q_norm"), hd, &mut rng));
                 t.push(norm(&n("attn_k_norm"), hd, &mut rng));
             }
-            t.push(w(&n("attn_output"), &[qd, E], &mut rng));
+            t.push(w(&n("attn_output"), &[qd, e], &mut rng));
             if self.arch == Arch::Gemma3 {
-                t.push(norm(&n("post_attention_norm"), E, &mut rng));
-                t.push(norm(&n("post_ffw_norm"), E, &mut rng));
+                t.push(norm(&n("post_attention_norm"), e, &mut rng));
+                t.push(norm(&n("post_ffw_norm"), e, &mut rng));
             }
-            t.push(norm(&n("ffn_norm"), E, &mut rng));
+            t.push(norm(&n("ffn_norm"), e, &mut rng));
             if self.arch == Arch::Phi3 {
-                t.push(w(&n("ffn_up"), &[E, 2 * FF], &mut rng));
+                t.push(w(&n("ffn_up"), &[e, 2 * ff], &mut rng));
             } else {
-                t.push(w(&n("ffn_gate"), &[E, FF], &mut rng));
-                t.push(w(&n("ffn_up"), &[E, FF], &mut rng));
+                t.push(w(&n("ffn_gate"), &[e, ff], &mut rng));
+                t.push(w(&n("ffn_up"), &[e, ff], &mut rng));
             }
-            t.push(w(&n("ffn_down"), &[FF, E], &mut rng));
+            t.push(w(&n("ffn_down"), &[ff, e], &mut rng));
         }
         t
     }
@@ -198,11 +218,16 @@ impl Tiny {
     /// The file name of this model.
     pub fn name(&self) -> String {
         format!(
-            "tiny-{}-{}l-w{}{}{}.gguf",
+            "tiny-{}-{}l-w{}{}{}{}.gguf",
             self.arch.name(),
             self.layers,
             self.window.unwrap_or(0),
             if self.fused_qkv { "-fused" } else { "" },
+            if self.embd != E {
+                format!("-e{}", self.embd)
+            } else {
+                String::new()
+            },
             if self.vocab.is_some() { "-vocab" } else { "" }
         )
     }
