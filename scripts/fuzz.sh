@@ -95,12 +95,19 @@ for f in glob.glob(".testdata/*/*.gguf"):
 for f in glob.glob("testdata/tiny-quant/*.gguf"):
     put("gguf_model", open(f, "rb").read())
 PY
+# and the Gemma 3 model with the optional keys llama.cpp reads (layer pattern, local rotary
+# base, logit soft-cap)
+seeds="$(mktemp -d)"
+cargo run --quiet --release -p nextok-model --example tiny_models -- "$seeds" --keys >/dev/null
+mkdir -p fuzz/corpus/gguf_model
+cp "$seeds"/*.gguf fuzz/corpus/gguf_model/
+rm -rf "$seeds"
 
 for t in "${targets[@]}"; do
   echo "== $t ($secs s)"
   max_len=65536
-  # whole model files: the tiny models are up to 364 KB
-  [ "$t" = gguf_model ] && max_len=400000
+  # whole model files: the tiny models are up to 666 KB
+  [ "$t" = gguf_model ] && max_len=700000
   cargo +nightly fuzz run -O --fuzz-dir fuzz "$t" "fuzz/corpus/$t" -- \
     -max_total_time="$secs" -rss_limit_mb=4096 -timeout=20 -max_len="$max_len" 2>&1 \
     | grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|ERROR|SUMMARY|panicked|Done [0-9]+ runs" || true
