@@ -25,7 +25,9 @@ fn main() {
         md.extend([
             (
                 "gemma3.attention.sliding_window_pattern".to_string(),
-                G::Array(Array::Bool(vec![true, false, true, true, true, false, true])),
+                G::Array(Array::Bool(vec![
+                    true, false, true, true, true, false, true,
+                ])),
             ),
             ("gemma3.rope.freq_base_swa".to_string(), G::F32(5000.0)),
             ("gemma3.final_logit_softcapping".to_string(), G::F32(30.0)),
