@@ -8,6 +8,7 @@
 
 #[path = "../../model/tests/common/mod.rs"]
 mod common;
+mod marks;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -141,28 +142,18 @@ fn every_family_batches_forks_caches_and_preempts_without_changing_a_token() {
     }
 }
 
-/// The records as JSON without their draft marks, and how many tokens were drafted and how
-/// many of those accepted (each mark consistent with its record).
+/// Each sequence's tokens and records without their draft marks ([`marks::unmarked`]), and how
+/// many tokens were drafted and how many of those accepted.
 fn unmarked(c: &nextok_engine::Completion) -> (Vec<(Vec<u32>, String)>, usize, usize) {
     let (mut drafted, mut accepted) = (0, 0);
     let seqs = c
         .sequences
         .iter()
         .map(|s| {
-            let plain: Vec<_> = s
-                .records
-                .iter()
-                .map(|r| {
-                    let mut r = r.clone();
-                    if let Some(d) = r.draft.take() {
-                        assert_eq!(d.accepted, d.token == r.selected, "mark of step {}", r.step);
-                        drafted += 1;
-                        accepted += usize::from(d.accepted);
-                    }
-                    r
-                })
-                .collect();
-            (s.tokens.clone(), serde_json::to_string(&plain).unwrap())
+            let (records, d, a) = marks::unmarked(&s.records);
+            drafted += d;
+            accepted += a;
+            (s.tokens.clone(), records)
         })
         .collect();
     (seqs, drafted, accepted)

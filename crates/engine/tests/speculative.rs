@@ -16,6 +16,9 @@ use nextok_engine::{
 };
 use nextok_model::{LogitsSource, Model, Requant};
 
+mod marks;
+use marks::unmarked;
+
 fn model() -> Option<Arc<Model>> {
     let path = nextok_testdata::optional(nextok_testdata::SMOLLM2)?;
     static M: std::sync::OnceLock<Arc<Model>> = std::sync::OnceLock::new();
@@ -62,26 +65,6 @@ fn run_on<S: LogitsSource + Send>(
         },
     )
     .expect("decodes")
-}
-
-/// The records as JSON without their draft marks, and the marks' (drafted, accepted) counts;
-/// every mark must be consistent with its record (`accepted` iff the drafted token was
-/// selected).
-fn unmarked(records: &[nextok_core::StepRecord]) -> (String, usize, usize) {
-    let (mut drafted, mut accepted) = (0, 0);
-    let plain: Vec<_> = records
-        .iter()
-        .map(|r| {
-            let mut r = r.clone();
-            if let Some(d) = r.draft.take() {
-                assert_eq!(d.accepted, d.token == r.selected, "mark of step {}", r.step);
-                drafted += 1;
-                accepted += d.accepted as usize;
-            }
-            r
-        })
-        .collect();
-    (serde_json::to_string(&plain).unwrap(), drafted, accepted)
 }
 
 fn same(engine: &Engine, model: &Model, req: &GenerateRequest, what: &str) -> SoloOutput {
