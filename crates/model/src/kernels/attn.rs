@@ -425,21 +425,6 @@ mod avx2 {
         hd: usize,
         o: &mut [f32],
     ) {
-        accumulate_f16_body::<G, J>(w, stride, off, here, v, vs, hd, o)
-    }
-
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn accumulate_f16_body<const G: usize, const J: usize>(
-        w: &[f32],
-        stride: usize,
-        off: usize,
-        here: usize,
-        v: &[half::f16],
-        vs: usize,
-        hd: usize,
-        o: &mut [f32],
-    ) {
         assert!(hd.is_multiple_of(8 * J) && vs >= hd);
         assert!(G * hd <= o.len() && (G - 1) * stride + off + here <= w.len());
         assert!(here == 0 || (here - 1) * vs + hd <= v.len());
@@ -448,8 +433,7 @@ mod avx2 {
         let wp = w.as_ptr();
         let mut c = 0;
         while c < hd {
-            // SAFETY (here and below, the intrinsics): the caller's target features include
-            // AVX2, FMA and F16C. The loads: `h · hd + c + 8J ≤ G · hd ≤ o.len()`.
+            // SAFETY (the loads): `h · hd + c + 8J ≤ G · hd ≤ o.len()`.
             let mut acc: [[__m256; J]; G] = std::array::from_fn(|h| {
                 std::array::from_fn(|j| unsafe { _mm256_loadu_ps(op.add(h * hd + c + 8 * j)) })
             });
@@ -463,7 +447,7 @@ mod avx2 {
                     // SAFETY: `h · stride + off + p < (G − 1) · stride + off + here ≤ w.len()`.
                     let wb = unsafe { _mm256_broadcast_ss(&*wp.add(h * stride + off + p)) };
                     for j in 0..J {
-                        acc[j] = unsafe { _mm256_fmadd_ps(wb, x[j], acc[j]) };
+                        acc[j] = _mm256_fmadd_ps(wb, x[j], acc[j]);
                     }
                 }
             }
