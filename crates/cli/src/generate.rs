@@ -41,7 +41,7 @@ use nextok_engine::{
     Engine, EngineConfig, Event, GenerateRequest, LogprobOptions, PipelineChoice, Prompt,
 };
 use nextok_model::chat::Message;
-use nextok_model::{load_model, model_path, Model, Requant};
+use nextok_model::{load_model, model_path, KvCacheType, Model, Requant};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -88,6 +88,27 @@ impl From<RequantArg> for Requant {
     }
 }
 
+/// What the KV cache stores keys and values as.
+#[derive(Clone, Copy, Debug, Default, clap::ValueEnum, PartialEq, Eq)]
+pub enum KvCacheArg {
+    /// Half precision (llama.cpp's default cache type).
+    #[default]
+    F16,
+    /// GGML's Q8_0 blocks: 56 % of the memory, about half the bytes a long-context step
+    /// reads (llama.cpp's `--cache-type-k q8_0 --cache-type-v q8_0`).
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl From<KvCacheArg> for KvCacheType {
+    fn from(k: KvCacheArg) -> KvCacheType {
+        match k {
+            KvCacheArg::F16 => KvCacheType::F16,
+            KvCacheArg::Q8_0 => KvCacheType::Q8_0,
+        }
+    }
+}
+
 fn parse_bias(s: &str) -> Result<(u32, f32), String> {
     let (id, b) = s
         .split_once('=')
@@ -120,6 +141,9 @@ pub struct GenerateArgs {
     /// Re-quantise the weights at load.
     #[arg(long, value_enum, default_value = "keep")]
     pub requant: RequantArg,
+    /// What the KV cache stores keys and values as (recorded in the trace).
+    #[arg(long, value_enum, default_value = "f16")]
+    pub kv_cache_type: KvCacheArg,
     /// A preset (`reference`, `hf`, `vllm`, `llama.cpp`) or a pipeline JSON file.
     #[arg(long, default_value = "reference")]
     pub pipeline: String,
@@ -278,14 +302,19 @@ fn engine_with(
     model: Arc<Model>,
     draft: Option<&Path>,
     requant: Requant,
+    kv_cache_type: KvCacheType,
 ) -> Result<Engine, CliError> {
+    let config = EngineConfig {
+        kv_cache_type,
+        ..EngineConfig::default()
+    };
     match draft {
-        None => Ok(Engine::new(model, EngineConfig::default())?),
+        None => Engine::new(model, config).map_err(|e| CliError::context("--kv-cache-type", e)),
         Some(p) => {
             let d = Arc::new(
                 load_model(p, requant).map_err(|e| CliError::context("--draft-model", e))?,
             );
-            Engine::with_draft_model(model, d, EngineConfig::default())
+            Engine::with_draft_model(model, d, config)
                 .map_err(|e| CliError::context("--draft-model", e))
         }
     }
@@ -480,7 +509,12 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
     let path = model_path(a.model.as_deref())?;
     let requant: Requant = a.requant.into();
     let model = Arc::new(load_model(&path, requant)?);
-    let engine = engine_with(model.clone(), a.draft_model.as_deref(), requant)?;
+    let engine = engine_with(
+        model.clone(),
+        a.draft_model.as_deref(),
+        requant,
+        a.kv_cache_type.into(),
+    )?;
     if let Some(b) = a.beam_width {
         let hyps = engine.beam(req, b, a.length_penalty)?;
         let stop = engine.prepare(&request(&a)?.0)?.info.stop;
@@ -744,6 +778,7 @@ pub fn run_replay(a: ReplayArgs) -> Result<(), CliError> {
     // the header is checked before any model is loaded
     let req = trace::replay_request(&header)?;
     let requant = header.requant()?;
+    let kv_cache = header.kv_cache()?;
     // the recorded model file (a name, looked for beside the trace), else the default model
     let recorded_file = Path::new(&header.model_file)
         .file_name()
@@ -765,7 +800,7 @@ pub fn run_replay(a: ReplayArgs) -> Result<(), CliError> {
         )
         .into());
     }
-    let engine = engine_with(model, a.draft_model.as_deref(), requant)?;
+    let engine = engine_with(model, a.draft_model.as_deref(), requant, kv_cache)?;
     if let (Some(d), Some(want)) = (engine.draft_model(), &header.draft_model_sha256) {
         if &d.sha256 != want {
             return Err(format!(

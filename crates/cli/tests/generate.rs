@@ -249,6 +249,56 @@ fn replay_checks_every_step_and_catches_an_edit() {
 }
 
 #[test]
+fn a_q8_0_cache_is_recorded_and_replayed_with_its_trace() {
+    let Some(m) = model() else { return };
+    let t = tmp("q8.jsonl");
+    let run = |cache: &str, trace: &std::path::Path| {
+        let o = nextok(
+            &m,
+            &[
+                "generate",
+                CAPITAL,
+                "--temperature",
+                "0",
+                "--max-tokens",
+                "8",
+                "--kv-cache-type",
+                cache,
+                "--trace",
+                trace.to_str().unwrap(),
+            ],
+        );
+        assert!(o.status.success(), "{}", text(&o.stderr));
+    };
+    run("q8_0", &t);
+    let lines = trace_lines(&t);
+    assert_eq!(lines[0]["kv_cache"], "q8_0");
+    let o = nextok(&m, &["replay", t.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("replay ok"), "{}", text(&o.stderr));
+    // the header edited to the f16 cache: the raw logits differ at the first step
+    let mut edited_lines = lines.clone();
+    edited_lines[0]["kv_cache"] = serde_json::json!("f16");
+    let edited = tmp("q8-edited.jsonl");
+    let body: Vec<String> = edited_lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&edited, body.join("\n") + "\n").unwrap();
+    let o = nextok(&m, &["replay", edited.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("step 0"), "{}", text(&o.stderr));
+    // an unknown cache type is refused by name before any model is loaded
+    edited_lines[0]["kv_cache"] = serde_json::json!("q4_0");
+    let body: Vec<String> = edited_lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&edited, body.join("\n") + "\n").unwrap();
+    let o = nextok(&m, &["replay", edited.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("kv_cache"), "{}", text(&o.stderr));
+    // a trace of the f16 cache says so
+    let f = tmp("f16.jsonl");
+    run("f16", &f);
+    assert_eq!(trace_lines(&f)[0]["kv_cache"], "f16");
+}
+
+#[test]
 fn pipeline_file_and_beam_search_run() {
     let Some(m) = model() else { return };
     let pipeline = tmp("pipeline.json");

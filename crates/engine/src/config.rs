@@ -57,6 +57,11 @@ pub struct EngineConfig {
     /// Bytes the cache of compiled constraints may keep (least recently used go first; one
     /// constraint larger than this is compiled for its request but not kept).
     pub constraint_cache_bytes: usize,
+    /// What the KV cache stores each key and value as (`f16`, the default, or `q8_0`: 56 % of
+    /// the bytes, so `kv_budget_bytes` holds 1.78 times the positions and a long-context decode
+    /// step reads about half the memory). Part of what a request's tokens depend on: its trace
+    /// records it.
+    pub kv_cache_type: nextok_model::KvCacheType,
 }
 
 impl Default for EngineConfig {
@@ -73,6 +78,7 @@ impl Default for EngineConfig {
             default_max_tokens: None,
             max_tokens_limit: None,
             constraint_cache_bytes: 256 << 20,
+            kv_cache_type: nextok_model::KvCacheType::F16,
         }
     }
 }

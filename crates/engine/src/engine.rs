@@ -148,7 +148,11 @@ impl Engine {
             n_layer: c.n_layer,
             n_kv_head: c.n_kv_head,
             head_dim: c.head_dim,
+            dtype: config.kv_cache_type,
         };
+        geometry
+            .check()
+            .map_err(|m| EngineError::invalid("kv_cache_type", m))?;
         let budget_blocks = config.kv_budget_bytes / geometry.block_bytes().max(1);
         if budget_blocks == 0 {
             return Err(EngineError::invalid(

@@ -285,6 +285,7 @@ impl ModelShared {
                 max_tokens,
                 speculative: req.speculative,
                 constraint: constraint.clone(),
+                kv_cache: config.kv_cache_type,
             },
             sampler: Arc::new(sampler),
             constraint,

@@ -109,6 +109,8 @@ pub struct RequestInfo {
     /// ([`CompiledConstraint::schema_report`]) and the check of a finished output against the
     /// full schema ([`CompiledConstraint::validate_output`]).
     pub constraint: Option<std::sync::Arc<nextok_constraint::CompiledConstraint>>,
+    /// The engine's KV cache type, which the request's logits depend on.
+    pub kv_cache: nextok_model::KvCacheType,
 }
 
 impl RequestInfo {

@@ -15,6 +15,10 @@ use crate::engine::Completion;
 use crate::error::{EngineError, Result};
 use crate::request::{GenerateRequest, PipelineChoice, Prompt, RequestInfo};
 
+fn default_kv_cache() -> String {
+    nextok_model::KvCacheType::F16.name().to_string()
+}
+
 /// The first line of a trace.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TraceHeader {
@@ -26,6 +30,9 @@ pub struct TraceHeader {
     pub model_sha256: String,
     /// Re-quantisation at load (`keep` or `q8_0`).
     pub requant: String,
+    /// The KV cache's type (`f16` or `q8_0`; traces from before it was recorded: `f16`).
+    #[serde(default = "default_kv_cache")]
+    pub kv_cache: String,
     /// Prompt ids.
     pub prompt_ids: Vec<u32>,
     /// The request's sampling parameters.
@@ -77,6 +84,7 @@ impl TraceHeader {
                 .unwrap_or_default(),
             model_sha256: model.sha256.clone(),
             requant: model.weights.requant.name().to_string(),
+            kv_cache: info.kv_cache.name().to_string(),
             prompt_ids: info.prompt_ids.clone(),
             params: info.params.clone(),
             pipeline_source: pipeline_source.to_string(),
@@ -103,6 +111,16 @@ impl TraceHeader {
             self.draft_model_sha256 = Some(d.sha256.clone());
         }
         self
+    }
+
+    /// The KV cache type the trace was recorded with.
+    pub fn kv_cache(&self) -> Result<nextok_model::KvCacheType> {
+        nextok_model::KvCacheType::from_name(&self.kv_cache).ok_or_else(|| {
+            EngineError::invalid(
+                "kv_cache",
+                format!("`{}` (expected f16 or q8_0)", self.kv_cache),
+            )
+        })
     }
 
     /// The re-quantisation the trace was recorded with.

@@ -515,6 +515,7 @@ fn block_bytes(m: &Model) -> usize {
         n_layer: c.n_layer,
         n_kv_head: c.n_kv_head,
         head_dim: c.head_dim,
+        dtype: nextok_model::KvCacheType::F16,
     }
     .block_bytes()
 }

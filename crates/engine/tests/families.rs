@@ -18,7 +18,7 @@ use nextok_core::SamplingParams;
 use nextok_engine::speculative::{DrafterKind, SpecOptions};
 use nextok_engine::trace::{compare, parse, replay_request, TraceHeader};
 use nextok_engine::{Engine, EngineConfig, GenerateRequest, Prompt};
-use nextok_model::{KvGeometry, Model, Requant};
+use nextok_model::{KvCacheType, KvGeometry, Model, Requant};
 
 fn model(tiny: &Tiny) -> Arc<Model> {
     let dir = std::env::temp_dir().join(format!("nextok-engine-families-{}", std::process::id()));
@@ -112,6 +112,7 @@ fn every_family_batches_forks_caches_and_preempts_without_changing_a_token() {
             n_layer: c.n_layer,
             n_kv_head: c.n_kv_head,
             head_dim: c.head_dim,
+            dtype: KvCacheType::F16,
         }
         .block_bytes();
         let tight = Engine::new(
@@ -220,4 +221,85 @@ fn every_family_speculates_without_changing_a_token_and_replays_its_traces() {
         }
         eprintln!("{name}: speculative runs equal plain runs; their traces replay");
     }
+}
+
+/// A `q8_0` KV cache: refused by name for heads that are not a multiple of 32 wide (its blocks
+/// run along a head); otherwise a request's tokens are the same alone and batched, its trace
+/// records the cache type and replays bit for bit on an engine with the same cache, and an
+/// `f16` engine's replay of it differs.
+#[test]
+fn every_family_runs_a_q8_0_cache_where_its_heads_allow() {
+    let wide = Tiny::wide(nextok_model::Arch::Llama);
+    let families: Vec<Tiny> = Tiny::all().into_iter().chain([wide]).collect();
+    let mut ran = 0;
+    for tiny in families {
+        let name = format!("{} (head {})", tiny.arch.name(), tiny.head_dim());
+        let m = model(&tiny);
+        let config = EngineConfig {
+            max_batch_tokens: 16,
+            max_num_seqs: 8,
+            prefill_chunk_tokens: 4,
+            kv_cache_type: KvCacheType::Q8_0,
+            ..Default::default()
+        };
+        if !m.weights.config.head_dim.is_multiple_of(32) {
+            let Err(e) = Engine::new(m.clone(), config) else {
+                panic!("{name}: a q8_0 cache was accepted")
+            };
+            assert_eq!(e.field(), Some("kv_cache_type"), "{name}: {e}");
+            assert!(e.to_string().contains("multiple of 32"), "{name}: {e}");
+            continue;
+        }
+        let engine = Engine::new(m.clone(), config.clone()).unwrap();
+        let mut reqs: Vec<GenerateRequest> =
+            (0..4).map(|i| request(i, 40 + u64::from(i), 1)).collect();
+        for r in &mut reqs {
+            r.params.temperature = Some(0.9);
+            r.records = Some(4);
+        }
+        let alone: Vec<Outcome> = reqs
+            .iter()
+            .map(|r| outcome(&engine.generate(r.clone()).unwrap()))
+            .collect();
+        assert_eq!(
+            together(&engine, &reqs, &[0, 1, 3, 3]),
+            alone,
+            "{name}: batched"
+        );
+        let got = engine.generate(reqs[0].clone()).unwrap();
+        let p = engine.prepare(&reqs[0]).unwrap();
+        let header = TraceHeader::new(&p.info, &m, "reference", 4);
+        assert_eq!(header.kv_cache, "q8_0");
+        let mut text = serde_json::to_string(&header).unwrap();
+        for rec in &got.sequences[0].records {
+            text.push('\n');
+            text.push_str(&serde_json::to_string(rec).unwrap());
+        }
+        let (back, recorded) = parse(&text).unwrap();
+        assert_eq!(back.kv_cache().unwrap(), KvCacheType::Q8_0);
+        let steps = got.sequences[0].records.len();
+        let fresh = Engine::new(m.clone(), config.clone()).unwrap();
+        let run = fresh.generate(replay_request(&back).unwrap()).unwrap();
+        assert_eq!(compare(&back, &recorded, &run), Ok(steps), "{name}: replay");
+        // the same request on an f16 cache: other logits, caught at the first step
+        let f16 = Engine::new(
+            m.clone(),
+            EngineConfig {
+                kv_cache_type: KvCacheType::F16,
+                ..config
+            },
+        )
+        .unwrap();
+        let other = f16.generate(replay_request(&back).unwrap()).unwrap();
+        assert!(
+            compare(&back, &recorded, &other).is_err(),
+            "{name}: f16 replays q8_0"
+        );
+        ran += 1;
+        eprintln!("{name}: q8_0 cache batched, traced and replayed");
+    }
+    assert!(
+        ran >= 2,
+        "only {ran} families had heads a multiple of 32 wide"
+    );
 }

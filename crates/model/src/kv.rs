@@ -58,6 +58,51 @@ const SEGMENT_BYTES: usize = 32 << 20;
 const SEGMENT_MIN_SLOTS: usize = 16;
 const SEGMENT_MAX_SLOTS: usize = 1024;
 
+/// How the cache stores each key and value (both the same; llama.cpp's `--cache-type-k` and
+/// `--cache-type-v`, vLLM's `kv_cache_dtype`).
+///
+/// Attention computes the same operations for both, on the values the cache holds: an `f16`
+/// value converted to `f32`, or a `q8_0` value `q · d` (an 8-bit integer times its block's
+/// `f16` scale, a product that is exact in `f32`). So a `q8_0` cache changes what is stored,
+/// never the arithmetic after it (docs/semantics.md, "The KV cache's type").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KvCacheType {
+    /// Half precision, as llama.cpp's default cache: 2 bytes per value.
+    #[default]
+    F16,
+    /// GGML's Q8_0 blocks of [`Q8_COLUMNS`] values along a head (one `f16` scale each, the
+    /// rule of ggml's x86 `quantize_row_q8_0`): 1.125 bytes per value as nextok stores them
+    /// (the scale kept as the `f32` it stands for).
+    Q8_0,
+}
+
+impl KvCacheType {
+    /// Every type, in the order `name` lists them.
+    pub const ALL: [KvCacheType; 2] = [KvCacheType::F16, KvCacheType::Q8_0];
+
+    /// `f16` or `q8_0` (the names llama.cpp's `--cache-type-k` takes).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCacheType::F16 => "f16",
+            KvCacheType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// The type named `name` ([`name`](Self::name)).
+    pub fn from_name(name: &str) -> Option<KvCacheType> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+impl std::fmt::Display for KvCacheType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Values per scale of a `q8_0` cache (GGML's `QK8_0`).
+pub const Q8_COLUMNS: usize = 32;
+
 /// The shape of a model's cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvGeometry {
@@ -67,9 +112,23 @@ pub struct KvGeometry {
     pub n_kv_head: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// What each key and value is stored as.
+    pub dtype: KvCacheType,
 }
 
 impl KvGeometry {
+    /// Why this cache cannot be made, if it cannot: a `q8_0` cache needs heads a multiple of
+    /// [`Q8_COLUMNS`] wide (its blocks run along a head, as llama.cpp's do).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.dtype == KvCacheType::Q8_0 && !self.head_dim.is_multiple_of(Q8_COLUMNS) {
+            return Err(format!(
+                "q8_0 needs heads a multiple of {Q8_COLUMNS} wide; this model's are {}",
+                self.head_dim
+            ));
+        }
+        Ok(())
+    }
+
     /// Values (keys and values, all layers and heads) in one block.
     pub fn block_values(&self) -> usize {
         self.n_layer * 2 * self.n_kv_head * BLOCK_POSITIONS * self.head_dim
@@ -77,7 +136,17 @@ impl KvGeometry {
 
     /// Bytes of one block.
     pub fn block_bytes(&self) -> usize {
-        self.block_values() * std::mem::size_of::<f16>()
+        self.n_layer * 2 * self.n_kv_head * self.slab_bytes()
+    }
+
+    /// Bytes of one (layer, keys or values, head) part of a block: `f16` values, or `q8_0`'s
+    /// quants then one `f32` scale per [`Q8_COLUMNS`] of them.
+    fn slab_bytes(&self) -> usize {
+        let n = BLOCK_POSITIONS * self.head_dim;
+        match self.dtype {
+            KvCacheType::F16 => 2 * n,
+            KvCacheType::Q8_0 => n + 4 * (n / Q8_COLUMNS),
+        }
     }
 
     /// Bytes the cache takes per position.
@@ -88,11 +157,6 @@ impl KvGeometry {
     /// Blocks that hold `positions` positions.
     pub fn blocks_for(positions: usize) -> usize {
         positions.div_ceil(BLOCK_POSITIONS)
-    }
-
-    /// Values of one (layer, keys or values, head) part of a block.
-    fn slab_values(&self) -> usize {
-        BLOCK_POSITIONS * self.head_dim
     }
 
     /// The column groups a head's values are stored in: `head_dim / VALUE_COLUMNS` when that
@@ -138,10 +202,107 @@ impl KvGeometry {
     }
 }
 
+/// Keys or values of the cache in place, `[position][columns]`: `f16` values, or `q8_0`
+/// quants with their scales `[position][columns / Q8_COLUMNS]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KvRun<'a> {
+    /// Half-precision values.
+    F16(&'a [f16]),
+    /// Quants and the scales of each [`Q8_COLUMNS`] of them (value = `q · d`, exact in `f32`).
+    Q8 {
+        /// The quants.
+        q: &'a [i8],
+        /// One scale per [`Q8_COLUMNS`] quants.
+        d: &'a [f32],
+    },
+}
+
+impl<'a> KvRun<'a> {
+    /// Values held.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            KvRun::F16(v) => v.len(),
+            KvRun::Q8 { q, .. } => q.len(),
+        }
+    }
+
+    /// Value `i` as `f32` (exactly).
+    pub(crate) fn value(&self, i: usize) -> f32 {
+        match self {
+            KvRun::F16(v) => v[i].to_f32(),
+            KvRun::Q8 { q, d } => f32::from(q[i]) * d[i / Q8_COLUMNS],
+        }
+    }
+
+    /// Positions `lo..hi` of a run of `cols` values per position.
+    pub(crate) fn positions(&self, lo: usize, hi: usize, cols: usize) -> KvRun<'a> {
+        match *self {
+            KvRun::F16(v) => KvRun::F16(&v[lo * cols..hi * cols]),
+            KvRun::Q8 { q, d } => {
+                let b = cols / Q8_COLUMNS;
+                KvRun::Q8 {
+                    q: &q[lo * cols..hi * cols],
+                    d: &d[lo * b..hi * b],
+                }
+            }
+        }
+    }
+
+    /// Every value as `f32` (exactly) into `dst` (`len()` values).
+    pub(crate) fn to_f32(self, dst: &mut [f32]) {
+        assert_eq!(dst.len(), self.len());
+        match self {
+            KvRun::F16(v) => {
+                use half::slice::HalfFloatSliceExt;
+                v.convert_to_f32_slice(dst);
+            }
+            KvRun::Q8 { q, d } => {
+                for ((o, q), d) in dst
+                    .chunks_exact_mut(Q8_COLUMNS)
+                    .zip(q.chunks_exact(Q8_COLUMNS))
+                    .zip(d.iter())
+                {
+                    for (o, &q) in o.iter_mut().zip(q) {
+                        *o = f32::from(q) * d;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The run's memory (a prefetch hint's range): its values or quants.
+    pub(crate) fn bytes(&self) -> &'a [u8] {
+        match *self {
+            // SAFETY: any initialised memory reads as bytes
+            KvRun::F16(v) => unsafe {
+                std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v))
+            },
+            // SAFETY: as above
+            KvRun::Q8 { q, .. } => unsafe {
+                std::slice::from_raw_parts(q.as_ptr().cast(), q.len())
+            },
+        }
+    }
+}
+
+/// Quantises `x` ([`Q8_COLUMNS`] values) into `q` as ggml's x86 `quantize_row_q8_0` does (what
+/// llama.cpp's cache of type `q8_0` holds): `m = max |x_i|`, scale `d = m / 127` stored as
+/// `f16`, `q_i = round_ties_even(x_i · (127 / m))` (`0` when `m = 0`). Returns the stored scale
+/// as `f32`.
+pub(crate) fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> f32 {
+    let m = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = f16::from_f32(m / 127.0).to_f32();
+    let id = if m != 0.0 { 127.0 / m } else { 0.0 };
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
+    }
+    d
+}
+
 /// One allocation of block slots, laid out `[layer][key | value][kv head][slot][position]
 /// [head_dim]`, with a bit per slot saying whether a block holds it.
 struct Segment {
-    data: NonNull<f16>,
+    data: NonNull<u8>,
     layout: Layout,
     slots: usize,
     /// One bit per slot, set while a block holds it; the bits past `slots` are set.
@@ -157,18 +318,18 @@ unsafe impl Sync for Segment {}
 impl Segment {
     /// A segment of `slots` slots for `geometry`, zeroed.
     fn new(geometry: &KvGeometry, slots: usize) -> Result<Segment> {
-        let values = slots
-            .checked_mul(geometry.block_values())
+        let bytes = slots
+            .checked_mul(geometry.block_bytes())
             .filter(|&v| v <= isize::MAX as usize / 2)
             .ok_or_else(|| {
                 ModelError::new("KV cache segment too large").with_kind(ModelErrorKind::Capacity)
             })?;
         // at least one cache line, so that an empty geometry still makes a valid allocation
-        let layout = Layout::from_size_align((values * 2).max(64), 64)
+        let layout = Layout::from_size_align(bytes.max(64), 64)
             .map_err(|e| ModelError::new(format!("KV cache segment: {e}")))?;
         // SAFETY: `layout` has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let data = NonNull::new(ptr.cast::<f16>()).ok_or_else(|| {
+        let data = NonNull::new(ptr).ok_or_else(|| {
             ModelError::new(format!(
                 "KV cache: the system refused {} bytes for {slots} blocks",
                 layout.size()
@@ -322,8 +483,8 @@ impl KvPool {
 struct Block {
     segment: usize,
     slot: usize,
-    /// The segment's values.
-    data: NonNull<f16>,
+    /// The segment's bytes.
+    data: NonNull<u8>,
     /// The segment's slots.
     slots: usize,
     pool: Arc<PoolInner>,
@@ -392,7 +553,7 @@ impl Block {
         s.set_used(slot, true);
         let (data, slots) = (s.data, s.slots);
         drop(segments);
-        let mut block = Block {
+        let block = Block {
             segment,
             slot,
             data,
@@ -400,47 +561,131 @@ impl Block {
             pool: pool.clone(),
         };
         for (r, piece) in g.all_pieces() {
-            block.piece_mut(r, piece).fill(f16::ZERO);
+            for (at, n) in block.piece_bytes(r, piece) {
+                // SAFETY: the piece's bytes are inside the segment and reached only through
+                // this block (see `piece_bytes` and the `Send` impl)
+                unsafe { std::ptr::write_bytes(block.data.as_ptr().add(at), 0, n) };
+            }
         }
         Ok(block)
     }
 
-    /// Where piece `piece` of region `r` ([`KvGeometry::region`]) of this block starts in
-    /// the segment, and its length. A region holds `slots · BLOCK_POSITIONS · head_dim`
-    /// values, its pieces one after the other, each `[slot][position][its columns]`.
+    /// Where piece `piece` of region `r` ([`KvGeometry::region`]) of this block lies in the
+    /// segment: the byte offsets of its values (`f16`) or quants (`q8_0`) and of its scales
+    /// (`q8_0`; `0` for `f16`), and how many values it holds. A region takes `slots ·
+    /// slab_bytes` bytes: its pieces' values one after the other, each `[slot][position][its
+    /// columns]`, and for `q8_0` then their scales, each `[slot][position][its columns / 32]`.
     #[inline]
-    fn piece_at(&self, r: usize, piece: usize) -> (usize, usize) {
+    fn piece_at(&self, r: usize, piece: usize) -> (usize, usize, usize) {
         let g = &self.pool.geometry;
         let (_, cols) = g.pieces(r / g.n_kv_head % 2);
         let per_slot = BLOCK_POSITIONS * cols;
-        let at = r * self.slots * g.slab_values() + (piece * self.slots + self.slot) * per_slot;
-        (at, per_slot)
+        let base = r * self.slots * g.slab_bytes();
+        let i = piece * self.slots + self.slot;
+        match g.dtype {
+            KvCacheType::F16 => (base + 2 * i * per_slot, 0, per_slot),
+            KvCacheType::Q8_0 => {
+                let scales = base + self.slots * BLOCK_POSITIONS * g.head_dim;
+                (
+                    base + i * per_slot,
+                    scales + 4 * i * (per_slot / Q8_COLUMNS),
+                    per_slot,
+                )
+            }
+        }
+    }
+
+    /// The byte ranges (offset, length) of piece `piece` of region `r` in the segment.
+    fn piece_bytes(&self, r: usize, piece: usize) -> [(usize, usize); 2] {
+        let (at, d, n) = self.piece_at(r, piece);
+        match self.pool.geometry.dtype {
+            KvCacheType::F16 => [(at, 2 * n), (0, 0)],
+            KvCacheType::Q8_0 => [(at, n), (d, 4 * (n / Q8_COLUMNS))],
+        }
     }
 
     /// Piece `piece` of this block's part of region `r`.
     #[inline]
-    fn piece(&self, r: usize, piece: usize) -> &[f16] {
-        let (at, n) = self.piece_at(r, piece);
-        // SAFETY: `at + n` is inside the segment (`r < slabs()`, `piece` below the region's
-        // pieces, `slot < slots`); the slot's values are reached only through this block (see
-        // the `Send` impl).
-        unsafe { std::slice::from_raw_parts(self.data.as_ptr().add(at), n) }
+    fn piece(&self, r: usize, piece: usize) -> KvRun<'_> {
+        let (at, d, n) = self.piece_at(r, piece);
+        let p = self.data.as_ptr();
+        // SAFETY: the piece's bytes are inside the segment (`r < slabs()`, `piece` below the
+        // region's pieces, `slot < slots`) and aligned for their type (the segment is aligned
+        // to 64, and every offset of a `q8_0` scale is a multiple of 4 as `head_dim` is a
+        // multiple of 32); the slot's values are reached only through this block (see the
+        // `Send` impl).
+        unsafe {
+            match self.pool.geometry.dtype {
+                KvCacheType::F16 => KvRun::F16(std::slice::from_raw_parts(p.add(at).cast(), n)),
+                KvCacheType::Q8_0 => KvRun::Q8 {
+                    q: std::slice::from_raw_parts(p.add(at).cast(), n),
+                    d: std::slice::from_raw_parts(p.add(d).cast(), n / Q8_COLUMNS),
+                },
+            }
+        }
     }
 
-    /// [`piece`](Self::piece), to write.
-    #[inline]
-    fn piece_mut(&mut self, r: usize, piece: usize) -> &mut [f16] {
-        let (at, n) = self.piece_at(r, piece);
-        // SAFETY: as in `piece`, and `&mut self` is the only way to this block's values.
-        unsafe { std::slice::from_raw_parts_mut(self.data.as_ptr().add(at), n) }
+    /// Writes `src` (`cols` values) at position `p` of piece `piece` of region `r`, rounded
+    /// to the cache's type.
+    fn write(&mut self, r: usize, piece: usize, p: usize, src: &[f32]) {
+        let (at, d, n) = self.piece_at(r, piece);
+        let cols = src.len();
+        assert!((p + 1) * cols <= n);
+        let base = self.data.as_ptr();
+        // SAFETY: as in `piece`, the ranges are inside this block's piece, and `&mut self` is
+        // the only way to this block's values.
+        unsafe {
+            match self.pool.geometry.dtype {
+                KvCacheType::F16 => {
+                    let dst = std::slice::from_raw_parts_mut(
+                        base.add(at).cast::<f16>().add(p * cols),
+                        cols,
+                    );
+                    for (d, s) in dst.iter_mut().zip(src) {
+                        *d = f16::from_f32(*s);
+                    }
+                }
+                KvCacheType::Q8_0 => {
+                    let blocks = cols / Q8_COLUMNS;
+                    let q = std::slice::from_raw_parts_mut(
+                        base.add(at).cast::<i8>().add(p * cols),
+                        cols,
+                    );
+                    let dd = std::slice::from_raw_parts_mut(
+                        base.add(d).cast::<f32>().add(p * blocks),
+                        blocks,
+                    );
+                    for ((q, d), x) in q
+                        .chunks_exact_mut(Q8_COLUMNS)
+                        .zip(dd)
+                        .zip(src.chunks_exact(Q8_COLUMNS))
+                    {
+                        *d = quantize_q8_0(x, q);
+                    }
+                }
+            }
+        }
     }
 
     /// A copy of this block in a new slot (after `after`'s when free).
     fn copy(&self, after: Option<&Block>) -> Result<Block> {
-        let mut copy = Block::alloc(&self.pool, after)?;
+        let copy = Block::alloc(&self.pool, after)?;
         for (r, piece) in self.pool.geometry.all_pieces() {
-            copy.piece_mut(r, piece)
-                .copy_from_slice(self.piece(r, piece));
+            for ((from, n), (to, _)) in self
+                .piece_bytes(r, piece)
+                .into_iter()
+                .zip(copy.piece_bytes(r, piece))
+            {
+                // SAFETY: both ranges are inside their segments, in slots held by `self` and
+                // by `copy` (another slot: never the same bytes); `copy` is not shared yet.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.data.as_ptr().add(from),
+                        copy.data.as_ptr().add(to),
+                        n,
+                    )
+                };
+            }
         }
         Ok(copy)
     }
@@ -543,7 +788,7 @@ impl SeqKv {
         Ok(())
     }
 
-    /// Writes the keys and values (`[n_kv_head * head_dim]` each, rounded to `f16`) of `layer`
+    /// Writes the keys and values (`[n_kv_head * head_dim]` each, rounded to the cache's type) of `layer`
     /// at position `pos` (prepared by [`prepare_write`](Self::prepare_write)).
     pub(crate) fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<()> {
         let g = self.pool.geometry;
@@ -562,11 +807,8 @@ impl SeqKv {
                 let (pieces, cols) = g.pieces(kv);
                 let r = g.region(layer, kv, head);
                 for piece in 0..pieces {
-                    let dst = &mut block.piece_mut(r, piece)[p * cols..(p + 1) * cols];
                     let src = &src[head * hd + piece * cols..head * hd + (piece + 1) * cols];
-                    for (d, s) in dst.iter_mut().zip(src) {
-                        *d = f16::from_f32(*s);
-                    }
+                    block.write(r, piece, p, src);
                 }
             }
         }
@@ -596,7 +838,7 @@ impl SeqKv {
         kv: usize,
         head: usize,
         piece: usize,
-    ) -> &[f16] {
+    ) -> KvRun<'_> {
         let g = &self.pool.geometry;
         self.blocks[block].piece(g.region(layer, kv, head), piece)
     }
@@ -613,17 +855,25 @@ impl SeqKv {
         kv: usize,
         head: usize,
         piece: usize,
-    ) -> (&[f16], usize) {
+    ) -> (KvRun<'_>, usize) {
         let mut n = 1;
         while n < max && self.continues(block + n - 1) {
             n += 1;
         }
         let first = self.piece(block, layer, kv, head, piece);
         // SAFETY: blocks `block..block + n` hold consecutive slots of one segment, so their
-        // pieces are one run of `n · first.len()` values from the first one's; this sequence
+        // pieces' values (and scales) are one run of `n` times the first one's; this sequence
         // holds all of them and only reads them while `&self` lives (a write takes
         // `&mut self`).
-        let run = unsafe { std::slice::from_raw_parts(first.as_ptr(), n * first.len()) };
+        let run = unsafe {
+            match first {
+                KvRun::F16(v) => KvRun::F16(std::slice::from_raw_parts(v.as_ptr(), n * v.len())),
+                KvRun::Q8 { q, d } => KvRun::Q8 {
+                    q: std::slice::from_raw_parts(q.as_ptr(), n * q.len()),
+                    d: std::slice::from_raw_parts(d.as_ptr(), n * d.len()),
+                },
+            }
+        };
         (run, n)
     }
 
@@ -665,6 +915,7 @@ mod tests {
             n_layer: 2,
             n_kv_head: 1,
             head_dim: 4,
+            dtype: KvCacheType::F16,
         }
     }
 
@@ -694,9 +945,9 @@ mod tests {
         assert!(a.same_block(&b, 0) && !a.same_block(&b, 1));
         b.write(0, 20, &[9.0; 4], &[9.0; 4]).unwrap();
         b.set_len(21);
-        assert_eq!(a.piece(1, 0, 0, 0, 0)[4 * 4].to_f32(), 0.0);
-        assert_eq!(b.piece(1, 0, 0, 0, 0)[4 * 4].to_f32(), 9.0);
-        assert_eq!(b.piece(1, 1, 0, 0, 0)[3 * 4].to_f32(), 19.0);
+        assert_eq!(a.piece(1, 0, 0, 0, 0).value(4 * 4), 0.0);
+        assert_eq!(b.piece(1, 0, 0, 0, 0).value(4 * 4), 9.0);
+        assert_eq!(b.piece(1, 1, 0, 0, 0).value(3 * 4), 19.0);
         b.truncate(3).unwrap();
         assert_eq!(b.blocks(), 1);
         assert_eq!(pool.blocks_in_use(), 2);
@@ -724,6 +975,7 @@ mod tests {
             n_layer: 3,
             n_kv_head: 2,
             head_dim: 8,
+            dtype: KvCacheType::F16,
         };
         let pool = KvPool::new(g, None);
         let mut a = pool.sequence();
@@ -740,8 +992,8 @@ mod tests {
         assert_eq!(a.blocks(), 13);
         assert_eq!(a.runs(), 1, "one sequence alone gets consecutive slots");
         // every (layer, kv, head) part of a block sits at its own place
-        assert_eq!(a.piece(12, 2, 1, 1, 0)[7 * 8].to_f32(), -2.5);
-        assert_eq!(a.piece(12, 2, 0, 0, 0)[7 * 8].to_f32(), 1.5);
+        assert_eq!(a.piece(12, 2, 1, 1, 0).value(7 * 8), -2.5);
+        assert_eq!(a.piece(12, 2, 0, 0, 0).value(7 * 8), 1.5);
         let reserved = pool.slots_reserved();
         drop(a);
         assert_eq!(pool.blocks_in_use(), 0);
@@ -754,7 +1006,8 @@ mod tests {
             for l in 0..3 {
                 for kv in 0..2 {
                     for h in 0..2 {
-                        assert!(b.piece(blk, l, kv, h, 0).iter().all(|x| x.to_bits() == 0));
+                        let p = b.piece(blk, l, kv, h, 0);
+                        assert!((0..p.len()).all(|i| p.value(i).to_bits() == 0));
                     }
                 }
             }
@@ -767,6 +1020,7 @@ mod tests {
             n_layer: 2,
             n_kv_head: 2,
             head_dim: 64,
+            dtype: KvCacheType::F16,
         };
         assert_eq!(g.value_groups(), 2);
         let pool = KvPool::new(g, None);
@@ -782,18 +1036,105 @@ mod tests {
             for h in 0..2 {
                 let keys = a.piece(b, 1, 0, h, 0);
                 assert_eq!(keys.len(), BLOCK_POSITIONS * 64);
-                assert_eq!(keys[p * 64 + 5].to_f32(), (h * 64 + 5) as f32);
+                assert_eq!(keys.value(p * 64 + 5), (h * 64 + 5) as f32);
                 for c in 0..2 {
                     let vals = a.piece(b, 1, 1, h, c);
                     assert_eq!(vals.len(), BLOCK_POSITIONS * 32);
-                    assert_eq!(vals[p * 32 + 9].to_f32(), -((h * 64 + c * 32 + 9) as f32));
+                    assert_eq!(vals.value(p * 32 + 9), -((h * 64 + c * 32 + 9) as f32));
                 }
             }
         }
         // one run per column group across the blocks
         let (run, n) = a.piece_run(0, 3, 1, 1, 1, 1);
         assert_eq!(n, 3);
-        assert_eq!(run[(2 * BLOCK_POSITIONS + 7) * 32].to_f32(), -(64.0 + 32.0));
+        assert_eq!(run.value((2 * BLOCK_POSITIONS + 7) * 32), -(64.0 + 32.0));
+    }
+
+    #[test]
+    fn a_q8_0_cache_holds_ggml_blocks_in_runs_and_copies_them_on_write() {
+        let g = KvGeometry {
+            n_layer: 2,
+            n_kv_head: 2,
+            head_dim: 64,
+            dtype: KvCacheType::Q8_0,
+        };
+        assert_eq!(g.check(), Ok(()));
+        let f16 = KvGeometry {
+            dtype: KvCacheType::F16,
+            ..g
+        };
+        // 32 quants and one 4-byte scale per 32 values, against 64 bytes
+        assert_eq!(g.block_bytes() * 32, f16.block_bytes() * 18);
+        let pool = KvPool::new(g, None);
+        let mut a = pool.sequence();
+        a.prepare_write(40).unwrap();
+        let row = |pos: usize, sign: f32| -> Vec<f32> {
+            (0..128)
+                .map(|i| sign * ((i * 7 + pos * 3) % 23) as f32 * 0.37)
+                .collect()
+        };
+        for pos in 0..40 {
+            for l in 0..2 {
+                a.write(l, pos, &row(pos, 1.0), &row(pos, -1.0)).unwrap();
+            }
+        }
+        a.set_len(40);
+        // what `quantize_q8_0` makes of each 32 values, read back exactly as `q · d`
+        let want = |x: &[f32]| -> Vec<f32> {
+            let mut q = [0i8; Q8_COLUMNS];
+            let d = quantize_q8_0(x, &mut q);
+            q.iter().map(|&q| f32::from(q) * d).collect()
+        };
+        for (b, p) in [(0, 0), (1, 5), (2, 7)] {
+            let pos = b * BLOCK_POSITIONS + p;
+            for h in 0..2 {
+                let keys = a.piece(b, 1, 0, h, 0);
+                assert_eq!(keys.len(), BLOCK_POSITIONS * 64);
+                let k = row(pos, 1.0);
+                let kq = [
+                    want(&k[h * 64..h * 64 + 32]),
+                    want(&k[h * 64 + 32..h * 64 + 64]),
+                ]
+                .concat();
+                let got: Vec<f32> = (0..64).map(|i| keys.value(p * 64 + i)).collect();
+                assert_eq!(got, kq);
+                for c in 0..2 {
+                    let vals = a.piece(b, 1, 1, h, c);
+                    let v = row(pos, -1.0);
+                    let vq = want(&v[h * 64 + c * 32..h * 64 + c * 32 + 32]);
+                    let got: Vec<f32> = (0..32).map(|i| vals.value(p * 32 + i)).collect();
+                    assert_eq!(got, vq);
+                }
+            }
+        }
+        // a run over three blocks: quants and scales each one run, the values as in the blocks
+        let (run, n) = a.piece_run(0, 3, 1, 1, 1, 1);
+        assert_eq!(n, 3);
+        let mut all = vec![0f32; run.len()];
+        run.to_f32(&mut all);
+        for b in 0..3 {
+            let piece = a.piece(b, 1, 1, 1, 1);
+            for i in 0..piece.len() {
+                assert_eq!(all[b * piece.len() + i], piece.value(i));
+            }
+        }
+        // a fork's write copies the block, quants and scales, and leaves the original alone
+        let mut b = a.clone();
+        b.truncate(39).unwrap();
+        b.prepare_write(1).unwrap();
+        assert!(!a.same_block(&b, 2));
+        b.write(0, 39, &[1.0; 128], &[2.0; 128]).unwrap();
+        b.set_len(40);
+        let (ka, kb) = (a.piece(2, 0, 0, 0, 0), b.piece(2, 0, 0, 0, 0));
+        for i in 0..7 * 64 {
+            assert_eq!(ka.value(i), kb.value(i), "copied value {i}");
+        }
+        let one = want(&[1.0; Q8_COLUMNS])[0];
+        assert_eq!(kb.value(7 * 64), one);
+        assert_ne!(ka.value(7 * 64), one);
+        // heads whose width is not a multiple of 32 cannot be stored as q8_0
+        let odd = KvGeometry { head_dim: 48, ..g };
+        assert!(odd.check().unwrap_err().contains("multiple of 32"));
     }
 
     #[test]
@@ -820,6 +1161,7 @@ mod tests {
             n_layer: 1,
             n_kv_head: 1,
             head_dim: 4,
+            dtype: KvCacheType::F16,
         };
         let limit = g.segment_slots() + 3;
         let pool = KvPool::new(g, Some(limit));

@@ -49,7 +49,7 @@ use sha2::{Digest, Sha256};
 
 pub use arch::{Arch, ArchConfig};
 pub use error::{ModelError, ModelErrorKind, Result};
-pub use kv::{KvGeometry, KvPool, SeqKv};
+pub use kv::{KvCacheType, KvGeometry, KvPool, SeqKv};
 pub use open::{load_model, model_path};
 pub use transformer::{
     BatchSeq, Converted, LogitRows, ModelSource, ModelWeights, Requant, Scratch,

@@ -50,7 +50,7 @@ use crate::error::{ModelError, ModelErrorKind, Result};
 use crate::file::{ggml_type, GgufFile};
 use crate::kernels::attn::{self, dot};
 use crate::kernels::{self, Activations, MatFormat, QMatrix};
-use crate::kv::{KvGeometry, KvPool, SeqKv, BLOCK_POSITIONS};
+use crate::kv::{KvGeometry, KvPool, KvRun, SeqKv, BLOCK_POSITIONS};
 use crate::LogitsSource;
 
 /// What to do with the quantised matrices at load.
@@ -448,6 +448,7 @@ impl ModelWeights {
                 n_layer: cfg.n_layer,
                 n_kv_head: cfg.n_kv_head,
                 head_dim: hd,
+                dtype: crate::kv::KvCacheType::F16,
             },
             None,
         );
@@ -965,15 +966,16 @@ fn attend<'q, 'o>(
                 };
                 for c in 0..pieces {
                     if b + 1 < b1 && !kv.continues(b) {
-                        attn::prefetch(kv.piece(b + 1, layer, part, g, c));
+                        attn::prefetch(kv.piece(b + 1, layer, part, g, c).bytes());
                     }
                     let src = kv.piece(b, layer, part, g, c);
                     if pieces == 1 {
-                        f16_to_f32(&src[lo * hd..hi * hd], &mut block[..(hi - lo) * hd]);
+                        src.positions(lo, hi, hd)
+                            .to_f32(&mut block[..(hi - lo) * hd]);
                     } else {
                         for p in lo..hi {
                             let dst = &mut block[(p - lo) * hd + c * cols..][..cols];
-                            f16_to_f32(&src[p * cols..(p + 1) * cols], dst);
+                            src.positions(p, p + 1, cols).to_f32(dst);
                         }
                     }
                 }
@@ -1012,9 +1014,9 @@ fn attend<'q, 'o>(
     })
 }
 
-/// [`attend`] for one row (a decode step): reads the cache's `f16` keys and values in place,
+/// [`attend`] for one row (a decode step): reads the cache's keys and values in place,
 /// a run of blocks that follow one another in memory at a time, converting them in registers
-/// ([`attn::scores_f16`], [`attn::accumulate_f16`]; the same bits as converting each block into
+/// ([`attn::scores_kv`], [`attn::accumulate_kv`]; the same bits as converting each block into
 /// a buffer first).
 #[allow(clippy::too_many_arguments)]
 fn attend_one(
@@ -1040,7 +1042,7 @@ fn attend_one(
         scores.resize(rep * len, 0.0);
         weights.resize(rep * len, 0.0);
         for_runs(kv, layer, (0, 0), g, &keys, hd, &mut |k, _, off| {
-            attn::scores_f16(level, q, k, hd, scale, scores, len, off);
+            attn::scores_kv(level, q, k, hd, scale, scores, len, off);
         });
         for h in 0..rep {
             softmax_f16(
@@ -1083,8 +1085,8 @@ fn values_run(
         let mut p = 0;
         while p < here {
             let e = (p + VALUES_PIECE).min(here);
-            let piece = &v[p * cols..e * cols];
-            attn::accumulate_f16(level, weights, len, off + p, piece, cols, e - p, cols, acc);
+            let piece = v.positions(p, e, cols);
+            attn::accumulate_kv(level, weights, len, off + p, piece, cols, e - p, cols, acc);
             p = e;
         }
     });
@@ -1092,7 +1094,7 @@ fn values_run(
 
 /// What [`for_runs`] runs on each run: `f(its values, positions, offset of its first among
 /// the keys)`.
-type RunFn<'a> = dyn FnMut(&[f16], usize, usize) + 'a;
+type RunFn<'a> = dyn FnMut(KvRun<'_>, usize, usize) + 'a;
 
 /// The keys (`part` `(0, 0)`) or a column group `c` of the values (`(1, c)`) of key/value head
 /// `g` in `layer` at the positions `keys` (`cols` values each), a run of blocks that follow one
@@ -1117,7 +1119,7 @@ fn for_runs(
         let lo = keys.start.max(start);
         let hi = keys.end.min(start + nb * BLOCK_POSITIONS);
         f(
-            &run[(lo - start) * cols..(hi - start) * cols],
+            run.positions(lo - start, hi - start, cols),
             hi - lo,
             lo - keys.start,
         );
@@ -1164,7 +1166,7 @@ const SPLIT_COLS: usize = crate::kv::VALUE_COLUMNS;
 ///    it); the task that finishes a unit's last chunk then computes each of its query heads'
 ///    softmax, over its scores gathered in position order;
 /// 2. the weighted sum of the values, one column group of the cache (`SPLIT_COLS` columns, one
-///    run of memory) per task ([`attn::accumulate_f16`]; each output value sums the same
+///    run of memory) per task ([`attn::accumulate_kv`]; each output value sums the same
 ///    products in the same position order).
 ///
 /// Only when there are fewer units than threads: on a two-vCPU machine, splitting the three
@@ -1259,7 +1261,7 @@ impl Split<'_, '_> {
                 };
                 let keys = first + k0..first + k1;
                 for_runs(kv, self.layer, (0, 0), g, &keys, hd, &mut |k, _, off| {
-                    attn::scores_f16(self.level, q, k, hd, self.scale, sc, k1 - k0, off);
+                    attn::scores_kv(self.level, q, k, hd, self.scale, sc, k1 - k0, off);
                 });
             }
             // the last chunk to finish sees every other chunk's scores (acquire of their
@@ -1356,11 +1358,6 @@ fn softmax_f16(sc: &[f32], w: &mut [f32]) {
         tmp[..c.len()].convert_from_f32_slice(c);
         tmp[..c.len()].convert_to_f32_slice(c);
     }
-}
-
-fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
-    use half::slice::HalfFloatSliceExt;
-    src.convert_to_f32_slice(dst);
 }
 
 /// RMSNorm of each `d`-wide row of `x` into `out`, scaled by `w`.

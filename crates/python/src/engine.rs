@@ -63,6 +63,14 @@ fn set_config(
         "constraint_cache_bytes" => config.constraint_cache_bytes = count()?,
         "default_max_tokens" => config.default_max_tokens = optional()?,
         "max_tokens_limit" => config.max_tokens_limit = optional()?,
+        "kv_cache_type" => {
+            let name: String = value.extract().map_err(|_| {
+                Failure::argument(key, format!("must be a str, got {}", type_name(value)))
+            })?;
+            config.kv_cache_type = nextok_model::KvCacheType::from_name(&name).ok_or_else(|| {
+                Failure::argument(key, format!("`{name}` is not a cache type (f16, q8_0)"))
+            })?;
+        }
         "parse_special_in_messages" => {
             config.parse_special_in_messages = value.extract().map_err(|_| {
                 Failure::argument(key, format!("must be a bool, got {}", type_name(value)))
@@ -71,7 +79,7 @@ fn set_config(
         other => {
             return Err(Failure::argument(
                 other,
-                "is not an engine setting (max_num_seqs, max_batch_tokens, prefill_chunk_tokens, itl_target_ms, kv_budget_bytes, max_waiting, prefix_cache_entries, constraint_cache_bytes, default_max_tokens, max_tokens_limit, parse_special_in_messages)",
+                "is not an engine setting (max_num_seqs, max_batch_tokens, prefill_chunk_tokens, itl_target_ms, kv_budget_bytes, kv_cache_type, max_waiting, prefix_cache_entries, constraint_cache_bytes, default_max_tokens, max_tokens_limit, parse_special_in_messages)",
             ))
         }
     }
@@ -532,6 +540,18 @@ impl PyEngine {
             .into());
         }
         let prepared = self.engine.prepare(&req).map_err(Failure::from)?;
+        if header.kv_cache().map_err(Failure::from)? != prepared.info.kv_cache {
+            return Err(Failure::new(
+                "ReplayMismatch",
+                format!(
+                    "the trace was recorded with a `{}` KV cache, this engine's is `{}`",
+                    header.kv_cache, prepared.info.kv_cache
+                ),
+            )
+            .code("replay_mismatch")
+            .field("kv_cache")
+            .into());
+        }
         if prepared.info.pipeline_hash != header.pipeline_hash {
             return Err(Failure::new(
                 "ReplayMismatch",

@@ -138,6 +138,29 @@ def test_bad_engines() -> None:
     with pytest.raises(nextok.InvalidArgument) as e:
         nextok.LLM(path, requant="q2")
     assert e.value.field == "requant"
+    with pytest.raises(nextok.InvalidArgument) as e:
+        nextok.LLM(path, kv_cache_type="q4_0")
+    assert e.value.field == "kv_cache_type" and "f16, q8_0" in str(e.value)
+    with pytest.raises(nextok.InvalidArgument) as e:
+        nextok.LLM(path, kv_cache_type=8)
+    assert e.value.field == "kv_cache_type"
+
+
+def test_a_q8_0_cache_records_its_type_and_replays_only_on_its_own(llm: nextok.LLM) -> None:
+    path = require_data("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    q8 = nextok.LLM(path, max_num_seqs=4, kv_cache_type="q8_0")
+    params = nextok.SamplingParams(temperature=0.8, seed=5, max_tokens=12, trace=True)
+    (r,) = q8.generate(PROMPTS[0], params)
+    header = json.loads(r.trace.splitlines()[0])
+    assert header["kv_cache"] == "q8_0"
+    assert q8.replay(r.trace) == len(r.outputs[0].token_ids)
+    # the same request on the f16 cache: its own trace says so, and neither replays on the other
+    (f,) = llm.generate(PROMPTS[0], params)
+    assert json.loads(f.trace.splitlines()[0])["kv_cache"] == "f16"
+    for engine, trace in ((llm, r.trace), (q8, f.trace)):
+        with pytest.raises(nextok.ReplayMismatch) as e:
+            engine.replay(trace)
+        assert e.value.field == "kv_cache"
 
 
 def test_the_gil_is_released_while_the_engine_works(llm: nextok.LLM) -> None:

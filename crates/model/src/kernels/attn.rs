@@ -13,11 +13,13 @@
 //! * **Output** of head `h`: every element `o_i` is the chain `o_i = fma(w_hp, v_p[i], o_i)` over
 //!   positions `p` in order, starting from the caller's `o_i` (zero before the first block).
 //!
-//! Keys and values are given as `f32` (the cache's `f16` values converted exactly, one block at
-//! a time, shared by the query heads of a key/value head), or, for [`accumulate_f16`], as the
-//! cache's `f16` values themselves, converted in registers (the same bits).
+//! Keys and values are given as `f32` (the cache's values converted exactly, one block at a
+//! time, shared by the query heads of a key/value head), or, for [`scores_kv`] and
+//! [`accumulate_kv`], as the cache holds them ([`KvRun`]: `f16` values, or `q8_0` quants and
+//! scales), converted in registers (the same bits: both conversions are exact).
 
 use super::Level;
+use crate::kv::{KvRun, Q8_COLUMNS};
 
 /// The scores of `rep` query heads (`q`, `rep · hd` values) against the `here` keys in `k`
 /// (`here · hd` values): `scores[h · stride + off + p] = dot(q_h, k_p) · scale`.
@@ -63,16 +65,16 @@ pub fn scores(
     }
 }
 
-/// [`scores`] over the cache's `f16` keys, converted in registers as they are read, each key
-/// once for up to three query heads (the same bits: the conversion is exact). For a decode
-/// step, which reads every key once: converting a block into a buffer first and then reading
-/// it puts all of a block's memory reads in one burst, which the CPU's prefetchers do not
-/// spread over the arithmetic.
+/// [`scores`] over the cache's keys as it holds them, converted in registers as they are read,
+/// each key once for up to three query heads (the same bits: the conversion is exact). For a
+/// decode step, which reads every key once: converting a block into a buffer first and then
+/// reading it puts all of a block's memory reads in one burst, which the CPU's prefetchers do
+/// not spread over the arithmetic.
 #[allow(clippy::too_many_arguments)]
-pub fn scores_f16(
+pub(crate) fn scores_kv(
     level: Level,
     q: &[f32],
-    k: &[half::f16],
+    k: KvRun<'_>,
     hd: usize,
     scale: f32,
     scores: &mut [f32],
@@ -83,16 +85,21 @@ pub fn scores_f16(
     let rep = q.len() / hd;
     assert!(q.len() == rep * hd && k.len() == here * hd);
     assert!(rep == 0 || (rep - 1) * stride + off + here <= scores.len());
+    let q8 = matches!(k, KvRun::Q8 { .. });
+    assert!(!q8 || hd.is_multiple_of(Q8_COLUMNS));
     #[cfg(target_arch = "x86_64")]
     if level.effective() >= Level::Avx2 && hd.is_multiple_of(8) {
-        type Heads = unsafe fn(&[f32], &[half::f16], usize, f32, &mut [f32], usize, usize);
+        type Heads = unsafe fn(&[f32], KvRun<'_>, usize, f32, &mut [f32], usize, usize);
         let mut h0 = 0;
         while h0 < rep {
             let n = (rep - h0).min(3);
-            let heads: Heads = match n {
-                1 => avx2::scores_f16::<1>,
-                2 => avx2::scores_f16::<2>,
-                _ => avx2::scores_f16::<3>,
+            let heads: Heads = match (n, q8) {
+                (1, false) => avx2::scores_kv::<1, false>,
+                (2, false) => avx2::scores_kv::<2, false>,
+                (_, false) => avx2::scores_kv::<3, false>,
+                (1, true) => avx2::scores_kv::<1, true>,
+                (2, true) => avx2::scores_kv::<2, true>,
+                (_, true) => avx2::scores_kv::<3, true>,
             };
             // SAFETY: `effective` checked that the CPU has AVX2, FMA and F16C.
             unsafe {
@@ -111,9 +118,9 @@ pub fn scores_f16(
         return;
     }
     let _ = level;
-    for (p, kp) in k.chunks_exact(hd).enumerate() {
+    for p in 0..here {
         for (h, qh) in q.chunks_exact(hd).enumerate() {
-            scores[h * stride + off + p] = dot_f16(qh, kp) * scale;
+            scores[h * stride + off + p] = dot_kv(qh, &k, p * hd) * scale;
         }
     }
 }
@@ -154,17 +161,18 @@ pub fn accumulate(
     }
 }
 
-/// [`accumulate`] over `hd` columns of the cache's `f16` values, converted as they are read:
-/// `v_p` is `v[p · v_stride..p · v_stride + hd]` (so a caller may take some of each position's
-/// columns), for the `here` positions of the block. The same bits as converting those values to
-/// `f32` and calling [`accumulate`] (the conversion is exact).
+/// [`accumulate`] over `hd` columns of the cache's values as it holds them, converted as they
+/// are read: `v_p` is values `p · v_stride..p · v_stride + hd` of `v` (so a caller may take some
+/// of each position's columns), for the `here` positions of the block. The same bits as
+/// converting those values to `f32` and calling [`accumulate`] (the conversion is exact). For
+/// `q8_0` values, `v_stride` and the first column are multiples of [`Q8_COLUMNS`].
 #[allow(clippy::too_many_arguments)]
-pub fn accumulate_f16(
+pub(crate) fn accumulate_kv(
     level: Level,
     weights: &[f32],
     stride: usize,
     off: usize,
-    v: &[half::f16],
+    v: KvRun<'_>,
     v_stride: usize,
     here: usize,
     hd: usize,
@@ -174,23 +182,30 @@ pub fn accumulate_f16(
     assert!(hd > 0 && v_stride >= hd && out.len() == rep * hd);
     assert!(here == 0 || (here - 1) * v_stride + hd <= v.len());
     assert!(rep == 0 || (rep - 1) * stride + off + here <= weights.len());
+    let q8 = matches!(v, KvRun::Q8 { .. });
+    assert!(!q8 || v_stride.is_multiple_of(Q8_COLUMNS));
     #[cfg(target_arch = "x86_64")]
-    if level.effective() >= Level::Avx2 && hd.is_multiple_of(16) {
-        type Heads = unsafe fn(&[f32], usize, usize, usize, &[half::f16], usize, usize, &mut [f32]);
+    if level.effective() >= Level::Avx2 && hd.is_multiple_of(16) && (!q8 || hd.is_multiple_of(32)) {
+        type Heads = unsafe fn(&[f32], usize, usize, usize, KvRun<'_>, usize, usize, &mut [f32]);
         // up to four heads at a time; up to three, 32 columns at a time (twelve independent
         // chains of fused multiply-adds: with eight, their latency bounds the loop)
         let wide = hd.is_multiple_of(32);
         let mut h0 = 0;
         while h0 < rep {
             let n = (rep - h0).min(4);
-            let heads: Heads = match (n, wide) {
-                (1, false) => avx2::accumulate_f16::<1, 2>,
-                (2, false) => avx2::accumulate_f16::<2, 2>,
-                (3, false) => avx2::accumulate_f16::<3, 2>,
-                (1, true) => avx2::accumulate_f16::<1, 4>,
-                (2, true) => avx2::accumulate_f16::<2, 4>,
-                (3, true) => avx2::accumulate_f16::<3, 4>,
-                _ => avx2::accumulate_f16::<4, 2>,
+            let heads: Heads = match (n, wide, q8) {
+                (1, false, false) => avx2::accumulate_kv::<1, 2, false>,
+                (2, false, false) => avx2::accumulate_kv::<2, 2, false>,
+                (3, false, false) => avx2::accumulate_kv::<3, 2, false>,
+                (1, true, false) => avx2::accumulate_kv::<1, 4, false>,
+                (2, true, false) => avx2::accumulate_kv::<2, 4, false>,
+                (3, true, false) => avx2::accumulate_kv::<3, 4, false>,
+                (_, _, false) => avx2::accumulate_kv::<4, 2, false>,
+                (1, true, true) => avx2::accumulate_kv::<1, 4, true>,
+                (2, true, true) => avx2::accumulate_kv::<2, 4, true>,
+                (3, true, true) => avx2::accumulate_kv::<3, 4, true>,
+                (_, true, true) => avx2::accumulate_kv::<4, 4, true>,
+                (_, false, true) => unreachable!("q8_0 values are read 32 columns at a time"),
             };
             let o = &mut out[h0 * hd..(h0 + n) * hd];
             // SAFETY: `effective` checked that the CPU has AVX2, FMA and F16C.
@@ -201,11 +216,10 @@ pub fn accumulate_f16(
     }
     let _ = level;
     for p in 0..here {
-        let vp = &v[p * v_stride..p * v_stride + hd];
         for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
             let w = weights[h * stride + off + p];
-            for (o, x) in oh.iter_mut().zip(vp) {
-                *o = w.mul_add(x.to_f32(), *o);
+            for (i, o) in oh.iter_mut().enumerate() {
+                *o = w.mul_add(v.value(p * v_stride + i), *o);
             }
         }
     }
@@ -229,12 +243,12 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     hsum8(acc)
 }
 
-/// [`dot`] with `b` in `f16` (each element converted exactly).
+/// [`dot`] of `a` with the cache's values `at..at + a.len()` of `k` (each converted exactly).
 #[inline]
-pub fn dot_f16(a: &[f32], b: &[half::f16]) -> f32 {
+fn dot_kv(a: &[f32], k: &KvRun<'_>, at: usize) -> f32 {
     let mut acc = [0f32; 8];
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        acc[i % 8] = x.mul_add(y.to_f32(), acc[i % 8]);
+    for (i, x) in a.iter().enumerate() {
+        acc[i % 8] = x.mul_add(k.value(at + i), acc[i % 8]);
     }
     hsum8(acc)
 }
@@ -246,6 +260,7 @@ fn hsum8(a: [f32; 8]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use crate::kv::{KvRun, Q8_COLUMNS};
     use std::arch::x86_64::*;
 
     /// Eight scores: `o[p] = dot(q, k_p) · scale` for the eight keys in `k` (`8 · q.len()`
@@ -304,13 +319,42 @@ mod avx2 {
         )
     }
 
-    /// [`scores`](super::scores) of the `G` heads in `q` against the `f16` keys in `k`: four
-    /// keys at a time, each converted once for the `G` heads, its `4 · G` sums reduced eight at
-    /// a time by [`tree8`] (heads in order, four keys each); the last keys one by one.
+    /// Eight of the cache's values from value `i` on as `f32` (exactly): `f16` values, or
+    /// `q8_0` quants times their scale (`Q8`; `i` a multiple of 8, so the eight share a scale).
+    ///
+    /// # Safety
+    /// Values `i..i + 8` are inside `k`, which is `q8_0` exactly when `Q8`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn scores_f16<const G: usize>(
+    #[inline]
+    unsafe fn load8<const Q8: bool>(k: &KvRun<'_>, i: usize) -> __m256 {
+        // SAFETY: by the caller's promise; `f16` is a transparent `u16`.
+        unsafe {
+            match (Q8, k) {
+                (true, KvRun::Q8 { q, d }) => {
+                    let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                        q.as_ptr().add(i).cast(),
+                    )));
+                    _mm256_mul_ps(x, _mm256_broadcast_ss(&*d.as_ptr().add(i / Q8_COLUMNS)))
+                }
+                (false, KvRun::F16(v)) => {
+                    _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i).cast()))
+                }
+                _ => std::hint::unreachable_unchecked(),
+            }
+        }
+    }
+
+    /// [`scores`](super::scores) of the `G` heads in `q` against the cache's keys `k` (`q8_0`
+    /// when `Q8`, else `f16`): four keys at a time, each converted once for the `G` heads, its
+    /// `4 · G` sums reduced eight at a time by [`tree8`] (heads in order, four keys each); the
+    /// last keys one by one.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `k` is `q8_0` exactly when `Q8`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scores_kv<const G: usize, const Q8: bool>(
         q: &[f32],
-        k: &[half::f16],
+        k: KvRun<'_>,
         hd: usize,
         scale: f32,
         sc: &mut [f32],
@@ -319,8 +363,8 @@ mod avx2 {
     ) {
         let here = k.len() / hd;
         assert!(hd.is_multiple_of(8) && q.len() == G * hd && k.len() == here * hd);
+        assert!(!Q8 || hd.is_multiple_of(Q8_COLUMNS));
         assert!((G - 1) * stride + off + here <= sc.len());
-        let kp = k.as_ptr().cast::<u16>();
         let qp = q.as_ptr();
         let scale = _mm256_set1_ps(scale);
         let mut p = 0;
@@ -329,11 +373,9 @@ mod avx2 {
             let mut c = 0;
             while c < hd {
                 for j in 0..4 {
-                    // SAFETY: `(p + j) · hd + c + 8 ≤ here · hd = k.len()`; `f16` is a
-                    // transparent `u16`.
-                    let kv = unsafe {
-                        _mm256_cvtph_ps(_mm_loadu_si128(kp.add((p + j) * hd + c).cast()))
-                    };
+                    // SAFETY: `(p + j) · hd + c + 8 ≤ here · hd = k.len()`, and the caller
+                    // promised the type.
+                    let kv = unsafe { load8::<Q8>(&k, (p + j) * hd + c) };
                     for (h, acc) in acc.iter_mut().enumerate() {
                         // SAFETY: `h · hd + c + 8 ≤ G · hd = q.len()`.
                         let qv = unsafe { _mm256_loadu_ps(qp.add(h * hd + c)) };
@@ -374,9 +416,8 @@ mod avx2 {
             p += 4;
         }
         for p in p..here {
-            let kp = &k[p * hd..(p + 1) * hd];
             for (h, qh) in q.chunks_exact(hd).enumerate() {
-                sc[h * stride + off + p] = super::dot_f16(qh, kp) * _mm256_cvtss_f32(scale);
+                sc[h * stride + off + p] = super::dot_kv(qh, &k, p * hd) * _mm256_cvtss_f32(scale);
             }
         }
     }
@@ -410,25 +451,29 @@ mod avx2 {
         }
     }
 
-    /// [`accumulate`] reading `f16` values, for the `G` heads `o` (head `h`'s weights at
-    /// `w[h · stride + off..][..here]`; `v_p`: the `hd` values at `v[p · vs..]`), `8 · J`
-    /// columns at a time, each value converted in registers once for the `G` heads.
+    /// [`accumulate`] reading the cache's values (`q8_0` when `Q8`, else `f16`), for the `G`
+    /// heads `o` (head `h`'s weights at `w[h · stride + off..][..here]`; `v_p`: the `hd` values
+    /// from value `p · vs` on), `8 · J` columns at a time, each value converted in registers
+    /// once for the `G` heads.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `v` is `q8_0` exactly when `Q8`.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn accumulate_f16<const G: usize, const J: usize>(
+    pub(super) unsafe fn accumulate_kv<const G: usize, const J: usize, const Q8: bool>(
         w: &[f32],
         stride: usize,
         off: usize,
         here: usize,
-        v: &[half::f16],
+        v: KvRun<'_>,
         vs: usize,
         hd: usize,
         o: &mut [f32],
     ) {
         assert!(hd.is_multiple_of(8 * J) && vs >= hd);
+        assert!(!Q8 || (vs.is_multiple_of(Q8_COLUMNS) && hd.is_multiple_of(Q8_COLUMNS)));
         assert!(G * hd <= o.len() && (G - 1) * stride + off + here <= w.len());
         assert!(here == 0 || (here - 1) * vs + hd <= v.len());
-        let vp = v.as_ptr().cast::<u16>();
         let op = o.as_mut_ptr();
         let wp = w.as_ptr();
         let mut c = 0;
@@ -438,11 +483,10 @@ mod avx2 {
                 std::array::from_fn(|j| unsafe { _mm256_loadu_ps(op.add(h * hd + c + 8 * j)) })
             });
             for p in 0..here {
-                // SAFETY: `p · vs + c + 8J ≤ (here − 1) · vs + hd ≤ v.len()`; `f16` is a
-                // transparent `u16`.
-                let x: [__m256; J] = std::array::from_fn(|j| unsafe {
-                    _mm256_cvtph_ps(_mm_loadu_si128(vp.add(p * vs + c + 8 * j).cast()))
-                });
+                // SAFETY: `p · vs + c + 8J ≤ (here − 1) · vs + hd ≤ v.len()`, and the caller
+                // promised the type.
+                let x: [__m256; J] =
+                    std::array::from_fn(|j| unsafe { load8::<Q8>(&v, p * vs + c + 8 * j) });
                 for (h, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: `h · stride + off + p < (G − 1) · stride + off + here ≤ w.len()`.
                     let wb = unsafe { _mm256_broadcast_ss(&*wp.add(h * stride + off + p)) };
@@ -549,14 +593,34 @@ mod tests {
                     };
                     for level in [Level::Scalar, Level::Avx2] {
                         let mut all = values(rep * hd, 5);
-                        accumulate_f16(level, &w, stride, off, &kh, hd, here, hd, &mut all);
+                        accumulate_kv(
+                            level,
+                            &w,
+                            stride,
+                            off,
+                            KvRun::F16(&kh),
+                            hd,
+                            here,
+                            hd,
+                            &mut all,
+                        );
                         assert_eq!(bits(&want), bits(&all), "f16 hd {hd} rep {rep} here {here}");
                         let mut part: Vec<f32> = values(rep * hd, 5)
                             .chunks_exact(hd)
                             .flat_map(|o| o[hd - width..].to_vec())
                             .collect();
                         let v = &kh[hd - width..];
-                        accumulate_f16(level, &w, stride, off, v, hd, here, width, &mut part);
+                        accumulate_kv(
+                            level,
+                            &w,
+                            stride,
+                            off,
+                            KvRun::F16(v),
+                            hd,
+                            here,
+                            width,
+                            &mut part,
+                        );
                         assert_eq!(cols(&want), bits(&part), "f16 columns hd {hd} here {here}");
                     }
                 }
@@ -580,7 +644,7 @@ mod tests {
                     scores(Level::Scalar, &q, &kf, hd, 0.125, &mut want, stride, off);
                     for level in [Level::Scalar, Level::Avx2] {
                         let mut got = vec![0f32; rep * stride];
-                        scores_f16(level, &q, &kh, hd, 0.125, &mut got, stride, off);
+                        scores_kv(level, &q, KvRun::F16(&kh), hd, 0.125, &mut got, stride, off);
                         assert_eq!(
                             bits(&want),
                             bits(&got),
@@ -590,6 +654,74 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `x` quantised as a `q8_0` cache holds it: its quants, scales and exact values.
+    fn q8(x: &[f32]) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
+        let mut q = vec![0i8; x.len()];
+        let d: Vec<f32> = x
+            .chunks_exact(Q8_COLUMNS)
+            .zip(q.chunks_exact_mut(Q8_COLUMNS))
+            .map(|(x, q)| crate::kv::quantize_q8_0(x, q))
+            .collect();
+        let f = q
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| f32::from(q) * d[i / Q8_COLUMNS])
+            .collect();
+        (q, d, f)
+    }
+
+    #[test]
+    fn q8_0_keys_and_values_give_the_bits_of_their_values() {
+        for hd in [32, 64, 96, 128, 256] {
+            for rep in 1..=7 {
+                for here in [1, 3, 4, 5, 8, 15, 16, 17, 33] {
+                    let q = values(rep * hd, (hd * 13 + rep * 5 + here) as u64);
+                    let (kq, kd, kf) = q8(&values(here * hd, (hd + here * 11) as u64));
+                    let k = KvRun::Q8 { q: &kq, d: &kd };
+                    let (stride, off) = (here + 3, 2);
+                    let mut want = vec![0f32; rep * stride];
+                    scores(Level::Scalar, &q, &kf, hd, 0.125, &mut want, stride, off);
+                    let w = values(rep * stride, here as u64 + 7);
+                    let mut want_out = values(rep * hd, 3);
+                    accumulate(Level::Scalar, &w, stride, off, &kf, hd, &mut want_out);
+                    for level in Level::ALL.into_iter().filter(|l| l.supported()) {
+                        let mut got = vec![0f32; rep * stride];
+                        scores_kv(level, &q, k, hd, 0.125, &mut got, stride, off);
+                        assert_eq!(
+                            bits(&want),
+                            bits(&got),
+                            "{level:?} scores hd {hd} rep {rep} here {here}"
+                        );
+                        let mut out = values(rep * hd, 3);
+                        accumulate_kv(level, &w, stride, off, k, hd, here, hd, &mut out);
+                        assert_eq!(
+                            bits(&want_out),
+                            bits(&out),
+                            "{level:?} values hd {hd} rep {rep} here {here}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q8_0_quantisation_follows_ggml() {
+        // m = 2.54: d = f16(0.02), q = round_ties_even(x · 127 / m)
+        let mut x = [0f32; Q8_COLUMNS];
+        x[0] = 2.54;
+        x[1] = -1.27;
+        x[2] = 0.01; // 0.5 quants: ties to even, 0
+        x[3] = 0.03; // 1.5: 2
+        x[4] = -0.05; // -2.5: -2
+        let mut q = [0i8; Q8_COLUMNS];
+        let d = crate::kv::quantize_q8_0(&x, &mut q);
+        assert_eq!(d, half::f16::from_f32(2.54 / 127.0).to_f32());
+        assert_eq!(&q[..5], &[127, -64, 0, 2, -2]);
+        let zero = crate::kv::quantize_q8_0(&[0.0; Q8_COLUMNS], &mut q);
+        assert_eq!((zero, q), (0.0, [0i8; Q8_COLUMNS]));
     }
 
     #[test]

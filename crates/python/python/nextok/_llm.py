@@ -262,7 +262,9 @@ class LLM:
     matrices at load. Other keywords set the engine (``max_num_seqs``, ``max_batch_tokens``,
     ``prefill_chunk_tokens``, ``itl_target_ms``, ``kv_budget_bytes``, ``max_waiting``, ``prefix_cache_entries``,
     ``default_max_tokens``, ``max_tokens_limit``, ``constraint_cache_bytes``,
-    ``parse_special_in_messages``).
+    ``parse_special_in_messages``, ``kv_cache_type``: ``"f16"``, the default, or ``"q8_0"``, which
+    stores the KV cache in GGML's Q8_0 blocks, 56 % of the memory, like llama.cpp's
+    ``--cache-type-k q8_0 --cache-type-v q8_0``; traces record it).
     """
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, requant: str | None = None, **engine_config: Any) -> None:
