@@ -48,7 +48,7 @@ use nextok_constraint::ConstraintSpec;
 use nextok_core::SamplingParams;
 use nextok_engine::solo::{run_sequence, SoloOptions};
 use nextok_engine::{Engine, EngineConfig, Event, GenerateRequest, Prompt};
-use nextok_model::{LogitsSource, Requant};
+use nextok_model::{KvCacheType, KvGeometry, KvPool, LogitsSource, Model, ModelSource, Requant};
 use serde::Serialize;
 
 use crate::llama_tools::LlamaCpp;
@@ -103,6 +103,25 @@ pub struct EngineArgs {
     /// that advertise an instruction set that then traps.
     #[arg(long)]
     pub llama_no_repack: bool,
+    /// What nextok's KV cache stores (`f16` or `q8_0`; the one-sequence baseline uses the
+    /// same), and with `--llama-cpp` llama.cpp's too (`-ctk/-ctv q8_0 -fa on`).
+    #[arg(long, default_value = "f16", value_parser = parse_kv_cache)]
+    pub kv_cache_type: KvCacheType,
+}
+
+/// A one-sequence source over `model` with its cache of type `kv` (the engine's).
+fn source(model: &Model, kv: KvCacheType) -> Result<ModelSource, String> {
+    let geometry = KvGeometry {
+        dtype: kv,
+        ..model.weights.kv_geometry()
+    };
+    geometry.check()?;
+    ModelSource::with_pool(model.weights.clone(), &KvPool::new(geometry, None))
+        .map_err(|e| e.to_string())
+}
+
+fn parse_kv_cache(s: &str) -> Result<KvCacheType, String> {
+    KvCacheType::from_name(s).ok_or_else(|| format!("`{s}`: expected f16 or q8_0"))
 }
 
 const TEXT: &str = "The history of the lighthouse is a history of the coast itself. Long before \
@@ -279,6 +298,8 @@ struct Report {
     kernels: String,
     cpu: Cpu,
     threads: usize,
+    /// The KV cache's type (nextok's, and llama.cpp's with `--llama-cpp`).
+    kv_cache_type: String,
     max_batch_tokens: usize,
     prefill_chunk_tokens: usize,
     itl_target_ms: u64,
@@ -544,7 +565,8 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
     // llama.cpp's tools and its Q8_0 copy of the file, before any measurement
     let peer = if args.llama_cpp {
         eprintln!("bench engine: finding llama.cpp's tools with bench/peers/llama_cpp.sh (builds them on first use)");
-        let peer = LlamaCpp::locate(threads, !args.llama_no_repack)?;
+        let peer = LlamaCpp::locate(threads, !args.llama_no_repack)?
+            .with_q8_0_cache(args.kv_cache_type == KvCacheType::Q8_0);
         let q8 = peer.q8_0_copy(&path)?;
         Some((peer, q8))
     } else {
@@ -575,6 +597,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             .unwrap_or(defaults.prefill_chunk_tokens),
         itl_target_ms: args.itl_target_ms.unwrap_or(defaults.itl_target_ms),
         prefix_cache_entries: 0,
+        kv_cache_type: args.kv_cache_type,
         ..defaults
     };
     let mut quants = Vec::new();
@@ -595,7 +618,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         for i in 0..nb {
             let req = workload(&ids, i, scale);
             let p = engine.prepare(&req).map_err(|e| e.to_string())?;
-            let mut src = model.source();
+            let mut src = source(&model, args.kv_cache_type)?;
             let row = src.prefill(&p.info.prompt_ids).map_err(|e| e.to_string())?;
             let out = run_sequence(
                 &model,
@@ -626,7 +649,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             let (dec, params) = decode_single(&engine, &ids)?;
             best_dec = best_dec.max(dec);
             // the same stream through the one-sequence loop
-            let mut src = model.source();
+            let mut src = source(&model, args.kv_cache_type)?;
             let p = engine
                 .prepare(&{
                     let mut r = GenerateRequest::new(Prompt::Ids(ids[600..620].to_vec()));
@@ -774,6 +797,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         },
         cpu: cpu(),
         threads,
+        kv_cache_type: config.kv_cache_type.name().to_string(),
         max_batch_tokens: config.max_batch_tokens,
         prefill_chunk_tokens: config.prefill_chunk_tokens,
         itl_target_ms: config.itl_target_ms,
@@ -804,8 +828,8 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         return Ok(());
     }
     outln!(
-        "engine: {} ({} threads, SIMD {}, model kernels {}); workload: prompts 20-600 tokens, max_tokens 64-256 x {scale}, temperature 0.8, 1 in 4 JSON-schema constrained",
-        report.model, report.threads, report.simd, report.kernels
+        "engine: {} ({} threads, SIMD {}, model kernels {}, KV cache {}); workload: prompts 20-600 tokens, max_tokens 64-256 x {scale}, temperature 0.8, 1 in 4 JSON-schema constrained",
+        report.model, report.threads, report.simd, report.kernels, report.kv_cache_type
     );
     let yes = |b: bool| if b { "yes" } else { "no" };
     outln!(

@@ -24,6 +24,9 @@ pub(crate) struct LlamaCpp {
     repack: bool,
     /// `llama-batched-bench` has `--output-format jsonl` (else its markdown table is read).
     batched_jsonl: bool,
+    /// Keys and values cached as `q8_0` (`-ctk q8_0 -ctv q8_0`, which llama.cpp runs with
+    /// flash attention only: `-fa on`).
+    kv_q8_0: bool,
 }
 
 /// Runs the peer script with `args`; its standard error goes to ours, and its standard output
@@ -87,7 +90,26 @@ impl LlamaCpp {
             threads,
             repack,
             batched_jsonl,
+            kv_q8_0: false,
         })
+    }
+
+    /// The same tools with the KV cache in `q8_0` (the peer of nextok's `--kv-cache-type
+    /// q8_0`).
+    pub(crate) fn with_q8_0_cache(mut self, on: bool) -> Self {
+        self.kv_q8_0 = on;
+        self
+    }
+
+    /// The cache-type arguments every tool takes.
+    fn cache_args(&self) -> Vec<String> {
+        if self.kv_q8_0 {
+            ["-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]
+                .map(String::from)
+                .to_vec()
+        } else {
+            Vec::new()
+        }
     }
 
     /// `model`'s copy re-quantised to Q8_0 by `llama-quantize` (the peer of nextok's
@@ -163,6 +185,7 @@ impl LlamaCpp {
         if !self.repack {
             args.extend(["--repack".into(), "0".into()]);
         }
+        args.extend(self.cache_args());
         let text = self.tool("llama-bench", &args)?;
         parse_bench(&text, n_prompt, n_gen).map_err(|e| format!("llama-bench: {e}"))
     }
@@ -204,6 +227,7 @@ impl LlamaCpp {
         if !self.repack {
             args.push("--no-repack".into());
         }
+        args.extend(self.cache_args());
         let text = self.tool("llama-batched-bench", &args)?;
         parse_batched(&text, npp, ntg, npl).map_err(|e| format!("llama-batched-bench: {e}"))
     }

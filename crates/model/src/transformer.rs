@@ -1495,6 +1495,32 @@ impl ModelSource {
         }
     }
 
+    /// An empty sequence over `weights` with its cache from `pool` (a pool of another cache
+    /// type, say), which must have the weights' shape.
+    pub fn with_pool(weights: Arc<ModelWeights>, pool: &KvPool) -> Result<ModelSource> {
+        let (want, got) = (weights.kv_geometry(), pool.geometry());
+        if (want.n_layer, want.n_kv_head, want.head_dim)
+            != (got.n_layer, got.n_kv_head, got.head_dim)
+        {
+            return Err(ModelError::new(format!(
+                "a KV pool of {} layers, {} heads of {} is not this model's ({}, {}, {})",
+                got.n_layer,
+                got.n_kv_head,
+                got.head_dim,
+                want.n_layer,
+                want.n_kv_head,
+                want.head_dim
+            ))
+            .with_kind(ModelErrorKind::Invalid));
+        }
+        Ok(ModelSource {
+            weights,
+            kv: pool.sequence(),
+            scratch: Scratch::default(),
+            logits: Vec::new(),
+        })
+    }
+
     /// The shared weights.
     pub fn weights(&self) -> &Arc<ModelWeights> {
         &self.weights

@@ -216,6 +216,36 @@ fn a_q8_0_cache_gives_the_same_bits_on_every_path() {
     }
 }
 
+/// A one-sequence source over a pool of another cache type runs on it; a pool of another
+/// shape is refused.
+#[test]
+fn a_source_takes_its_cache_from_the_pool_it_is_given() {
+    let Some(m) = model() else { return };
+    let w = m.weights.clone();
+    let q8 = KvPool::new(
+        KvGeometry {
+            dtype: KvCacheType::Q8_0,
+            ..w.kv_geometry()
+        },
+        None,
+    );
+    let ids = m.encode_prompt("The capital of France is").unwrap();
+    let mut src = nextok_model::ModelSource::with_pool(w.clone(), &q8).unwrap();
+    let got = src.prefill_all(&ids).unwrap();
+    let (want, _) = run_in(&m, &q8, &ids, &[ids.len()], 0, &mut Scratch::default());
+    assert_eq!(bits(&got), bits(&want));
+    assert_eq!(q8.blocks_in_use(), 1);
+    let other = KvPool::new(
+        KvGeometry {
+            head_dim: 32,
+            ..w.kv_geometry()
+        },
+        None,
+    );
+    let e = nextok_model::ModelSource::with_pool(w, &other).unwrap_err();
+    assert!(e.to_string().contains("is not this model's"), "{e}");
+}
+
 fn argmax(x: &[f32]) -> usize {
     let mut best = 0;
     for (i, &v) in x.iter().enumerate() {
