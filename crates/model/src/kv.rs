@@ -2,8 +2,9 @@
 //! positions, shared between sequences until one of them writes.
 //!
 //! A block holds, for [`BLOCK_POSITIONS`] consecutive positions, the key and the value of every
-//! layer and key/value head, in half precision (llama.cpp keeps its cache in `f16` too). A
-//! sequence ([`SeqKv`]) is a list of reference-counted blocks and a length:
+//! layer and key/value head, in half precision (llama.cpp keeps its cache in `f16` too) or, when
+//! the pool's [`KvCacheType`] says so, in GGML's Q8_0 blocks. A sequence ([`SeqKv`]) is a list
+//! of reference-counted blocks and a length:
 //!
 //! * a decode step writes only its new position (no copy of what is already cached);
 //! * [`fork`](SeqKv::clone) clones the list (the branches share every block), and the first
