@@ -3,12 +3,16 @@ each prompt, the token ids, the ten highest raw logits after every prompt positi
 greedy continuation (argmax at every step, EOS not stopped). Called by model-logits.sh with the
 virtual environment that holds llama-cpp-python; never run in CI.
 
-    python model-logits.py [--flash-attn-delta] OUT.json LLAMA_CPP_PYTHON_VERSION MODEL.gguf[=PROMPTS.json] ...
+    python model-logits.py [--flash-attn-delta | --kv-q8_0] OUT.json LLAMA_CPP_PYTHON_VERSION MODEL.gguf[=PROMPTS.json] ...
 
 A model given alone gets the tiny models' prompt (token ids); PROMPTS.json is a list of texts,
 tokenized by llama.cpp itself (BOS added, special tokens parsed). With --flash-attn-delta, each
 model's entry also records how far llama.cpp's own logits move when its other attention path
-runs (flash attention on): the largest |difference| over the same top-10 entries.
+runs (flash attention on): the largest |difference| over the same top-10 entries. With --kv-q8_0,
+llama.cpp keeps its KV cache in Q8_0 (`-ctk q8_0 -ctv q8_0`, which needs flash attention on), and
+each model's entry records `f16_delta`: how far that moves its logits from its f16 cache (flash
+attention on) over the same top-10 entries, and `attn_paths_delta`: how far its f16 logits move
+between its two attention paths (flash attention off and on) over those entries.
 """
 
 import hashlib
@@ -69,10 +73,14 @@ def load(path, **kw):
     )
 
 
-def flash_attn_delta(path, prompts):
+GGML_TYPE_Q8_0 = 8
+KV_Q8_0 = {"flash_attn": True, "type_k": GGML_TYPE_Q8_0, "type_v": GGML_TYPE_Q8_0}
+
+
+def flash_attn_delta(path, prompts, **kw):
     """The largest |logit| difference over the recorded top-10 entries when llama.cpp runs the
-    same prompts with flash attention on."""
-    llm = load(path, flash_attn=True)
+    same prompts with flash attention on (and `kw`)."""
+    llm = load(path, flash_attn=True, **kw)
     worst = 0.0
     for p in prompts:
         llm.reset()
@@ -85,16 +93,37 @@ def flash_attn_delta(path, prompts):
     return worst
 
 
+def rows_of(llm, ids):
+    llm.reset()
+    llm.eval(ids)
+    return np.array(llm.scores[: len(ids)], dtype=np.float32)
+
+
+def attn_paths_delta(path, prompts):
+    """The largest |logit| difference over the recorded top-10 entries between llama.cpp's f16
+    cache with flash attention off and on."""
+    off, on = load(path), load(path, flash_attn=True)
+    worst = 0.0
+    for p in prompts:
+        a, b = rows_of(off, p["ids"]), rows_of(on, p["ids"])
+        for pos, t in enumerate(p["top"]):
+            for i, _ in t:
+                worst = max(worst, abs(float(a[pos][i]) - float(b[pos][i])))
+    del off, on
+    return worst
+
+
 def main():
     args = sys.argv[1:]
     with_delta = args[:1] == ["--flash-attn-delta"]
-    if with_delta:
+    kv_q8 = args[:1] == ["--kv-q8_0"]
+    if with_delta or kv_q8:
         args = args[1:]
     out, version, specs = args[0], args[1], args[2:]
     models = []
     for spec in specs:
         path, _, prompts = spec.partition("=")
-        llm = load(path)
+        llm = load(path, **(KV_Q8_0 if kv_q8 else {}))
         entry = {"file": os.path.basename(path), "sha256": sha256(path), "prompts": []}
         if prompts:
             for text in json.load(open(prompts)):
@@ -108,6 +137,10 @@ def main():
         del llm
         if with_delta:
             entry["flash_attn_delta"] = flash_attn_delta(path, entry["prompts"])
+        if kv_q8:
+            entry["kv_cache"] = "q8_0"
+            entry["f16_delta"] = flash_attn_delta(path, entry["prompts"])
+            entry["attn_paths_delta"] = attn_paths_delta(path, entry["prompts"])
         models.append(entry)
         print(f"model-logits: {path}: {len(entry['prompts'])} prompt(s)", file=sys.stderr)
     doc = {

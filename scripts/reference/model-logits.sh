@@ -75,4 +75,9 @@ say "running llama.cpp on Gemma 3 270M"
 "$VENV/bin/python" "$REPO/scripts/reference/model-logits.py" \
   "$REPO/testdata/reference/gemma-3-270m.llamacpp.json" "$LLAMA_CPP_PYTHON_VERSION" \
   "$DEST/gemma3/gemma-3-270m-q4_k_m.gguf=$REPO/testdata/reference/gemma-prompts.json"
-say "wrote testdata/reference/families.llamacpp.json, families-vocab.llamacpp.json and gemma-3-270m.llamacpp.json"
+say "running llama.cpp with a q8_0 KV cache on SmolLM2 and Gemma 3 270M"
+"$VENV/bin/python" "$REPO/scripts/reference/model-logits.py" --kv-q8_0 \
+  "$REPO/testdata/reference/kv-q8_0.llamacpp.json" "$LLAMA_CPP_PYTHON_VERSION" \
+  "$DEST/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf=$REPO/testdata/reference/gemma-prompts.json" \
+  "$DEST/gemma3/gemma-3-270m-q4_k_m.gguf=$REPO/testdata/reference/gemma-prompts.json"
+say "wrote testdata/reference/families.llamacpp.json, families-vocab.llamacpp.json, gemma-3-270m.llamacpp.json and kv-q8_0.llamacpp.json"

@@ -130,11 +130,6 @@ impl KvGeometry {
         Ok(())
     }
 
-    /// Values (keys and values, all layers and heads) in one block.
-    pub fn block_values(&self) -> usize {
-        self.n_layer * 2 * self.n_kv_head * BLOCK_POSITIONS * self.head_dim
-    }
-
     /// Bytes of one block.
     pub fn block_bytes(&self) -> usize {
         self.n_layer * 2 * self.n_kv_head * self.slab_bytes()
