@@ -93,6 +93,41 @@ fn add_lanes16(acc: __m512d, e: __m512) -> __m512d {
     _mm512_add_pd(_mm512_add_pd(acc, lo), hi)
 }
 
+/// The 16 `f64` lane sums of the whole chunks of 16 values of `xs` (lane `j`: values
+/// `16 i + j`, in order), and, when `LOW`, each lane's smallest non-zero bits (else all
+/// `u32::MAX`): what the portable loops of `sum_f32` and `exact_sum_any_order` compute, lane
+/// for lane.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+pub(super) fn lane_sums16<const LOW: bool>(xs: &[f32]) -> ([f64; 16], [u32; 16]) {
+    let mut a0 = _mm512_setzero_pd();
+    let mut a1 = _mm512_setzero_pd();
+    let mut low = _mm512_set1_epi32(-1);
+    for c in xs.chunks_exact(16) {
+        // SAFETY: `c` is 16 `f32`s.
+        let x = unsafe { _mm512_loadu_ps(c.as_ptr()) };
+        a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+        a1 = _mm512_add_pd(
+            a1,
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(x),
+            ))),
+        );
+        if LOW {
+            let b = _mm512_castps_si512(x);
+            low = _mm512_mask_min_epu32(low, _mm512_test_epi32_mask(b, b), low, b);
+        }
+    }
+    let mut acc = [0.0f64; 16];
+    let mut lows = [u32::MAX; 16];
+    // SAFETY: `acc` is 16 `f64`s, `lows` 16 `u32`s.
+    unsafe {
+        _mm512_storeu_pd(acc.as_mut_ptr(), a0);
+        _mm512_storeu_pd(acc.as_mut_ptr().add(8), a1);
+        _mm512_storeu_si512(lows.as_mut_ptr().cast(), low);
+    }
+    (acc, lows)
+}
+
 /// The 64 values of `z` from `i` (`i + 64 <= z.len()`, checked), as four vectors.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
@@ -451,20 +486,27 @@ pub(super) fn collect_band<const TIE: bool>(
         let old = out.len();
         let mut len = old;
         let q = out.as_mut_ptr().cast::<i32>();
+        let b0 = _mm512_add_epi32(iota, _mm512_set1_epi32(base as i32));
         for k in 0..4 {
-            let ids = _mm512_add_epi32(iota, _mm512_set1_epi32((base + 16 * k) as i32));
+            let ids = _mm512_add_epi32(b0, _mm512_set1_epi32((16 * k) as i32));
             let kk = keep[k];
+            let n = kk.count_ones() as usize;
             let ci = _mm512_maskz_compress_epi32(kk, ids);
             let cz = _mm512_maskz_compress_epi32(kk, _mm512_castps_si512(x[k]));
             debug_assert!(len + 16 <= old + 64);
             // SAFETY: `len <= old + 16 k`, and `old + 64 <= out.capacity()` (checked above): the
-            // two stores write the 16 `Cand`s (32 `i32`s) from `len` within the allocation.
+            // stores write at most 16 `Cand`s (32 `i32`s) from `len` within the allocation.
             unsafe {
                 let at = q.add(2 * len);
                 _mm512_storeu_si512(at.cast(), _mm512_permutex2var_epi32(ci, first, cz));
-                _mm512_storeu_si512(at.add(16).cast(), _mm512_permutex2var_epi32(ci, second, cz));
+                // the second half only holds kept pairs when more than 8 are kept (rare in the
+                // sparse bands of a flat row, common in dense ones: either way predictable)
+                if n > 8 {
+                    let hi = _mm512_permutex2var_epi32(ci, second, cz);
+                    _mm512_storeu_si512(at.add(16).cast(), hi);
+                }
             }
-            len += kk.count_ones() as usize;
+            len += n;
         }
         // SAFETY: `len <= old + 64 <= out.capacity()`; the first `len` were written as whole
         // `Cand { id, z }` values (`repr(C)`: `id`, `z`; any bits are valid for both).
@@ -495,4 +537,138 @@ pub(super) fn collect_band<const TIE: bool>(
             out.push(Cand { id: i as u32, z });
         }
     }
+}
+
+/// The packing loop of [`filter_upto`] and [`split_heavy`] on 16 lanes: for every 16
+/// candidates (loaded as two vectors of eight whole `Cand`s) and their weights, `keep` gives
+/// the mask of the lanes to keep; those candidates (two 64-bit compresses) and weights (one
+/// 32-bit compress) are packed to the front and stored, the length advancing by the number
+/// kept. `tail` decides the candidates after the last whole 16 one at a time (with their
+/// index). `out` is set to the kept candidates and `out_w` starts with their weights; `out` must
+/// have room for `c.len()` candidates and `out_w` at least `c.len()` values (checked). Returns
+/// how many were kept.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+fn compact16(
+    c: &[Cand],
+    w: &[f32],
+    out: &mut Vec<Cand>,
+    out_w: &mut [f32],
+    mut keep: impl FnMut(__m512i, __m512i, __m512) -> u16,
+    mut tail: impl FnMut(usize, &Cand, f32) -> bool,
+) -> usize {
+    let n = c.len().min(w.len());
+    assert!(out_w.len() >= n && out.capacity() >= n);
+    out.clear();
+    let n16 = n / 16 * 16;
+    let src = c.as_ptr().cast::<i64>();
+    let dst = out.as_mut_ptr().cast::<i64>();
+    let mut k = 0usize;
+    let mut i = 0usize;
+    while i < n16 {
+        // SAFETY: `i + 16 <= n <= c.len()`: `c[i..i + 16]` is 16 `i64`s (`Cand` is `repr(C)`
+        // `(u32, f32)`, 8 bytes without padding) from `src.add(i)`, and `w[i..i + 16]`.
+        let (v0, v1, wv) = unsafe {
+            (
+                _mm512_loadu_si512(src.add(i).cast()),
+                _mm512_loadu_si512(src.add(i + 8).cast()),
+                _mm512_loadu_ps(w.as_ptr().add(i)),
+            )
+        };
+        let mk = keep(v0, v1, wv);
+        let (lo, hi) = (mk as u8, (mk >> 8) as u8);
+        // SAFETY: `k <= i`, so the stores write `out_w[k..k + 16]`, `out[k..k + 8]` and
+        // `out[k + lo..][..8]` (all within `out[..i + 16]`), within `n` values of capacity.
+        unsafe {
+            _mm512_storeu_ps(out_w.as_mut_ptr().add(k), _mm512_maskz_compress_ps(mk, wv));
+            _mm512_storeu_si512(dst.add(k).cast(), _mm512_maskz_compress_epi64(lo, v0));
+            let k1 = k + lo.count_ones() as usize;
+            _mm512_storeu_si512(dst.add(k1).cast(), _mm512_maskz_compress_epi64(hi, v1));
+            k = k1 + hi.count_ones() as usize;
+        }
+        i += 16;
+    }
+    for (j, (x, &wx)) in c[n16..n].iter().zip(&w[n16..n]).enumerate() {
+        if tail(n16 + j, x, wx) {
+            // SAFETY: `k <=` the candidates seen so far `< n <=` the capacity.
+            unsafe { dst.add(k).cast::<Cand>().write(*x) };
+            out_w[k] = wx;
+            k += 1;
+        }
+    }
+    // SAFETY: `k <= n <= out.capacity()`; the first `k` were written as whole `Cand` values.
+    unsafe { out.set_len(k) };
+    k
+}
+
+/// [`super::filter_upto`] on 16 lanes ([`compact16`]): the values and ids of 16 candidates
+/// gathered by two permutes, the keep mask from two compares of the values and one of the ids.
+/// Returns how many were kept; `out` must have room for `c.len()` candidates and `out_w` at
+/// least `c.len()` values (checked).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+pub(super) fn filter_upto(
+    c: &[Cand],
+    w: &[f32],
+    at: Cand,
+    out: &mut Vec<Cand>,
+    out_w: &mut [f32],
+) -> usize {
+    let zb = _mm512_set1_ps(at.z);
+    // ids stay below 2^31 (`u32` ids of a vocabulary held in memory), so signed compares do
+    let idb = _mm512_set1_epi32(at.id.min(i32::MAX as u32) as i32);
+    let ids_of = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let zs_of = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    let keep = |v0: __m512i, v1: __m512i, _w: __m512| {
+        let z = _mm512_castsi512_ps(_mm512_permutex2var_epi32(v0, zs_of, v1));
+        let ids = _mm512_permutex2var_epi32(v0, ids_of, v1);
+        // z > z_b, or z = z_b and id <= id_b
+        _mm512_cmp_ps_mask::<_CMP_GT_OQ>(z, zb)
+            | (_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z, zb) & _mm512_cmple_epi32_mask(ids, idb))
+    };
+    let tail = |_: usize, x: &Cand, _: f32| x.z > at.z || (x.z == at.z && x.id <= at.id);
+    compact16(c, w, out, out_w, keep, tail)
+}
+
+/// [`super::split_heavy`] on 16 lanes ([`compact16`]): the heavy lanes (weight bits above
+/// `above`, compared as `i32`) are counted and their weights added to 8 `f64` lanes (lane
+/// `i % 8`, in order: the first eight of each 16, then the second eight); the others are kept.
+/// `out` must have room for `c.len()` candidates and `out_w` at least `c.len()` values
+/// (checked). Returns the heavy count and the heavy lane sums.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+pub(super) fn split_heavy(
+    c: &[Cand],
+    w: &[f32],
+    above: i32,
+    out: &mut Vec<Cand>,
+    out_w: &mut [f32],
+) -> (usize, [f64; 8]) {
+    let t = _mm512_set1_epi32(above);
+    let mut acc = _mm512_setzero_pd();
+    let mut heavy = 0usize;
+    let keep = |_: __m512i, _: __m512i, wv: __m512| {
+        let h = _mm512_cmpgt_epi32_mask(_mm512_castps_si512(wv), t);
+        heavy += h.count_ones() as usize;
+        let hw = _mm512_maskz_mov_ps(h, wv);
+        acc = add_lanes16(acc, hw);
+        !h
+    };
+    let mut sums = [0.0f64; 8];
+    let mut tail_heavy = 0usize;
+    let mut tail_w = [(0usize, 0.0f32); 16];
+    let tail = |i: usize, _: &Cand, wx: f32| {
+        let h = wx.to_bits() as i32 > above;
+        if h {
+            tail_w[tail_heavy] = (i, wx);
+            tail_heavy += 1;
+        }
+        !h
+    };
+    compact16(c, w, out, out_w, keep, tail);
+    // SAFETY: `sums` is 8 `f64`s.
+    unsafe { _mm512_storeu_pd(sums.as_mut_ptr(), acc) };
+    // the tail's weights continue their lanes, one at a time in order
+    for &(i, wx) in &tail_w[..tail_heavy] {
+        sums[i % 8] += wx as f64;
+    }
+    (heavy + tail_heavy, sums)
 }

@@ -126,9 +126,33 @@ pub(crate) mod avx512;
 pub(crate) mod tests;
 
 pub(crate) use scalar::{
-    cand_exp_sum, collect_min_p, exact_sum_any_order, filter_cands, filter_cands_w, gather,
-    max_f32, nan_or_pos_inf, prefix_len, sum_f32, sum_f64_lanes,
+    cand_exp_sum, collect_min_p, filter_cands, filter_cands_w, gather, max_f32, nan_or_pos_inf,
+    prefix_len, sum_f64_lanes,
 };
+
+/// `sum_i w[i]` when it is exact in any order, else `None` (see
+/// [`scalar::exact_sum_any_order`]; the same lanes and bits at every level).
+pub(crate) fn exact_sum_any_order(level: Isa, w: &[f32]) -> Option<f64> {
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    if level.get() >= Level::Avx512 {
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
+        let (acc, low) = unsafe { avx512::lane_sums16::<true>(w) };
+        return scalar::exact_sum_finish(acc, low, &w[w.len() / 16 * 16..]);
+    }
+    scalar::exact_sum_any_order(level, w)
+}
+
+/// The sum of `xs` in 16 `f64` lanes (see [`scalar::sum_f32`]; the same lanes and bits at
+/// every level).
+pub(crate) fn sum_f32(level: Isa, xs: &[f32]) -> f64 {
+    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+    if level.get() >= Level::Avx512 {
+        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
+        let (acc, _) = unsafe { avx512::lane_sums16::<false>(xs) };
+        return scalar::sum_f32_finish(acc, &xs[xs.len() / 16 * 16..]);
+    }
+    scalar::sum_f32(level, xs)
+}
 
 /// Writes `w[i] = exp_f32(z[i] - m)` for every `i` and returns the lane sum of `w` in `f64`
 /// (see [`crate::math::exp_weights`]).
@@ -401,6 +425,11 @@ pub(crate) fn filter_upto(
     if level.get() >= Level::Avx2 && out_w.len() >= c.len().min(w.len()) {
         out.clear();
         out.reserve(c.len().min(w.len()));
+        #[cfg(nextok_avx512)]
+        if level.get() >= Level::Avx512 {
+            // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
+            return unsafe { avx512::filter_upto(c, w, at, out, out_w) };
+        }
         // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
         return unsafe { avx2::filter_upto(c, w, at, out, out_w) };
     }
@@ -432,6 +461,12 @@ pub(crate) fn split_heavy(
     if level.get() >= Level::Avx2 && out_w.len() >= n {
         out.clear();
         out.reserve(n);
+        #[cfg(nextok_avx512)]
+        if level.get() >= Level::Avx512 {
+            // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
+            let (heavy, sums) = unsafe { avx512::split_heavy(c, w, above, out, out_w) };
+            return (heavy, sums.iter().sum());
+        }
         // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
         let (heavy, sums) = unsafe { avx2::split_heavy(c, w, above, out, out_w) };
         return (heavy, sums.iter().sum());

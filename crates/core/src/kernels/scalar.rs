@@ -273,24 +273,34 @@ multiversion! {
                 low[j] = if b != 0 && b < low[j] { b } else { low[j] };
             }
         }
-        for (j, &x) in rest.iter().enumerate() {
-            acc[j] += x as f64;
-            let b = x.to_bits();
-            low[j] = if b != 0 && b < low[j] { b } else { low[j] };
-        }
-        let low = low.iter().copied().min().unwrap_or(u32::MAX);
-        let sum: f64 = acc.iter().sum();
-        if low == u32::MAX {
-            // every weight is 0
-            return Some(sum);
-        }
-        let e = (low >> 23) as i32 - 127; // a subnormal gives -127: never exact enough
-        // no partial sum exceeds the exact total, which is within a relative `n 2^-53` of `sum`
-        if sum * (1.0 + 1e-6) >= 2f64.powi(30 + e) {
-            return None;
-        }
-        Some(sum)
+        exact_sum_finish(acc, low, rest)
     }
+}
+
+/// The end of [`exact_sum_any_order`] from the 16 lane sums and smallest non-zero bits of the
+/// whole chunks of 16 weights (lane `j`: weights `16 i + j`, in order) and the `rest`.
+pub(crate) fn exact_sum_finish(
+    mut acc: [f64; 16],
+    mut low: [u32; 16],
+    rest: &[f32],
+) -> Option<f64> {
+    for (j, &x) in rest.iter().enumerate() {
+        acc[j] += x as f64;
+        let b = x.to_bits();
+        low[j] = if b != 0 && b < low[j] { b } else { low[j] };
+    }
+    let low = low.iter().copied().min().unwrap_or(u32::MAX);
+    let sum: f64 = acc.iter().sum();
+    if low == u32::MAX {
+        // every weight is 0
+        return Some(sum);
+    }
+    let e = (low >> 23) as i32 - 127; // a subnormal gives -127: never exact enough
+                                      // no partial sum exceeds the exact total, which is within a relative `n 2^-53` of `sum`
+    if sum * (1.0 + 1e-6) >= 2f64.powi(30 + e) {
+        return None;
+    }
+    Some(sum)
 }
 
 /// Whether `x` is NaN or `+inf` (the raw logits nextok rejects); one comparison, so it vectorises.
@@ -514,8 +524,13 @@ multiversion! {
                 acc[j] += c[j] as f64;
             }
         }
-        acc.iter().sum::<f64>() + rest.iter().map(|&x| x as f64).sum::<f64>()
+        sum_f32_finish(acc, rest)
     }
+}
+
+/// The end of [`sum_f32`] from the 16 lane sums of the whole chunks of 16 and the `rest`.
+pub(crate) fn sum_f32_finish(acc: [f64; 16], rest: &[f32]) -> f64 {
+    acc.iter().sum::<f64>() + rest.iter().map(|&x| x as f64).sum::<f64>()
 }
 
 /// Copies the candidates (and weights) whose weight passes `keep` to `out` (and `out_w`),

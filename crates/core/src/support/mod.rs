@@ -72,8 +72,12 @@ pub struct Workspace {
     pub(crate) stages: Vec<(&'static str, usize)>,
     pub(crate) tscratch: Vec<(f64, u32, f32)>,
     pub(crate) ids_scratch: Vec<u32>,
-    /// Weights of the candidates collected by the dense top-p (parallel to `cands`).
+    /// Weights of the candidates collected by the dense top-p's band search (parallel to
+    /// `cands`).
     pub(crate) wts: Vec<f32>,
+    /// Weights of the candidates collected by the large-nucleus top-p (its first `cands.len()`
+    /// values, parallel to `cands`): sized once, so that a step does not fill it with zeros.
+    pub(crate) large_w: Vec<f32>,
     /// The tokens of one weight bucket of the dense top-p, and their weights.
     pub(crate) gath: Vec<Cand>,
     pub(crate) gath_w: Vec<f32>,
@@ -128,6 +132,7 @@ impl Workspace {
             tscratch: Vec::with_capacity(vocab_size),
             ids_scratch: Vec::with_capacity(1024),
             wts: Vec::with_capacity(vocab_size),
+            large_w: vec![0.0; vocab_size],
             // swapped with `cands` (same capacity)
             gath: Vec::with_capacity(vocab_size + 16),
             gath_w: Vec::with_capacity(vocab_size),

@@ -235,7 +235,10 @@ impl Workspace {
         let bmax: &[f32] = if self.bmax_valid { &self.bmax } else { &[] };
         let (mut lo, next) = cuts;
         self.cands.clear();
-        self.wts.clear();
+        // the collection never exceeds the row: sized once (no zeros written per step)
+        if self.large_w.len() < self.v {
+            self.large_w.resize(self.v, 0.0);
+        }
         let mut st = WalkState {
             m,
             s,
@@ -250,13 +253,13 @@ impl Workspace {
             let start = self.cands.len();
             collect_band(level, &self.buf, bmax, Band::new(lo, hi), &mut self.cands);
             runs += 1;
-            self.wts.resize(self.cands.len(), 0.0);
-            cand_weights(level, &self.cands[start..], m, &mut self.wts[start..]);
+            let n = self.cands.len();
+            cand_weights(level, &self.cands[start..], m, &mut self.large_w[start..n]);
             let all = lo <= -f32::MAX || self.cands.len() >= self.dense_count;
             let (walk, after) = heavy_first_walk(
                 level,
                 &self.cands[start..],
-                &self.wts[start..],
+                &self.large_w[start..n],
                 st,
                 (&mut self.light, &mut self.light_w),
                 &mut self.gath,
@@ -284,7 +287,6 @@ impl Workspace {
                 }
                 _ => {
                     self.cands.clear();
-                    self.wts.clear();
                     return false;
                 }
             }
@@ -294,7 +296,7 @@ impl Workspace {
             filter_upto(
                 level,
                 &self.cands,
-                &self.wts,
+                &self.large_w[..self.cands.len()],
                 at,
                 &mut self.gath,
                 &mut self.w,
