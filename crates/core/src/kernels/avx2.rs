@@ -173,10 +173,11 @@ fn exp_steps<const CLAMP: bool, const STORE: bool>(
 /// [`super::cand_weights`] on 8 lanes, 32 candidates at a time (`w` at least as long as `c`,
 /// checked).
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) {
+pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) -> [f64; 8] {
     assert!(w.len() >= c.len());
     let vm = _mm256_set1_ps(m);
     let n = c.len() / 32 * 32;
+    let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
     let mut i = 0;
     while i < n {
         let f = c.as_ptr().cast::<f32>();
@@ -211,12 +212,22 @@ pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) {
         for (k, e) in e.iter().enumerate() {
             // SAFETY: `i + 32 <= c.len() <= w.len()`: the store writes `w[i + 8 k..][..8]`.
             unsafe { _mm256_storeu_ps(q.add(i + 8 * k), *e) };
+            lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(*e)));
+            hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(*e)));
         }
         i += 32;
     }
-    for (x, o) in c[n..].iter().zip(w[n..].iter_mut()) {
-        *o = exp_f32(x.z - m);
+    let mut lanes = [0.0f64; 8];
+    // SAFETY: `lanes` is 8 `f64`s (two vectors of 4).
+    unsafe {
+        _mm256_storeu_pd(lanes.as_mut_ptr(), lo);
+        _mm256_storeu_pd(lanes.as_mut_ptr().add(4), hi);
     }
+    for (j, (x, o)) in c[n..].iter().zip(w[n..].iter_mut()).enumerate() {
+        *o = exp_f32(x.z - m);
+        lanes[j % 8] += *o as f64;
+    }
+    lanes
 }
 
 /// The packing loop of [`filter_upto`] and [`split_heavy`]: for every 8 candidates (loaded as

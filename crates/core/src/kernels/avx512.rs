@@ -94,11 +94,10 @@ fn add_lanes16(acc: __m512d, e: __m512) -> __m512d {
 }
 
 /// The 16 `f64` lane sums of the whole chunks of 16 values of `xs` (lane `j`: values
-/// `16 i + j`, in order), and, when `LOW`, each lane's smallest non-zero bits (else all
-/// `u32::MAX`): what the portable loops of `sum_f32` and `exact_sum_any_order` compute, lane
-/// for lane.
+/// `16 i + j`, in order) and each lane's smallest non-zero bits: what the portable loop of
+/// `exact_sum_any_order` computes, lane for lane.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
-pub(super) fn lane_sums16<const LOW: bool>(xs: &[f32]) -> ([f64; 16], [u32; 16]) {
+pub(super) fn lane_sums16(xs: &[f32]) -> ([f64; 16], [u32; 16]) {
     let mut a0 = _mm512_setzero_pd();
     let mut a1 = _mm512_setzero_pd();
     let mut low = _mm512_set1_epi32(-1);
@@ -112,10 +111,8 @@ pub(super) fn lane_sums16<const LOW: bool>(xs: &[f32]) -> ([f64; 16], [u32; 16])
                 _mm512_castps_pd(x),
             ))),
         );
-        if LOW {
-            let b = _mm512_castps_si512(x);
-            low = _mm512_mask_min_epu32(low, _mm512_test_epi32_mask(b, b), low, b);
-        }
+        let b = _mm512_castps_si512(x);
+        low = _mm512_mask_min_epu32(low, _mm512_test_epi32_mask(b, b), low, b);
     }
     let mut acc = [0.0f64; 16];
     let mut lows = [u32::MAX; 16];
@@ -220,12 +217,13 @@ pub(super) fn exp_blocks<const CLAMP: bool>(
 /// [`super::cand_weights`] on 16 lanes, 64 candidates at a time (`w` at least as long as `c`,
 /// checked).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
-pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) {
+pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) -> [f64; 8] {
     assert!(w.len() >= c.len());
     let vm = _mm512_set1_ps(m);
     // the `z` of 16 candidates (the odd `f32` slots of 128 bytes)
     let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     let n = c.len() / 64 * 64;
+    let mut acc = _mm512_setzero_pd();
     let mut i = 0;
     while i < n {
         let f = c.as_ptr().cast::<f32>();
@@ -255,12 +253,18 @@ pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) {
         for (k, e) in e.iter().enumerate() {
             // SAFETY: `i + 64 <= c.len() <= w.len()`: the store writes `w[i + 16 k..][..16]`.
             unsafe { _mm512_storeu_ps(q.add(i + 16 * k), *e) };
+            acc = add_lanes16(acc, *e);
         }
         i += 64;
     }
-    for (x, o) in c[n..].iter().zip(w[n..].iter_mut()) {
+    let mut lanes = [0.0f64; 8];
+    // SAFETY: `lanes` is 8 `f64`s.
+    unsafe { _mm512_storeu_pd(lanes.as_mut_ptr(), acc) };
+    for (j, (x, o)) in c[n..].iter().zip(w[n..].iter_mut()).enumerate() {
         *o = exp_f32(x.z - m);
+        lanes[j % 8] += *o as f64;
     }
+    lanes
 }
 
 /// [`super::load`] on 16 lanes: one pass, copying, validating, counting, and taking the maximum

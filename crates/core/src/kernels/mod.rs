@@ -136,22 +136,10 @@ pub(crate) fn exact_sum_any_order(level: Isa, w: &[f32]) -> Option<f64> {
     #[cfg(all(target_arch = "x86_64", nextok_avx512))]
     if level.get() >= Level::Avx512 {
         // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
-        let (acc, low) = unsafe { avx512::lane_sums16::<true>(w) };
+        let (acc, low) = unsafe { avx512::lane_sums16(w) };
         return scalar::exact_sum_finish(acc, low, &w[w.len() / 16 * 16..]);
     }
     scalar::exact_sum_any_order(level, w)
-}
-
-/// The sum of `xs` in 16 `f64` lanes (see [`scalar::sum_f32`]; the same lanes and bits at
-/// every level).
-pub(crate) fn sum_f32(level: Isa, xs: &[f32]) -> f64 {
-    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-    if level.get() >= Level::Avx512 {
-        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
-        let (acc, _) = unsafe { avx512::lane_sums16::<false>(xs) };
-        return scalar::sum_f32_finish(acc, &xs[xs.len() / 16 * 16..]);
-    }
-    scalar::sum_f32(level, xs)
 }
 
 /// Writes `w[i] = exp_f32(z[i] - m)` for every `i` and returns the lane sum of `w` in `f64`
@@ -227,20 +215,25 @@ fn exp_rest(z: &[f32], m: f32, mut w: Option<&mut [f32]>, n: usize, mut acc: [f6
     acc.iter().sum()
 }
 
-/// `w[i] = exp_f32(c[i].z - m)` for every candidate (`w` at least as long as `c`).
-pub(crate) fn cand_weights(level: Isa, c: &[Cand], m: f32, w: &mut [f32]) {
+/// `w[i] = exp_f32(c[i].z - m)` for every candidate (`w` at least as long as `c`). Returns
+/// their sum in 8 `f64` lanes (lane `i % 8`, in order, then the lanes in order; the same bits
+/// at every level), which only steers the searches that use it.
+pub(crate) fn cand_weights(level: Isa, c: &[Cand], m: f32, w: &mut [f32]) -> f64 {
     assert!(w.len() >= c.len());
-    #[cfg(all(target_arch = "x86_64", nextok_avx512))]
-    if level.get() >= Level::Avx512 {
-        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
-        return unsafe { avx512::cand_weights(c, m, w) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if level.get() >= Level::Avx2 {
-        // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2 and FMA.
-        return unsafe { avx2::cand_weights(c, m, w) };
-    }
-    scalar::cand_weights(level, c, m, w)
+    let lanes = 'lanes: {
+        #[cfg(all(target_arch = "x86_64", nextok_avx512))]
+        if level.get() >= Level::Avx512 {
+            // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
+            break 'lanes unsafe { avx512::cand_weights(c, m, w) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if level.get() >= Level::Avx2 {
+            // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2 and FMA.
+            break 'lanes unsafe { avx2::cand_weights(c, m, w) };
+        }
+        scalar::cand_weights(level, c, m, w)
+    };
+    lanes.iter().sum()
 }
 
 /// Copies `raw` into `buf`, writes the maximum of every block of [`BLOCK`] values to `bmax`, and

@@ -199,8 +199,9 @@ fn cand_exps(c: &[Cand], m: f32, out: &mut [f32; 16]) {
 
 multiversion! {
     /// [`super::cand_weights`], 16 at a time: the values are first copied out of the pairs, so
-    /// that `exp_f32` runs on whole vectors.
-    pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) {
+    /// that `exp_f32` runs on whole vectors. Returns the weights' 8 `f64` lane sums (lane
+    /// `i % 8`, in order).
+    pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) -> [f64; 8] {
         let mut x = [0.0f32; 16];
         let blocks = c.chunks_exact(16);
         let rest = blocks.remainder();
@@ -216,6 +217,11 @@ multiversion! {
         for (o, cj) in w[n..].iter_mut().zip(rest) {
             *o = exp_f32(cj.z - m);
         }
+        let mut lanes = [0.0f64; 8];
+        for (i, &x) in w[..c.len()].iter().enumerate() {
+            lanes[i % 8] += x as f64;
+        }
+        lanes
     }
 }
 
@@ -511,26 +517,6 @@ multiversion! {
             }
         }
     }
-}
-
-multiversion! {
-    /// The sum of `xs` in 16 `f64` lanes (only for steering: the order is not specified).
-    pub(crate) fn sum_f32(xs: &[f32]) -> f64 {
-        let mut acc = [0.0f64; 16];
-        let chunks = xs.chunks_exact(16);
-        let rest = chunks.remainder();
-        for c in chunks {
-            for j in 0..16 {
-                acc[j] += c[j] as f64;
-            }
-        }
-        sum_f32_finish(acc, rest)
-    }
-}
-
-/// The end of [`sum_f32`] from the 16 lane sums of the whole chunks of 16 and the `rest`.
-pub(crate) fn sum_f32_finish(acc: [f64; 16], rest: &[f32]) -> f64 {
-    acc.iter().sum::<f64>() + rest.iter().map(|&x| x as f64).sum::<f64>()
 }
 
 /// Copies the candidates (and weights) whose weight passes `keep` to `out` (and `out_w`),

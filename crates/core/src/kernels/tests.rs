@@ -594,7 +594,7 @@ struct KernelBits {
     cands: Vec<Vec<u32>>,
     cand_sums: Vec<u64>,
     prefixes: Vec<Option<usize>>,
-    exact: Option<(Option<u64>, Option<u64>, u64)>,
+    exact: Option<(Option<u64>, Option<u64>)>,
     min_p: Vec<Vec<(u32, u32)>>,
     top_k: Vec<Vec<(u32, u32)>>,
     bands: Vec<Vec<(u32, u32)>>,
@@ -645,21 +645,20 @@ fn kernel_bits(level: Isa, row: &[f32]) -> KernelBits {
         for skip in [0usize, 1, 7, 15, 33, 63] {
             let skip = skip.min(n);
             let mut wc = vec![7.0f32; n - skip];
-            cand_weights(level, &c[skip..], m, &mut wc);
+            let sum = cand_weights(level, &c[skip..], m, &mut wc);
             out.cands.push(bits(&wc));
+            out.cand_sums.push(sum.to_bits());
             out.cand_sums
                 .push(cand_exp_sum(level, &c[skip..], m).to_bits());
         }
         for p in [0.0, 0.3, 0.9, 1.0] {
             out.prefixes.push(prefix_len(level, &c, m, s, p, 1));
         }
-        // the weights, and the same rounded to multiples of 1/64 (exact in any order), and
-        // the steering sum
+        // the weights, and the same rounded to multiples of 1/64 (exact in any order)
         let coarse: Vec<f32> = w.iter().map(|x| (x * 64.0).floor() / 64.0).collect();
         out.exact = Some((
             exact_sum_any_order(level, &w).map(f64::to_bits),
             exact_sum_any_order(level, &coarse).map(f64::to_bits),
-            sum_f32(level, &w).to_bits(),
         ));
         for alpha in [1.0f64, 0.5, 1e-3] {
             let lz = alpha.ln() as f32 - 1e-3;

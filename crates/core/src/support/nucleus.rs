@@ -9,7 +9,7 @@ use super::sort::{sort_by_id, sort_canonical_from_id_order};
 use super::{Cand, Workspace, BLOCK};
 use crate::kernels::{
     self, cand_weights, collect_band, exact_sum_any_order, filter_cands, filter_upto,
-    gather_weight_key, prefix_len, split_heavy, sum_f32, Band, Isa, WeightKey,
+    gather_weight_key, prefix_len, split_heavy, Band, Isa, WeightKey,
 };
 use crate::math::{self, exp_f32};
 
@@ -254,12 +254,12 @@ impl Workspace {
             collect_band(level, &self.buf, bmax, Band::new(lo, hi), &mut self.cands);
             runs += 1;
             let n = self.cands.len();
-            cand_weights(level, &self.cands[start..], m, &mut self.large_w[start..n]);
+            let total = cand_weights(level, &self.cands[start..], m, &mut self.large_w[start..n]);
             let all = lo <= -f32::MAX || self.cands.len() >= self.dense_count;
             let (walk, after) = heavy_first_walk(
                 level,
                 &self.cands[start..],
-                &self.large_w[start..n],
+                (&self.large_w[start..n], total),
                 st,
                 (&mut self.light, &mut self.light_w),
                 &mut self.gath,
@@ -397,8 +397,7 @@ fn blocks_at_or_above(bmax: &[f32], nblocks: usize, lo: f32) -> usize {
 fn band_weights(level: Isa, c: &[Cand], m: f32, w: &mut Vec<f32>) -> f64 {
     let start = w.len();
     w.resize(start + c.len(), 0.0);
-    cand_weights(level, c, m, &mut w[start..]);
-    sum_f32(level, &w[start..])
+    cand_weights(level, c, m, &mut w[start..])
 }
 
 /// The weight's distance below 1 in `f32` bits (0 for `w >= 1`): a key that never increases
@@ -532,7 +531,7 @@ const HEAVY_SAMPLE: usize = 16;
 fn heavy_first_walk(
     level: Isa,
     c: &[Cand],
-    w: &[f32],
+    (w, total): (&[f32], f64),
     st: WalkState,
     (light, light_w): (&mut Vec<Cand>, &mut Vec<f32>),
     gath: &mut Vec<Cand>,
@@ -541,7 +540,7 @@ fn heavy_first_walk(
     tmp: &mut Vec<Cand>,
 ) -> (Walk, WalkState) {
     if c.len() >= HEAVY_SPLIT_MIN {
-        if let Some(b) = heavy_bucket(level, w, st) {
+        if let Some(b) = heavy_bucket(w, total, st) {
             // weights whose bits exceed this have a first-level bucket below `b`
             let above = 0x3F80_0000i32 - ((b as i32) << 19);
             light_w.resize(c.len().max(light_w.len()), 0.0);
@@ -565,8 +564,7 @@ fn heavy_first_walk(
 /// the tokens are many and the estimate good (a few strong tokens, which a sample would
 /// estimate badly, sit in the top buckets). `None` when no bucket qualifies, or the collection
 /// may not reach the boundary.
-fn heavy_bucket(level: Isa, w: &[f32], st: WalkState) -> Option<usize> {
-    let total = sum_f32(level, w);
+fn heavy_bucket(w: &[f32], total: f64, st: WalkState) -> Option<usize> {
     let after = total - (st.p * st.s - st.mass);
     if after.is_nan() || after <= 0.0 {
         return None;
