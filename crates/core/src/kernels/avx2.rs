@@ -296,8 +296,10 @@ fn compact8(
 }
 
 /// [`super::filter_upto`] on 8 lanes ([`compact8`]): the keep mask of 8 candidates from two
-/// compares of their values and one of their ids. Returns how many were kept; `out` must have
-/// room for `c.len()` candidates and `out_w` at least `c.len()` values (checked).
+/// compares of their values and one of their ids. Returns how many were kept, and the kept
+/// weights' 16 `f64` lane sums and smallest non-zero bits (lane `i % 16` of the input index:
+/// a group of 8 feeds lanes 0..8 or 8..16 by its parity); `out` must have room for `c.len()`
+/// candidates and `out_w` at least `c.len()` values (checked).
 #[target_feature(enable = "avx2,bmi1,popcnt")]
 pub(super) fn filter_upto(
     c: &[Cand],
@@ -305,14 +307,18 @@ pub(super) fn filter_upto(
     at: Cand,
     out: &mut Vec<Cand>,
     out_w: &mut [f32],
-) -> usize {
+) -> (usize, [f64; 16], [u32; 16]) {
     let zb = _mm256_set1_ps(at.z);
     // ids stay below 2^31 (`u32` ids of a vocabulary held in memory), so signed compares do
     let idb = _mm256_set1_epi32(at.id.min(i32::MAX as u32) as i32);
     // the values and the ids of the 8 candidates, in order
     let order =
         |x: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(x)));
-    let keep = |v0: __m256, v1: __m256, _w: __m256| {
+    // lanes 0..4, 4..8, 8..12, 12..16 of the sums; 0..8 and 8..16 of the minima
+    let mut acc = [_mm256_setzero_pd(); 4];
+    let mut low = [_mm256_set1_epi32(-1); 2];
+    let mut odd = false;
+    let keep = |v0: __m256, v1: __m256, wv: __m256| {
         let z = order(_mm256_shuffle_ps::<0b11_01_11_01>(v0, v1));
         let ids = _mm256_castps_si256(order(_mm256_shuffle_ps::<0b10_00_10_00>(v0, v1)));
         // z > z_b, or z = z_b and id <= id_b
@@ -323,10 +329,49 @@ pub(super) fn filter_upto(
                 _mm256_cmp_ps::<_CMP_EQ_OQ>(z, zb),
             ),
         );
+        let kw = _mm256_and_ps(wv, keep);
+        let g = odd as usize;
+        acc[2 * g] = _mm256_add_pd(acc[2 * g], _mm256_cvtps_pd(_mm256_castps256_ps128(kw)));
+        acc[2 * g + 1] = _mm256_add_pd(
+            acc[2 * g + 1],
+            _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(kw)),
+        );
+        // kept and non-zero bits, else `u32::MAX`
+        let b = _mm256_castps_si256(kw);
+        let zero = _mm256_cmpeq_epi32(b, _mm256_setzero_si256());
+        low[g] = _mm256_min_epu32(low[g], _mm256_or_si256(b, zero));
+        odd = !odd;
         _mm256_movemask_ps(keep) as usize
     };
-    let tail = |_: usize, x: &Cand, _: f32| x.z > at.z || (x.z == at.z && x.id <= at.id);
-    compact8(c, w, out, out_w, keep, tail)
+    let mut tail_acc = [0.0f64; 16];
+    let mut tail_low = [u32::MAX; 16];
+    let tail = |i: usize, x: &Cand, wx: f32| {
+        let kept = x.z > at.z || (x.z == at.z && x.id <= at.id);
+        if kept {
+            // fewer than 8 after the last group: one value per lane at most
+            tail_acc[i % 16] = wx as f64;
+            let b = wx.to_bits();
+            tail_low[i % 16] = if b != 0 { b } else { u32::MAX };
+        }
+        kept
+    };
+    let n = compact8(c, w, out, out_w, keep, tail);
+    let mut sums = [0.0f64; 16];
+    let mut lows = [u32::MAX; 16];
+    // SAFETY: `sums` is 16 `f64`s (four vectors of 4), `lows` 16 `u32`s (two vectors of 8).
+    unsafe {
+        for (k, a) in acc.iter().enumerate() {
+            _mm256_storeu_pd(sums.as_mut_ptr().add(4 * k), *a);
+        }
+        for (k, l) in low.iter().enumerate() {
+            _mm256_storeu_si256(lows.as_mut_ptr().add(8 * k).cast(), *l);
+        }
+    }
+    for j in 0..16 {
+        sums[j] += tail_acc[j];
+        lows[j] = lows[j].min(tail_low[j]);
+    }
+    (n, sums, lows)
 }
 
 /// [`super::split_heavy`] on 8 lanes ([`compact8`]): the heavy lanes (weight bits above

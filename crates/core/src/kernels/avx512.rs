@@ -607,8 +607,9 @@ fn compact16(
 
 /// [`super::filter_upto`] on 16 lanes ([`compact16`]): the values and ids of 16 candidates
 /// gathered by two permutes, the keep mask from two compares of the values and one of the ids.
-/// Returns how many were kept; `out` must have room for `c.len()` candidates and `out_w` at
-/// least `c.len()` values (checked).
+/// Returns how many were kept, and the kept weights' 16 `f64` lane sums and smallest non-zero
+/// bits (lane `i % 16` of the input index); `out` must have room for `c.len()` candidates and
+/// `out_w` at least `c.len()` values (checked).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
 pub(super) fn filter_upto(
     c: &[Cand],
@@ -616,21 +617,58 @@ pub(super) fn filter_upto(
     at: Cand,
     out: &mut Vec<Cand>,
     out_w: &mut [f32],
-) -> usize {
+) -> (usize, [f64; 16], [u32; 16]) {
     let zb = _mm512_set1_ps(at.z);
     // ids stay below 2^31 (`u32` ids of a vocabulary held in memory), so signed compares do
     let idb = _mm512_set1_epi32(at.id.min(i32::MAX as u32) as i32);
     let ids_of = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     let zs_of = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    let keep = |v0: __m512i, v1: __m512i, _w: __m512| {
+    let (mut a0, mut a1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+    let mut low = _mm512_set1_epi32(-1);
+    let keep = |v0: __m512i, v1: __m512i, wv: __m512| {
         let z = _mm512_castsi512_ps(_mm512_permutex2var_epi32(v0, zs_of, v1));
         let ids = _mm512_permutex2var_epi32(v0, ids_of, v1);
         // z > z_b, or z = z_b and id <= id_b
-        _mm512_cmp_ps_mask::<_CMP_GT_OQ>(z, zb)
-            | (_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z, zb) & _mm512_cmple_epi32_mask(ids, idb))
+        let mk = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(z, zb)
+            | (_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z, zb) & _mm512_cmple_epi32_mask(ids, idb));
+        let kw = _mm512_maskz_mov_ps(mk, wv);
+        a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(kw)));
+        a1 = _mm512_add_pd(
+            a1,
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(kw),
+            ))),
+        );
+        let b = _mm512_castps_si512(kw);
+        low = _mm512_mask_min_epu32(low, _mm512_test_epi32_mask(b, b), low, b);
+        mk
     };
-    let tail = |_: usize, x: &Cand, _: f32| x.z > at.z || (x.z == at.z && x.id <= at.id);
-    compact16(c, w, out, out_w, keep, tail)
+    let mut tail_acc = [0.0f64; 16];
+    let mut tail_low = [u32::MAX; 16];
+    let tail = |i: usize, x: &Cand, wx: f32| {
+        let kept = x.z > at.z || (x.z == at.z && x.id <= at.id);
+        if kept {
+            // fewer than 16 after the last group: one value per lane at most
+            tail_acc[i % 16] = wx as f64;
+            let b = wx.to_bits();
+            tail_low[i % 16] = if b != 0 { b } else { u32::MAX };
+        }
+        kept
+    };
+    let n = compact16(c, w, out, out_w, keep, tail);
+    let mut sums = [0.0f64; 16];
+    let mut lows = [u32::MAX; 16];
+    // SAFETY: `sums` is 16 `f64`s (two vectors of 8), `lows` 16 `u32`s.
+    unsafe {
+        _mm512_storeu_pd(sums.as_mut_ptr(), a0);
+        _mm512_storeu_pd(sums.as_mut_ptr().add(8), a1);
+        _mm512_storeu_si512(lows.as_mut_ptr().cast(), low);
+    }
+    for j in 0..16 {
+        sums[j] += tail_acc[j];
+        lows[j] = lows[j].min(tail_low[j]);
+    }
+    (n, sums, lows)
 }
 
 /// [`super::split_heavy`] on 16 lanes ([`compact16`]): the heavy lanes (weight bits above

@@ -405,7 +405,10 @@ impl Band {
 
 /// The candidates (and weights) up to `at` in canonical order — `z > at.z`, or `z = at.z` and
 /// `id <= at.id` — in order, to `out` and `out_w` ([`filter_cands_w`] with that test, for values
-/// that are never NaN); returns how many.
+/// that are never NaN); returns how many, and the kept weights' sum when it is exact in any
+/// order (as [`exact_sum_any_order`] of the kept weights gives it; the lanes here are the input
+/// index modulo 16, the same at every level, so a sum near its bound may be `None` here and
+/// `Some` there or the reverse, and whenever either is `Some` it is the exact sum).
 pub(crate) fn filter_upto(
     level: Isa,
     c: &[Cand],
@@ -413,7 +416,7 @@ pub(crate) fn filter_upto(
     at: Cand,
     out: &mut Vec<Cand>,
     out_w: &mut [f32],
-) -> usize {
+) -> (usize, Option<f64>) {
     #[cfg(target_arch = "x86_64")]
     if level.get() >= Level::Avx2 && out_w.len() >= c.len().min(w.len()) {
         out.clear();
@@ -421,19 +424,30 @@ pub(crate) fn filter_upto(
         #[cfg(nextok_avx512)]
         if level.get() >= Level::Avx512 {
             // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
-            return unsafe { avx512::filter_upto(c, w, at, out, out_w) };
+            let (n, acc, low) = unsafe { avx512::filter_upto(c, w, at, out, out_w) };
+            return (n, scalar::exact_sum_finish(acc, low, &[]));
         }
         // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2, BMI1 and POPCNT.
-        return unsafe { avx2::filter_upto(c, w, at, out, out_w) };
+        let (n, acc, low) = unsafe { avx2::filter_upto(c, w, at, out, out_w) };
+        return (n, scalar::exact_sum_finish(acc, low, &[]));
     }
     let _ = level;
-    filter_cands_w(
-        c,
-        w,
-        |x| x.z > at.z || (x.z == at.z && x.id <= at.id),
-        out,
-        out_w,
-    )
+    let keep = |x: &Cand| x.z > at.z || (x.z == at.z && x.id <= at.id);
+    let n = filter_cands_w(c, w, keep, out, out_w);
+    let mut acc = [0.0f64; 16];
+    let mut low = [u32::MAX; 16];
+    for (i, (x, &wx)) in c.iter().zip(w).enumerate() {
+        if keep(x) {
+            acc[i % 16] += wx as f64;
+            let b = wx.to_bits();
+            low[i % 16] = if b != 0 && b < low[i % 16] {
+                b
+            } else {
+                low[i % 16]
+            };
+        }
+    }
+    (n, scalar::exact_sum_finish(acc, low, &[]))
 }
 
 /// Splits candidates by weight: those whose weight's bits exceed `above` (compared as `i32`:

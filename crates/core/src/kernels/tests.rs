@@ -460,7 +460,11 @@ fn filter_upto_matches_scalar_at_every_level() {
                 .enumerate()
                 .map(|(i, &z)| Cand { id: i as u32, z })
                 .collect();
-            let w: Vec<f32> = (0..c.len()).map(|i| i as f32 * 0.5).collect();
+            // weights whose sums are exact, and weights of many magnitudes (sums that are not)
+            let exact_w: Vec<f32> = (0..c.len()).map(|i| i as f32 * 0.5).collect();
+            let wide_w: Vec<f32> = (0..c.len())
+                .map(|i| (i as f32 * 0.37).sin().abs() * 2f32.powi(-((i % 40) as i32)))
+                .collect();
             // boundaries at values of the row (ties at several ids), signed zeros, the ends
             let mut ats: Vec<Cand> = c.iter().step_by(c.len() / 5 + 1).copied().collect();
             ats.extend(c.iter().rev().step_by(c.len() / 3 + 1).copied());
@@ -469,12 +473,33 @@ fn filter_upto_matches_scalar_at_every_level() {
                     ats.push(Cand { id, z });
                 }
             }
-            for at in ats {
+            for (at, w) in ats.iter().flat_map(|&at| [(at, &exact_w), (at, &wide_w)]) {
                 let keep = |x: &Cand| x.z > at.z || (x.z == at.z && x.id <= at.id);
                 let want: Vec<usize> = (0..c.len()).filter(|&i| keep(&c[i])).collect();
                 let mut out = vec![Cand { id: 9, z: 9.0 }];
                 let mut out_w = vec![-1.0f32; c.len()];
-                let n = filter_upto(level, &c, &w, at, &mut out, &mut out_w);
+                let (n, sum) = filter_upto(level, &c, w, at, &mut out, &mut out_w);
+                // the kept weights' sum: lanes by input index modulo 16, then the any-order
+                // exactness bound
+                let mut acc = [0.0f64; 16];
+                let mut low = [u32::MAX; 16];
+                for &i in &want {
+                    acc[i % 16] += w[i] as f64;
+                    let b = w[i].to_bits();
+                    if b != 0 {
+                        low[i % 16] = low[i % 16].min(b);
+                    }
+                }
+                let want_sum = scalar::exact_sum_finish(acc, low, &[]);
+                assert_eq!(
+                    sum.map(f64::to_bits),
+                    want_sum.map(f64::to_bits),
+                    "level {level:?}, at {at:?}"
+                );
+                let kept: Vec<f32> = want.iter().map(|&i| w[i]).collect();
+                if let (Some(a), Some(b)) = (sum, exact_sum_any_order(level, &kept)) {
+                    assert_eq!(a.to_bits(), b.to_bits(), "exact sums differ, at {at:?}");
+                }
                 let got: Vec<usize> = out.iter().map(|x| x.id as usize).collect();
                 assert_eq!(n, want.len(), "level {level:?}, at {at:?}");
                 assert_eq!(got, want, "level {level:?}, at {at:?}");

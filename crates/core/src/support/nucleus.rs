@@ -291,8 +291,9 @@ impl Workspace {
                 }
             }
         };
-        let n = if runs == 1 {
-            // the nucleus, in id order (the collection is one run), and its weights
+        let (n, sum) = if runs == 1 {
+            // the nucleus, in id order (the collection is one run), its weights and their
+            // exact sum when it applies
             filter_upto(
                 level,
                 &self.cands,
@@ -313,7 +314,7 @@ impl Workspace {
             collect_band(level, &self.buf, bmax, band, &mut self.gath);
             let n = self.gath.len();
             cand_weights(level, &self.gath, m, &mut self.w[..n]);
-            n
+            (n, exact_sum_any_order(level, &self.w[..n]))
         };
         debug_assert_eq!(n, found);
         std::mem::swap(&mut self.cands, &mut self.gath);
@@ -331,7 +332,7 @@ impl Workspace {
             m
         };
         self.norm_valid = false;
-        match exact_sum_any_order(level, &self.w[..n]) {
+        match sum {
             Some(sum) => {
                 self.cand_norm = (m, sum);
                 self.cand_w_valid = true;
