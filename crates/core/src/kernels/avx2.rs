@@ -343,18 +343,8 @@ pub(super) fn filter_upto(
         odd = !odd;
         _mm256_movemask_ps(keep) as usize
     };
-    let mut tail_acc = [0.0f64; 16];
-    let mut tail_low = [u32::MAX; 16];
-    let tail = |i: usize, x: &Cand, wx: f32| {
-        let kept = x.z > at.z || (x.z == at.z && x.id <= at.id);
-        if kept {
-            // fewer than 8 after the last group: one value per lane at most
-            tail_acc[i % 16] = wx as f64;
-            let b = wx.to_bits();
-            tail_low[i % 16] = if b != 0 { b } else { u32::MAX };
-        }
-        kept
-    };
+    let mut rest = super::UptoTail::new(at);
+    let tail = |i: usize, x: &Cand, wx: f32| rest.offer(i, x, wx);
     let n = compact8(c, w, out, out_w, keep, tail);
     let mut sums = [0.0f64; 16];
     let mut lows = [u32::MAX; 16];
@@ -367,10 +357,7 @@ pub(super) fn filter_upto(
             _mm256_storeu_si256(lows.as_mut_ptr().add(8 * k).cast(), *l);
         }
     }
-    for j in 0..16 {
-        sums[j] += tail_acc[j];
-        lows[j] = lows[j].min(tail_low[j]);
-    }
+    rest.finish(&mut sums, &mut lows);
     (n, sums, lows)
 }
 

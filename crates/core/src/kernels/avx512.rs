@@ -93,36 +93,62 @@ fn add_lanes16(acc: __m512d, e: __m512) -> __m512d {
     _mm512_add_pd(_mm512_add_pd(acc, lo), hi)
 }
 
+/// 16 `f64` lane sums (lane `j`: the `j`-th value of each vector added, in order) and each
+/// lane's smallest non-zero bits, of `f32` values added 16 at a time.
+#[derive(Clone, Copy)]
+struct Lanes16 {
+    a0: __m512d,
+    a1: __m512d,
+    low: __m512i,
+}
+
+impl Lanes16 {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+    fn new() -> Lanes16 {
+        Lanes16 {
+            a0: _mm512_setzero_pd(),
+            a1: _mm512_setzero_pd(),
+            low: _mm512_set1_epi32(-1),
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+    fn add(&mut self, x: __m512) {
+        self.a0 = _mm512_add_pd(self.a0, _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+        let hi = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x));
+        self.a1 = _mm512_add_pd(self.a1, _mm512_cvtps_pd(_mm256_castpd_ps(hi)));
+        let b = _mm512_castps_si512(x);
+        self.low = _mm512_mask_min_epu32(self.low, _mm512_test_epi32_mask(b, b), self.low, b);
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
+    fn get(&self) -> ([f64; 16], [u32; 16]) {
+        let mut sums = [0.0f64; 16];
+        let mut lows = [u32::MAX; 16];
+        // SAFETY: `sums` is 16 `f64`s (two vectors of 8), `lows` 16 `u32`s.
+        unsafe {
+            _mm512_storeu_pd(sums.as_mut_ptr(), self.a0);
+            _mm512_storeu_pd(sums.as_mut_ptr().add(8), self.a1);
+            _mm512_storeu_si512(lows.as_mut_ptr().cast(), self.low);
+        }
+        (sums, lows)
+    }
+}
+
 /// The 16 `f64` lane sums of the whole chunks of 16 values of `xs` (lane `j`: values
 /// `16 i + j`, in order) and each lane's smallest non-zero bits: what the portable loop of
 /// `exact_sum_any_order` computes, lane for lane.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,bmi1,popcnt,fma")]
 pub(super) fn lane_sums16(xs: &[f32]) -> ([f64; 16], [u32; 16]) {
-    let mut a0 = _mm512_setzero_pd();
-    let mut a1 = _mm512_setzero_pd();
-    let mut low = _mm512_set1_epi32(-1);
+    let mut lanes = Lanes16::new();
     for c in xs.chunks_exact(16) {
         // SAFETY: `c` is 16 `f32`s.
-        let x = unsafe { _mm512_loadu_ps(c.as_ptr()) };
-        a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
-        a1 = _mm512_add_pd(
-            a1,
-            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                _mm512_castps_pd(x),
-            ))),
-        );
-        let b = _mm512_castps_si512(x);
-        low = _mm512_mask_min_epu32(low, _mm512_test_epi32_mask(b, b), low, b);
+        lanes.add(unsafe { _mm512_loadu_ps(c.as_ptr()) });
     }
-    let mut acc = [0.0f64; 16];
-    let mut lows = [u32::MAX; 16];
-    // SAFETY: `acc` is 16 `f64`s, `lows` 16 `u32`s.
-    unsafe {
-        _mm512_storeu_pd(acc.as_mut_ptr(), a0);
-        _mm512_storeu_pd(acc.as_mut_ptr().add(8), a1);
-        _mm512_storeu_si512(lows.as_mut_ptr().cast(), low);
-    }
-    (acc, lows)
+    lanes.get()
 }
 
 /// The 64 values of `z` from `i` (`i + 64 <= z.len()`, checked), as four vectors.
@@ -623,51 +649,21 @@ pub(super) fn filter_upto(
     let idb = _mm512_set1_epi32(at.id.min(i32::MAX as u32) as i32);
     let ids_of = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     let zs_of = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    let (mut a0, mut a1) = (_mm512_setzero_pd(), _mm512_setzero_pd());
-    let mut low = _mm512_set1_epi32(-1);
+    let mut lanes = Lanes16::new();
     let keep = |v0: __m512i, v1: __m512i, wv: __m512| {
         let z = _mm512_castsi512_ps(_mm512_permutex2var_epi32(v0, zs_of, v1));
         let ids = _mm512_permutex2var_epi32(v0, ids_of, v1);
         // z > z_b, or z = z_b and id <= id_b
         let mk = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(z, zb)
             | (_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(z, zb) & _mm512_cmple_epi32_mask(ids, idb));
-        let kw = _mm512_maskz_mov_ps(mk, wv);
-        a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(kw)));
-        a1 = _mm512_add_pd(
-            a1,
-            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                _mm512_castps_pd(kw),
-            ))),
-        );
-        let b = _mm512_castps_si512(kw);
-        low = _mm512_mask_min_epu32(low, _mm512_test_epi32_mask(b, b), low, b);
+        lanes.add(_mm512_maskz_mov_ps(mk, wv));
         mk
     };
-    let mut tail_acc = [0.0f64; 16];
-    let mut tail_low = [u32::MAX; 16];
-    let tail = |i: usize, x: &Cand, wx: f32| {
-        let kept = x.z > at.z || (x.z == at.z && x.id <= at.id);
-        if kept {
-            // fewer than 16 after the last group: one value per lane at most
-            tail_acc[i % 16] = wx as f64;
-            let b = wx.to_bits();
-            tail_low[i % 16] = if b != 0 { b } else { u32::MAX };
-        }
-        kept
-    };
+    let mut rest = super::UptoTail::new(at);
+    let tail = |i: usize, x: &Cand, wx: f32| rest.offer(i, x, wx);
     let n = compact16(c, w, out, out_w, keep, tail);
-    let mut sums = [0.0f64; 16];
-    let mut lows = [u32::MAX; 16];
-    // SAFETY: `sums` is 16 `f64`s (two vectors of 8), `lows` 16 `u32`s.
-    unsafe {
-        _mm512_storeu_pd(sums.as_mut_ptr(), a0);
-        _mm512_storeu_pd(sums.as_mut_ptr().add(8), a1);
-        _mm512_storeu_si512(lows.as_mut_ptr().cast(), low);
-    }
-    for j in 0..16 {
-        sums[j] += tail_acc[j];
-        lows[j] = lows[j].min(tail_low[j]);
-    }
+    let (mut sums, mut lows) = lanes.get();
+    rest.finish(&mut sums, &mut lows);
     (n, sums, lows)
 }
 

@@ -450,6 +450,47 @@ pub(crate) fn filter_upto(
     (n, scalar::exact_sum_finish(acc, low, &[]))
 }
 
+/// The candidates after the last whole vector of the nucleus filter's packing loop (fewer than
+/// 16), for its 16 lane sums: whether each is kept (up to `at` in canonical order), its weight
+/// noted in lane `i % 16` (one per lane at most).
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct UptoTail {
+    at: Cand,
+    acc: [f64; 16],
+    low: [u32; 16],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl UptoTail {
+    pub(crate) fn new(at: Cand) -> UptoTail {
+        UptoTail {
+            at,
+            acc: [0.0; 16],
+            low: [u32::MAX; 16],
+        }
+    }
+
+    /// Whether candidate `i`, `x` with weight `wx`, is kept; a kept weight is noted.
+    pub(crate) fn offer(&mut self, i: usize, x: &Cand, wx: f32) -> bool {
+        let kept = x.z > self.at.z || (x.z == self.at.z && x.id <= self.at.id);
+        if kept {
+            self.acc[i % 16] = wx as f64;
+            let b = wx.to_bits();
+            self.low[i % 16] = if b != 0 { b } else { u32::MAX };
+        }
+        kept
+    }
+
+    /// Adds the noted weights to the vector loop's lane sums and minima (one addition per
+    /// lane: the lanes' sums in index order).
+    pub(crate) fn finish(&self, sums: &mut [f64; 16], lows: &mut [u32; 16]) {
+        for j in 0..16 {
+            sums[j] += self.acc[j];
+            lows[j] = lows[j].min(self.low[j]);
+        }
+    }
+}
+
 /// Splits candidates by weight: those whose weight's bits exceed `above` (compared as `i32`:
 /// for weights `>= 0`, the weights above `f32::from_bits(above)`) are only counted and summed
 /// (in 8 `f64` lanes, lane `i % 8`, then the lanes in order: the sum of a set in a fixed order,
