@@ -13,6 +13,15 @@ use serde_json::Value;
 
 use nextok_model::{KvCacheType, KvGeometry, KvPool, LogitsSource, Model, ModelSource, Requant};
 
+/// A JSON array of token ids.
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
 fn argmax(row: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in row.iter().enumerate() {
@@ -56,12 +65,7 @@ fn a_q8_0_cache_stays_within_what_llama_cpp_allows_itself() {
         let (mut worst, mut same, mut steps) = (0f32, 0, 0);
         let mut worst_f16 = 0f32;
         for prompt in entry["prompts"].as_array().unwrap() {
-            let ids: Vec<u32> = prompt["ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect();
+            let ids: Vec<u32> = u32s(&prompt["ids"]);
             let mut src = ModelSource::with_pool(m.weights.clone(), &pool).unwrap();
             let rows = src.prefill_all(&ids).unwrap();
             let f16 = ModelSource::new(m.weights.clone())
@@ -82,12 +86,7 @@ fn a_q8_0_cache_stays_within_what_llama_cpp_allows_itself() {
                 }
             }
             // the greedy continuation, as far as it follows llama.cpp's
-            let want: Vec<u32> = prompt["greedy"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect();
+            let want: Vec<u32> = u32s(&prompt["greedy"]);
             let mut row = rows[rows.len() - v..].to_vec();
             for &w in &want {
                 let t = argmax(&row);
