@@ -786,11 +786,11 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             .unwrap_or_default(),
         simd: nextok_model::simd_features(),
         kernels: {
-            use nextok_model::kernels::{vnni_width, Level, VnniWidth};
+            use nextok_model::kernels::{register_width, Level, RegisterWidth};
             let level = Level::current();
-            match (level, vnni_width()) {
-                (Level::Avx512Vnni, VnniWidth::Bits256) => {
-                    format!("{} (256-bit tiles)", level.name())
+            match (level, register_width()) {
+                (Level::Avx512 | Level::Avx512Vnni, RegisterWidth::Bits256) => {
+                    format!("{} (256-bit registers)", level.name())
                 }
                 _ => level.name().to_string(),
             }

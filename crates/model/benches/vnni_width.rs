@@ -12,7 +12,9 @@ use std::time::Instant;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use nextok_model::kernels::{matmul_with, set_vnni_width, Activations, Level, QMatrix, VnniWidth};
+use nextok_model::kernels::{
+    matmul_with, set_register_width, Activations, Level, QMatrix, RegisterWidth,
+};
 
 /// SplitMix64 in `[-1, 1)`.
 struct Rng(u64);
@@ -43,7 +45,7 @@ fn main() {
         .expect("a pool of one thread");
     println!(
         "AVX-512 VNNI kernels, one thread, {reps} alternating pairs (auto picks {:?} here)",
-        nextok_model::kernels::vnni_width()
+        nextok_model::kernels::register_width()
     );
     println!("| format | matrix | activation rows | 512-bit min / median µs | 256-bit min / median µs | 512 / 256 (min) |");
     println!("|---|---|---:|---:|---:|---:|");
@@ -69,12 +71,12 @@ fn main() {
             for i in 0..2 * reps {
                 // alternate which width goes first in each pair
                 let v = (i + i / 2) % 2;
-                set_vnni_width([VnniWidth::Bits512, VnniWidth::Bits256][v]);
+                set_register_width([RegisterWidth::Bits512, RegisterWidth::Bits256][v]);
                 let t0 = Instant::now();
                 pool.install(|| matmul_with(Level::Avx512Vnni, &w, &a, &mut out).expect("product"));
                 times[v].push(t0.elapsed().as_secs_f64() * 1e6);
             }
-            set_vnni_width(VnniWidth::Auto);
+            set_register_width(RegisterWidth::Auto);
             for t in &mut times {
                 t.sort_by(f64::total_cmp);
             }

@@ -4,7 +4,7 @@
 //! see only their window; fused and separate projections give the same logits.
 
 use nextok_model::arch::{Arch, FfnAct, RopeStyle};
-use nextok_model::kernels::Level;
+use nextok_model::kernels::{set_register_width, Level, RegisterWidth};
 use nextok_model::{BatchSeq, LogitRows, ModelWeights, Requant, Scratch};
 use nextok_vocab::gguf::Value as G;
 
@@ -100,11 +100,23 @@ fn a_row_is_the_same_alone_in_a_batch_in_chunks_and_at_every_level() {
         assert_eq!(alone.len(), 11 * V as usize);
         assert!(alone.iter().all(|x| x.is_finite()));
         for &level in &levels {
-            assert_eq!(
-                bits(&alone),
-                bits(&logits_in_chunks(&w, &a, &[4, 1, 6], level)),
-                "{arch:?} chunks at {level:?}"
-            );
+            // the AVX-512 levels at both register widths (VNNI tiles, attention kernels); the
+            // width is process-wide, but every width gives the same bits
+            let widths: &[RegisterWidth] = if level >= Level::Avx512 {
+                &[RegisterWidth::Bits256, RegisterWidth::Bits512]
+            } else {
+                &[RegisterWidth::Auto]
+            };
+            for &width in widths {
+                set_register_width(width);
+                let got = logits_in_chunks(&w, &a, &[4, 1, 6], level);
+                set_register_width(RegisterWidth::Auto);
+                assert_eq!(
+                    bits(&alone),
+                    bits(&got),
+                    "{arch:?} chunks at {level:?} {width:?}"
+                );
+            }
         }
         // `a` in one batch with `b`, each sequence at its own position
         let mut ka = w.default_pool().sequence();

@@ -110,8 +110,8 @@ mod imp {
         b0: usize,
         n: usize,
     ) -> [[f32; 4]; 4] {
-        // 256-bit tiles where the CPU splits 512-bit operations (see `super::vnni_256`)
-        if super::super::vnni_256() {
+        // 256-bit tiles where the CPU splits 512-bit operations (see `super::bits_256`)
+        if super::super::bits_256() {
             macro_rules! narrow {
                 ($c:expr) => {
                     match (nr, n) {

@@ -326,51 +326,53 @@ impl MatFormat {
 
 /// Which implementation computes the kernels; all give the same bits. The workspace's one
 /// CPU-feature switch, [`nextok_core::cpu::Level`], re-exported: its process-wide cap
-/// ([`nextok_core::cpu::set_max_level`]) caps these kernels and the sampler's alike. Attention
-/// and the conversion of the activations have AVX2 code only, which they also run at the
-/// AVX-512 levels.
+/// ([`nextok_core::cpu::set_max_level`]) caps these kernels and the sampler's alike. The
+/// conversion of the activations has AVX2 code only, which it also runs at the AVX-512 levels.
 pub use nextok_core::cpu::Level;
 
-/// The register width of the AVX-512 VNNI kernels of the 32-value formats (the same bits either
-/// way, see [`set_vnni_width`]).
+/// The register width of the AVX-512 kernels that have two (the same bits either way, see
+/// [`set_register_width`]): the VNNI tiles of the 32-value formats, and attention, whose
+/// 256-bit code is the AVX2 kernels'.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VnniWidth {
+pub enum RegisterWidth {
     /// 256 bits where the CPU splits 512-bit operations in halves
     /// ([`nextok_core::cpu::splits_512_bit_ops`]: AMD Zen 4), 512 elsewhere.
     Auto,
-    /// One weight row's eight lane sums per 256-bit register.
+    /// 256-bit registers: one weight row's eight lane sums per register in the VNNI tiles; the
+    /// AVX2 attention kernels.
     Bits256,
-    /// Two weight rows per 512-bit register.
+    /// 512-bit registers: two weight rows per register in the VNNI tiles; the AVX-512 attention
+    /// kernels.
     Bits512,
 }
 
-static VNNI_WIDTH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+static REGISTER_WIDTH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-/// Sets the register width of the AVX-512 VNNI kernels, process-wide (tests and benchmarks:
-/// results do not change, only the speed).
-pub fn set_vnni_width(width: VnniWidth) {
+/// Sets the register width of the AVX-512 kernels that have two, process-wide (tests and
+/// benchmarks: results do not change, only the speed).
+pub fn set_register_width(width: RegisterWidth) {
     let code = match width {
-        VnniWidth::Auto => 0,
-        VnniWidth::Bits256 => 1,
-        VnniWidth::Bits512 => 2,
+        RegisterWidth::Auto => 0,
+        RegisterWidth::Bits256 => 1,
+        RegisterWidth::Bits512 => 2,
     };
-    VNNI_WIDTH.store(code, std::sync::atomic::Ordering::Relaxed);
+    REGISTER_WIDTH.store(code, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// The register width the AVX-512 VNNI kernels of the 32-value formats run at now (never
-/// [`VnniWidth::Auto`]).
-pub fn vnni_width() -> VnniWidth {
-    if vnni_256() {
-        VnniWidth::Bits256
+/// The register width the AVX-512 kernels that have two run at now (never
+/// [`RegisterWidth::Auto`]).
+pub fn register_width() -> RegisterWidth {
+    if bits_256() {
+        RegisterWidth::Bits256
     } else {
-        VnniWidth::Bits512
+        RegisterWidth::Bits512
     }
 }
 
-/// Whether the AVX-512 VNNI kernels of the 32-value formats run on 256-bit registers now.
+/// Whether the AVX-512 kernels that have two widths run on 256-bit registers now.
 #[inline]
-fn vnni_256() -> bool {
-    match VNNI_WIDTH.load(std::sync::atomic::Ordering::Relaxed) {
+fn bits_256() -> bool {
+    match REGISTER_WIDTH.load(std::sync::atomic::Ordering::Relaxed) {
         0 => nextok_core::cpu::splits_512_bit_ops(),
         c => c == 1,
     }
@@ -1362,7 +1364,7 @@ unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize
     let row_bytes = w.bytes() / w.rows.max(1);
     let tile = (TILE_BYTES / row_bytes.max(1)).max(1);
     // 256-bit VNNI tiles (see the tile rules below), decided once per range
-    let narrow = level == Level::Avx512Vnni && vnni_256();
+    let narrow = level == Level::Avx512Vnni && bits_256();
     let mut t0 = r0;
     while t0 < r1 {
         let t1 = (t0 + tile).min(r1);
@@ -1391,7 +1393,7 @@ unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize
             // activation row, one thread: 3.1 ms row by row, 7–8 ms in tiles of four rows, at
             // either level). The K-quants follow the AVX2 rule (their AVX-512 kernels hold two
             // groups of one row per register).
-            // With VNNI on a CPU that splits 512-bit operations (AMD Zen 4, see `vnni_256`),
+            // With VNNI on a CPU that splits 512-bit operations (AMD Zen 4, see `bits_256`),
             // those tiles run on 256-bit registers, four weight rows × up to four activation
             // rows at every batch size, Q8_0 and Q4_1 from two activation rows on: 1.25–1.7×
             // the 512-bit tiles at 4–512 rows, 1.03–1.1× at one; Q4_1 1.17–1.32× its AVX2

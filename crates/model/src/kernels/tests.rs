@@ -199,7 +199,7 @@ fn pool(threads: usize) -> rayon::ThreadPool {
 }
 
 /// The levels this CPU runs; says which it lacks (those are not compared here).
-fn levels() -> Vec<Level> {
+pub(super) fn levels() -> Vec<Level> {
     let (have, lack): (Vec<Level>, Vec<Level>) =
         Level::ALL.into_iter().partition(|l| l.supported());
     for l in &lack {
@@ -474,15 +474,15 @@ fn every_simd_level_agrees_with_scalar_bitwise() {
                 let want = run(Level::Scalar, &w, &a);
                 for &level in &levels {
                     // the VNNI kernels at both register widths (the others have one)
-                    let widths: &[VnniWidth] = if level == Level::Avx512Vnni {
-                        &[VnniWidth::Bits256, VnniWidth::Bits512]
+                    let widths: &[RegisterWidth] = if level == Level::Avx512Vnni {
+                        &[RegisterWidth::Bits256, RegisterWidth::Bits512]
                     } else {
-                        &[VnniWidth::Auto]
+                        &[RegisterWidth::Auto]
                     };
                     for &width in widths {
-                        set_vnni_width(width);
+                        set_register_width(width);
                         let got = run(level, &w, &a);
-                        set_vnni_width(VnniWidth::Auto);
+                        set_register_width(RegisterWidth::Auto);
                         assert_same(
                             &got,
                             &want,
