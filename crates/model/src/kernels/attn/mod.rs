@@ -16,8 +16,8 @@
 //!   positions `p` in order, starting from the caller's `o_i` (zero before the first block).
 //!
 //! Keys and values are given as `f32` (the cache's values converted exactly, one block at a
-//! time, shared by the query heads of a key/value head), or, for [`scores_kv`] and
-//! [`accumulate_kv`], as the cache holds them ([`KvRun`]: `f16` values, or `q8_0` quants and
+//! time, shared by the query heads of a key/value head), or, for `scores_kv` and
+//! `accumulate_kv`, as the cache holds them (`KvRun`: `f16` values, or `q8_0` quants and
 //! scales), converted in registers (the same bits: both conversions are exact).
 
 use super::Level;
