@@ -17,7 +17,8 @@
 //!   the client receives the events);
 //! * **prefill vs decode** — one 512-token prompt alone: prompt tokens/s against single-stream
 //!   decode tokens/s (the best of `--reps`), and the same stream through the one-sequence loop
-//!   (engine/loop);
+//!   back to back with it in each repetition (the loop first in odd ones): engine/loop is the
+//!   median of the repetitions' ratios, with their spread;
 //! * **decode of 16 streams** — 16 requests of 20-token prompts and 128 tokens submitted
 //!   together: aggregate decode tokens/s while all 16 decode (from the last stream's first
 //!   token to the first stream's last, as `llama-batched-bench`'s S_TG counts its lockstep
@@ -207,7 +208,12 @@ struct Quant {
     decode_tokens_per_s: f64,
     prefill_over_decode: f64,
     solo_loop_decode_tokens_per_s: f64,
+    /// The median over the repetitions of engine / loop, each pair measured back to back.
     engine_over_solo_single_stream: f64,
+    /// The smallest and largest of those ratios.
+    engine_over_solo_spread: [f64; 2],
+    /// How many pairs (the repetitions).
+    engine_over_solo_pairs: usize,
     decode_16_streams_tokens_per_s: f64,
     prefix_repeat_ttft_first_ms: f64,
     prefix_repeat_ttft_second_ms: f64,
@@ -322,18 +328,23 @@ fn prefill_512(engine: &Engine, ids: &[u32]) -> Result<f64, String> {
 
 /// One stream alone: a 20-token prompt, 128 tokens; decode tokens/s after the first token, and
 /// the request's parameters (to run the same stream through the one-sequence loop).
-fn decode_single(engine: &Engine, ids: &[u32]) -> Result<(f64, SamplingParams), String> {
+fn decode_single(engine: &Engine, ids: &[u32]) -> Result<f64, String> {
     let mut r = GenerateRequest::new(Prompt::Ids(ids[600..620].to_vec()));
-    r.params = SamplingParams {
+    r.params = single_params();
+    let c = engine.generate(r).map_err(|e| e.to_string())?;
+    let dec = (c.timing.total - c.timing.time_to_first_token).as_secs_f64();
+    Ok(127.0 / dec)
+}
+
+/// The single stream's parameters (the engine's and the one-sequence loop's run).
+fn single_params() -> SamplingParams {
+    SamplingParams {
         temperature: Some(0.8),
         max_tokens: Some(128),
         ignore_eos: true,
         seed: Some(2),
         ..Default::default()
-    };
-    let c = engine.generate(r).map_err(|e| e.to_string())?;
-    let dec = (c.timing.total - c.timing.time_to_first_token).as_secs_f64();
-    Ok((127.0 / dec, c.info.params))
+    }
 }
 
 /// 16 streams decoding together: 16 requests of 20-token prompts and 128 tokens, submitted at
@@ -411,7 +422,7 @@ const PAIRED_ROWS: [&str; 3] = ["prompt", "decode", "16 streams"];
 fn nextok_row(row: &str, engine: &Engine, ids: &[u32]) -> Result<f64, String> {
     match row {
         "prompt" => prefill_512(engine, ids),
-        "decode" => decode_single(engine, ids).map(|(tps, _)| tps),
+        "decode" => decode_single(engine, ids),
         _ => decode_16(engine, ids),
     }
 }
@@ -640,37 +651,54 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         let base_secs = t0.elapsed().as_secs_f64();
         let base_tps = base_tokens as f64 / base_secs;
         eprintln!("  {quant} baseline: {nb} requests, {base_tokens} tokens in {base_secs:.1} s ({base_tps:.1} tokens/s)");
-        // prefill of 512 tokens vs single-stream decode
+        // prefill of 512 tokens vs single-stream decode, and the same stream through the
+        // one-sequence loop back to back with it (the loop first in odd repetitions), so that
+        // drift on a shared machine hits both alike; the ratio reported is the median of the
+        // pairs' ratios
         let mut best_pp = 0f64;
         let mut best_dec = 0f64;
         let mut best_solo = 0f64;
-        for _ in 0..args.reps.max(1) {
+        let mut pair_ratios = Vec::with_capacity(args.reps.max(1));
+        for rep in 0..args.reps.max(1) {
             best_pp = best_pp.max(prefill_512(&engine, &ids)?);
-            let (dec, params) = decode_single(&engine, &ids)?;
-            best_dec = best_dec.max(dec);
-            // the same stream through the one-sequence loop
-            let mut src = source(&model, args.kv_cache_type)?;
-            let p = engine
-                .prepare(&{
-                    let mut r = GenerateRequest::new(Prompt::Ids(ids[600..620].to_vec()));
-                    r.params = params;
-                    r
-                })
+            let solo = || -> Result<f64, String> {
+                let mut src = source(&model, args.kv_cache_type)?;
+                let p = engine
+                    .prepare(&{
+                        let mut r = GenerateRequest::new(Prompt::Ids(ids[600..620].to_vec()));
+                        r.params = single_params();
+                        r
+                    })
+                    .map_err(|e| e.to_string())?;
+                let row = src.prefill(&p.info.prompt_ids).map_err(|e| e.to_string())?;
+                let t = Instant::now();
+                let out = run_sequence(
+                    &model,
+                    &p.sampler,
+                    src,
+                    &p.info.prompt_ids,
+                    row,
+                    2,
+                    &SoloOptions::default(),
+                )
                 .map_err(|e| e.to_string())?;
-            let row = src.prefill(&p.info.prompt_ids).map_err(|e| e.to_string())?;
-            let t = Instant::now();
-            let out = run_sequence(
-                &model,
-                &p.sampler,
-                src,
-                &p.info.prompt_ids,
-                row,
-                2,
-                &SoloOptions::default(),
-            )
-            .map_err(|e| e.to_string())?;
-            best_solo = best_solo.max((out.tokens.len() - 1) as f64 / t.elapsed().as_secs_f64());
+                Ok((out.tokens.len() - 1) as f64 / t.elapsed().as_secs_f64())
+            };
+            let (dec, loop_tps) = if rep % 2 == 0 {
+                let dec = decode_single(&engine, &ids)?;
+                (dec, solo()?)
+            } else {
+                let loop_tps = solo()?;
+                (decode_single(&engine, &ids)?, loop_tps)
+            };
+            best_dec = best_dec.max(dec);
+            best_solo = best_solo.max(loop_tps);
+            pair_ratios.push(dec / loop_tps);
         }
+        let (lo, hi) = pair_ratios
+            .iter()
+            .fold((f64::INFINITY, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        let engine_over_loop = crate::sampler::median(&mut pair_ratios);
         // single-stream decode far into the context against near its start
         let at = |pos: usize| -> Result<f64, String> {
             let mut best = 0f64;
@@ -753,7 +781,9 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             decode_tokens_per_s: best_dec,
             prefill_over_decode: best_pp / best_dec,
             solo_loop_decode_tokens_per_s: best_solo,
-            engine_over_solo_single_stream: best_dec / best_solo,
+            engine_over_solo_single_stream: engine_over_loop,
+            engine_over_solo_spread: [lo, hi],
+            engine_over_solo_pairs: args.reps.max(1),
             levels: Vec::new(),
         };
         for &c in &levels {
@@ -841,7 +871,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
     );
     for q in &report.quants {
         outln!(
-            "\n{}: baseline (one at a time, one-sequence loop) {:.1} tokens/s over {} requests; prefill of 512 tokens {:.0} tokens/s = {:.1}x single-stream decode ({:.1} tokens/s; one-sequence loop {:.1}, engine/loop {:.3})",
+            "\n{}: baseline (one at a time, one-sequence loop) {:.1} tokens/s over {} requests; prefill of 512 tokens {:.0} tokens/s = {:.1}x single-stream decode ({:.1} tokens/s; one-sequence loop {:.1}, engine/loop {:.3}, {:.3}–{:.3} over {} back-to-back pairs)",
             q.quant,
             q.baseline_tokens_per_s,
             q.baseline_requests,
@@ -849,7 +879,10 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             q.prefill_over_decode,
             q.decode_tokens_per_s,
             q.solo_loop_decode_tokens_per_s,
-            q.engine_over_solo_single_stream
+            q.engine_over_solo_single_stream,
+            q.engine_over_solo_spread[0],
+            q.engine_over_solo_spread[1],
+            q.engine_over_solo_pairs
         );
         outln!(
             "decode of 16 streams together: {:.1} tokens/s = {:.2}x single-stream decode",
