@@ -24,7 +24,8 @@
 //!   token to the first stream's last, as `llama-batched-bench`'s S_TG counts its lockstep
 //!   decode);
 //! * the prefix cache (a repeated 500-token prompt's time to first token) and single-stream
-//!   decode at positions 50 and 1800.
+//!   decode at positions 50 and 1800, back to back in each repetition (1800 first in odd ones):
+//!   their ratio is the median of the repetitions' ratios, with their spread.
 //!
 //! `--llama-cpp` pairs llama.cpp with nextok on the same GGUF file (for Q8_0, on the copy
 //! `llama-quantize` makes: the tools and that copy come from `bench/peers/llama_cpp.sh`, which
@@ -219,6 +220,11 @@ struct Quant {
     prefix_repeat_ttft_second_ms: f64,
     decode_at_50_tokens_per_s: f64,
     decode_at_1800_tokens_per_s: f64,
+    /// The median over the repetitions of the decode speed at position 1,800 over that at 50,
+    /// each pair measured back to back.
+    decode_1800_over_50: f64,
+    /// The smallest and largest of those ratios.
+    decode_1800_over_50_spread: [f64; 2],
     levels: Vec<Level>,
 }
 
@@ -699,24 +705,40 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             .iter()
             .fold((f64::INFINITY, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
         let engine_over_loop = crate::sampler::median(&mut pair_ratios);
-        // single-stream decode far into the context against near its start
+        // single-stream decode far into the context against near its start: the two back to
+        // back in every repetition (position 1,800 first in odd ones); the ratio reported is
+        // the median of the pairs' ratios
         let at = |pos: usize| -> Result<f64, String> {
-            let mut best = 0f64;
-            for _ in 0..args.reps.max(1) {
-                let mut r = GenerateRequest::new(Prompt::Ids(ids[..pos].to_vec()));
-                r.params = SamplingParams {
-                    temperature: Some(0.8),
-                    max_tokens: Some(65),
-                    ignore_eos: true,
-                    seed: Some(3),
-                    ..Default::default()
-                };
-                let c = engine.generate(r).map_err(|e| e.to_string())?;
-                let dec = (c.timing.total - c.timing.time_to_first_token).as_secs_f64();
-                best = best.max(64.0 / dec);
-            }
-            Ok(best)
+            let mut r = GenerateRequest::new(Prompt::Ids(ids[..pos].to_vec()));
+            r.params = SamplingParams {
+                temperature: Some(0.8),
+                max_tokens: Some(65),
+                ignore_eos: true,
+                seed: Some(3),
+                ..Default::default()
+            };
+            let c = engine.generate(r).map_err(|e| e.to_string())?;
+            let dec = (c.timing.total - c.timing.time_to_first_token).as_secs_f64();
+            Ok(64.0 / dec)
         };
+        let (mut at50, mut at1800) = (0f64, 0f64);
+        let mut deep_ratios = Vec::with_capacity(args.reps.max(1));
+        for rep in 0..args.reps.max(1) {
+            let (near, far) = if rep % 2 == 0 {
+                let near = at(50)?;
+                (near, at(1800)?)
+            } else {
+                let far = at(1800)?;
+                (at(50)?, far)
+            };
+            at50 = at50.max(near);
+            at1800 = at1800.max(far);
+            deep_ratios.push(far / near);
+        }
+        let deep_spread = deep_ratios
+            .iter()
+            .fold([f64::INFINITY, 0f64], |[lo, hi], &r| [lo.min(r), hi.max(r)]);
+        let deep_ratio = crate::sampler::median(&mut deep_ratios);
         // decode alone, batched: 16 streams together, against one such stream alone
         let mut decode16 = 0f64;
         for _ in 0..args.reps.max(1) {
@@ -748,8 +770,6 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             prefix_ttft.1 * 1e3,
             prefix_ttft.2
         );
-        let at50 = at(50)?;
-        let at1800 = at(1800)?;
         eprintln!("  {quant} single-stream decode: {at50:.1} tokens/s at position 50, {at1800:.1} at 1800");
         if let Some((peer, q8_file)) = &peer {
             let file = if q8 {
@@ -773,6 +793,8 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             prefix_repeat_ttft_second_ms: prefix_ttft.1 * 1e3,
             decode_at_50_tokens_per_s: at50,
             decode_at_1800_tokens_per_s: at1800,
+            decode_1800_over_50: deep_ratio,
+            decode_1800_over_50_spread: deep_spread,
             quant: quant.to_string(),
             baseline_requests: nb,
             baseline_tokens: base_tokens,
@@ -896,10 +918,13 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             q.prefix_repeat_ttft_first_ms / q.prefix_repeat_ttft_second_ms
         );
         outln!(
-            "single-stream decode at position 50: {:.1} tokens/s, at 1800: {:.1} ({:.2}x)",
+            "single-stream decode at position 50: {:.1} tokens/s, at 1800: {:.1} ({:.2}x, {:.2}–{:.2} over {} back-to-back pairs)",
             q.decode_at_50_tokens_per_s,
             q.decode_at_1800_tokens_per_s,
-            q.decode_at_1800_tokens_per_s / q.decode_at_50_tokens_per_s
+            q.decode_1800_over_50,
+            q.decode_1800_over_50_spread[0],
+            q.decode_1800_over_50_spread[1],
+            q.engine_over_solo_pairs
         );
         outln!("| concurrency | requests | output tokens | tokens/s | × baseline | requests/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |");
         outln!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
