@@ -122,6 +122,48 @@ fn source(model: &Model, kv: KvCacheType) -> Result<ModelSource, String> {
         .map_err(|e| e.to_string())
 }
 
+/// `req` through the one-sequence loop (its prompt prefilled, then one model call per token,
+/// a constraint's mask computed beside the model when `overlap`): the tokens it generated and
+/// the seconds after the prefill.
+fn through_loop(
+    model: &Model,
+    engine: &Engine,
+    kv: KvCacheType,
+    req: &GenerateRequest,
+    overlap: bool,
+) -> Result<(usize, f64), String> {
+    let p = engine.prepare(req).map_err(|e| e.to_string())?;
+    let mut src = source(model, kv)?;
+    let row = src.prefill(&p.info.prompt_ids).map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    let out = run_sequence(
+        model,
+        &p.sampler,
+        src,
+        &p.info.prompt_ids,
+        row,
+        p.info.seeds[0],
+        &SoloOptions {
+            record: None,
+            constraint: p.constraint.clone(),
+            overlap,
+            speculative: None,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    Ok((out.tokens.len(), t.elapsed().as_secs_f64()))
+}
+
+/// The median of paired ratios and their smallest and largest.
+fn median_spread(ratios: &[f64]) -> (f64, [f64; 2]) {
+    let spread = ratios
+        .iter()
+        .fold([f64::INFINITY, f64::NEG_INFINITY], |[lo, hi], &r| {
+            [lo.min(r), hi.max(r)]
+        });
+    (median(&mut ratios.to_vec()), spread)
+}
+
 fn parse_kv_cache(s: &str) -> Result<KvCacheType, String> {
     KvCacheType::from_name(s).ok_or_else(|| format!("`{s}`: expected f16 or q8_0"))
 }
@@ -332,8 +374,8 @@ fn prefill_512(engine: &Engine, ids: &[u32]) -> Result<f64, String> {
     Ok(512.0 / c.timing.time_to_first_token.as_secs_f64())
 }
 
-/// One stream alone: a 20-token prompt, 128 tokens; decode tokens/s after the first token, and
-/// the request's parameters (to run the same stream through the one-sequence loop).
+/// One stream alone: a 20-token prompt, 128 tokens ([`single_params`]); decode tokens/s after
+/// the first token.
 fn decode_single(engine: &Engine, ids: &[u32]) -> Result<f64, String> {
     let mut r = GenerateRequest::new(Prompt::Ids(ids[600..620].to_vec()));
     r.params = single_params();
@@ -483,18 +525,14 @@ fn paired_rows(
         .zip(samples)
         .map(|(row, (ours, theirs))| {
             let ratios: Vec<f64> = ours.iter().zip(&theirs).map(|(n, l)| n / l).collect();
-            let (lo, hi) = ratios
-                .iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &r| {
-                    (lo.min(r), hi.max(r))
-                });
+            let (ratio, [lo, hi]) = median_spread(&ratios);
             PairedRow {
                 quant: quant.to_string(),
                 row,
                 pairs,
                 nextok_tokens_per_s: median(&mut ours.clone()),
                 llama_cpp_tokens_per_s: median(&mut theirs.clone()),
-                nextok_over_llama_cpp: median(&mut ratios.clone()),
+                nextok_over_llama_cpp: ratio,
                 ratio_min: lo,
                 ratio_max: hi,
                 nextok_samples: ours,
@@ -634,25 +672,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         let mut base_tokens = 0;
         for i in 0..nb {
             let req = workload(&ids, i, scale);
-            let p = engine.prepare(&req).map_err(|e| e.to_string())?;
-            let mut src = source(&model, args.kv_cache_type)?;
-            let row = src.prefill(&p.info.prompt_ids).map_err(|e| e.to_string())?;
-            let out = run_sequence(
-                &model,
-                &p.sampler,
-                src,
-                &p.info.prompt_ids,
-                row,
-                p.info.seeds[0],
-                &SoloOptions {
-                    record: None,
-                    constraint: p.constraint.clone(),
-                    overlap: true,
-                    speculative: None,
-                },
-            )
-            .map_err(|e| e.to_string())?;
-            base_tokens += out.tokens.len();
+            base_tokens += through_loop(&model, &engine, args.kv_cache_type, &req, true)?.0;
         }
         let base_secs = t0.elapsed().as_secs_f64();
         let base_tps = base_tokens as f64 / base_secs;
@@ -668,27 +688,10 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         for rep in 0..args.reps.max(1) {
             best_pp = best_pp.max(prefill_512(&engine, &ids)?);
             let solo = || -> Result<f64, String> {
-                let mut src = source(&model, args.kv_cache_type)?;
-                let p = engine
-                    .prepare(&{
-                        let mut r = GenerateRequest::new(Prompt::Ids(ids[600..620].to_vec()));
-                        r.params = single_params();
-                        r
-                    })
-                    .map_err(|e| e.to_string())?;
-                let row = src.prefill(&p.info.prompt_ids).map_err(|e| e.to_string())?;
-                let t = Instant::now();
-                let out = run_sequence(
-                    &model,
-                    &p.sampler,
-                    src,
-                    &p.info.prompt_ids,
-                    row,
-                    2,
-                    &SoloOptions::default(),
-                )
-                .map_err(|e| e.to_string())?;
-                Ok((out.tokens.len() - 1) as f64 / t.elapsed().as_secs_f64())
+                let mut r = GenerateRequest::new(Prompt::Ids(ids[600..620].to_vec()));
+                r.params = single_params();
+                let (tokens, secs) = through_loop(&model, &engine, args.kv_cache_type, &r, false)?;
+                Ok((tokens - 1) as f64 / secs)
             };
             let (dec, loop_tps) = if rep % 2 == 0 {
                 let dec = decode_single(&engine, &ids)?;
@@ -701,10 +704,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             best_solo = best_solo.max(loop_tps);
             pair_ratios.push(dec / loop_tps);
         }
-        let (lo, hi) = pair_ratios
-            .iter()
-            .fold((f64::INFINITY, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
-        let engine_over_loop = crate::sampler::median(&mut pair_ratios);
+        let (engine_over_loop, loop_spread) = median_spread(&pair_ratios);
         // single-stream decode far into the context against near its start: the two back to
         // back in every repetition (position 1,800 first in odd ones); the ratio reported is
         // the median of the pairs' ratios
@@ -735,10 +735,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             at1800 = at1800.max(far);
             deep_ratios.push(far / near);
         }
-        let deep_spread = deep_ratios
-            .iter()
-            .fold([f64::INFINITY, 0f64], |[lo, hi], &r| [lo.min(r), hi.max(r)]);
-        let deep_ratio = crate::sampler::median(&mut deep_ratios);
+        let (deep_ratio, deep_spread) = median_spread(&deep_ratios);
         // decode alone, batched: 16 streams together, against one such stream alone
         let mut decode16 = 0f64;
         for _ in 0..args.reps.max(1) {
@@ -804,7 +801,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             prefill_over_decode: best_pp / best_dec,
             solo_loop_decode_tokens_per_s: best_solo,
             engine_over_solo_single_stream: engine_over_loop,
-            engine_over_solo_spread: [lo, hi],
+            engine_over_solo_spread: loop_spread,
             engine_over_solo_pairs: args.reps.max(1),
             levels: Vec::new(),
         };

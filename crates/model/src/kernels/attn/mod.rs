@@ -73,7 +73,8 @@ pub fn scores(
 }
 
 /// [`scores`] over the cache's keys as it holds them, converted in registers as they are read,
-/// each key once for up to three query heads (the same bits: the conversion is exact). For a
+/// each key once for up to three query heads (four in AVX-512) (the same bits: the conversion
+/// is exact). For a
 /// decode step, which reads every key once: converting a block into a buffer first and then
 /// reading it puts all of a block's memory reads in one burst, which the CPU's prefetchers do
 /// not spread over the arithmetic.
@@ -221,11 +222,11 @@ pub(crate) fn accumulate_kv(
         type Heads = unsafe fn(&[f32], usize, usize, usize, KvRun<'_>, usize, usize, &mut [f32]);
         // up to four heads at a time; up to three, 32 columns at a time (twelve independent
         // chains of fused multiply-adds: with eight, their latency bounds the loop)
-        let wide = hd.is_multiple_of(32);
+        let cols32 = hd.is_multiple_of(32);
         let mut h0 = 0;
         while h0 < rep {
             let n = (rep - h0).min(4);
-            let heads: Heads = match (n, wide, q8) {
+            let heads: Heads = match (n, cols32, q8) {
                 (1, false, false) => avx2::accumulate_kv::<1, 2, false>,
                 (2, false, false) => avx2::accumulate_kv::<2, 2, false>,
                 (3, false, false) => avx2::accumulate_kv::<3, 2, false>,
