@@ -19,7 +19,7 @@
 //! `--trace FILE` writes JSON Lines: a header (`{"nextok_trace": 1, ...}`: model SHA-256,
 //! re-quantisation, prompt ids, parameters, pipeline and its hash, stop config, seeds, how many
 //! candidates each record keeps, and for a JSON schema its keyword report), then one
-//! [`StepRecord`] per step, sequence after sequence.
+//! [`StepRecord`](nextok_core::StepRecord) per step, sequence after sequence.
 //! `nextok replay FILE` re-runs that request on the same model and compares every record
 //! field by field; the first difference is named (step, sequence, field) and the exit status is
 //! non-zero. Logits are bit-identical across runs and thread counts of one build, not across

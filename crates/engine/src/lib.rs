@@ -8,7 +8,7 @@
 //!   [`RequestHandle`], or `generate` for the whole [`Completion`];
 //! * [`request`] — prompts (text, chat messages, ids), sampling parameters, the pipeline, the
 //!   constraint declared once, `n`, logprobs, step records, the ledger;
-//! * [`scheduler`](crate::scheduler) — admission under `max_num_seqs` and a KV budget, one
+//! * `scheduler` — admission under `max_num_seqs` and a KV budget, one
 //!   forward pass per iteration over every decoding sequence plus prompt chunks, the prefix
 //!   cache, forks for `n > 1`;
 //! * [`explain`] — one step explained (the ledger), from logits given as data or from the

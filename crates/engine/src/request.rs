@@ -106,8 +106,9 @@ pub struct RequestInfo {
     /// Speculative decoding, when the request asked for it.
     pub speculative: Option<crate::speculative::SpecOptions>,
     /// The compiled constraint, if any: for a JSON schema, its keyword report
-    /// ([`CompiledConstraint::schema_report`]) and the check of a finished output against the
-    /// full schema ([`CompiledConstraint::validate_output`]).
+    /// ([`CompiledConstraint::schema_report`](nextok_constraint::CompiledConstraint::schema_report))
+    /// and the check of a finished output against the full schema
+    /// ([`CompiledConstraint::validate_output`](nextok_constraint::CompiledConstraint::validate_output)).
     pub constraint: Option<std::sync::Arc<nextok_constraint::CompiledConstraint>>,
     /// The engine's KV cache type, which the request's logits depend on.
     pub kv_cache: nextok_model::KvCacheType,

@@ -399,7 +399,7 @@ const PAUSE_STEPS: usize = 8;
 const MAX_PAUSE_STEPS: usize = 128;
 
 impl Adaptive {
-    /// Starts at `max` tokens or [`FIRST_DRAFT`], whichever is shorter.
+    /// Starts at `max` tokens or the first draft's length, whichever is shorter.
     pub fn new(max: usize) -> Adaptive {
         Adaptive {
             max,

@@ -750,8 +750,8 @@ impl SeqKv {
         Ok(())
     }
 
-    /// The blocks [`prepare_write`](Self::prepare_write) would allocate to make `n` more
-    /// positions writable: the new ones, and a copy of each shared block among them.
+    /// The blocks that making `n` more positions writable would allocate: the new ones, and a
+    /// copy of each shared block among them.
     pub fn blocks_to_write(&self, n: usize) -> usize {
         if n == 0 {
             return 0;

@@ -11,7 +11,7 @@
 //!   batch-invariant, on nextok's own quantised kernels; optional re-quantisation to Q8_0;
 //! * [`arch`] — the families (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`): what each one's
 //!   metadata means for the shared forward pass;
-//! * [`file`] — a GGUF file parsed once for the weights, vocabulary, tokenizer and template;
+//! * [`file`](mod@file) — a GGUF file parsed once for the weights, vocabulary, tokenizer and template;
 //! * [`kv`] — the paged KV cache: blocks shared by forks and the prefix cache, copied on write;
 //! * [`Model`] — a loaded GGUF file: weights, its exact-bytes vocabulary, the tokenizer rebuilt
 //!   from GGUF metadata, the chat template, and the file's SHA-256;

@@ -4,7 +4,7 @@
 //! the Rust crates. [`pipeline`] builds pipelines (presets from OpenAI / vLLM parameter names,
 //! or pipeline JSON), [`vocab`] loads vocabularies, [`sampler`] steps logits rows (numpy
 //! `float32`, read without copying; batches with the GIL released), [`errors`] turns every
-//! typed Rust error into a Python exception naming its field, [`explain`] is
+//! typed Rust error into a Python exception naming its field, `explain` is
 //! `nextok explain`, and [`engine`] runs the engine behind `nextok.LLM`.
 
 #![warn(missing_docs)]
