@@ -105,8 +105,12 @@ pub(super) unsafe fn scores_kv<const G: usize, const Q8: bool>(
     assert!((G - 1) * stride + off + here <= sc.len());
     let qp = q.as_ptr();
     let scale = _mm256_set1_ps(scale);
+    // the run's memory, and its bytes per key (`q8_0`: the quants; their scales are an eighth
+    // as many bytes, left to the hardware prefetcher)
+    let (run, kb) = (k.bytes(), if Q8 { hd } else { 2 * hd });
     let mut p = 0;
     while p + 4 <= here {
+        super::prefetch_ahead(run, p * kb, 4 * kb);
         let mut acc = [[_mm256_setzero_ps(); 4]; G];
         let mut c = 0;
         while c < hd {
