@@ -412,15 +412,9 @@ const PREFETCH_AHEAD: usize = 8192;
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_ahead(run: &[u8], at: usize, n: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     let a = at + PREFETCH_AHEAD;
-    let end = (a + n).min(run.len());
-    let mut o = a;
-    while o < end {
-        // SAFETY: `o < run.len()`, so the address is inside `run`; a prefetch reads nothing
-        // architecturally and cannot fault.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(run.as_ptr().add(o).cast()) };
-        o += 64;
+    if a < run.len() {
+        prefetch(&run[a..(a + n).min(run.len())]);
     }
 }
 
