@@ -250,8 +250,8 @@ pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) -> [f64; 8] {
     let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     let n = c.len() / 64 * 64;
     let mut acc = _mm512_setzero_pd();
-    let mut i = 0;
-    while i < n {
+    let block = |i: usize| {
+        debug_assert!(i + 64 <= n);
         let f = c.as_ptr().cast::<f32>();
         // SAFETY: `i + 64 <= n <= c.len()`: `c[i..i + 64]` is 128 `f32`s (`Cand` is `repr(C)`
         // `(u32, f32)`, 8 bytes without padding) from `f.add(2 * i)`; the eight loads read them.
@@ -269,19 +269,34 @@ pub(super) fn cand_weights(c: &[Cand], m: f32, w: &mut [f32]) -> [f64; 8] {
             ]
         };
         let z16 = |a: __m512, b: __m512| _mm512_sub_ps(_mm512_permutex2var_ps(a, odd, b), vm);
-        let e = exp16x4([
+        exp16x4([
             z16(v[0], v[1]),
             z16(v[2], v[3]),
             z16(v[4], v[5]),
             z16(v[6], v[7]),
-        ]);
+        ])
+    };
+    // software pipelined as [`exp_blocks`]: a block's weights are stored and summed after the
+    // next block's are computed, so that the sequential lane sums never wait for the long `exp`
+    // chain of the block being computed
+    let mut consume = |i: usize, e: [__m512; 4]| {
         let q = w.as_mut_ptr();
         for (k, e) in e.iter().enumerate() {
             // SAFETY: `i + 64 <= c.len() <= w.len()`: the store writes `w[i + 16 k..][..16]`.
             unsafe { _mm512_storeu_ps(q.add(i + 16 * k), *e) };
             acc = add_lanes16(acc, *e);
         }
-        i += 64;
+    };
+    if n > 0 {
+        let mut prev = block(0);
+        let mut i = 64;
+        while i < n {
+            let e = block(i);
+            consume(i - 64, prev);
+            prev = e;
+            i += 64;
+        }
+        consume(n - 64, prev);
     }
     let mut lanes = [0.0f64; 8];
     // SAFETY: `lanes` is 8 `f64`s.

@@ -580,10 +580,13 @@ fn heavy_bucket(w: &[f32], total: f64, st: WalkState) -> Option<usize> {
     }
     let f = HEAVY_SAMPLE as f64;
     let (mut est, mut var) = (0.0f64, 0.0f64);
+    let needed = after * (1.0 + 1e-6);
     for b in (1..NB1).rev() {
         est += f * mass[b];
         var += f * (f - 1.0) * sq[b];
-        if est - 4.0 * var.sqrt() > after * (1.0 + 1e-6) {
+        // `est - 4 sd > needed`, squared (no square root per bucket)
+        let d = est - needed;
+        if d > 0.0 && d * d > 16.0 * var {
             return Some(b);
         }
     }
@@ -631,43 +634,22 @@ fn histogram<const N: usize>(w: &[f32], key: impl Fn(f32) -> usize) -> ([u32; N]
 
 /// Where the large-nucleus top-p cuts its collection: two processed logits below which, by an
 /// estimate, the tokens above them hold the mass `need` (in weights `exp(z - m)`), the first
-/// by a small margin, the second by a wide one. Blocks whose bound reaches a depth that few blocks reach are read whole, one of the
-/// other blocks in [`SAMPLE_STRIDE`] stands for the rest; the logits go into bins of 1/16 of a
-/// logit, and the cuts lie where the estimated mass, and the estimated mass minus three
-/// standard deviations of the sampling error, reach `need`. `-f32::MAX` (everything) when no such point
-/// is found. Only steers the search: the result is checked.
+/// by a small margin, the second by a wide one. Blocks whose bound reaches a depth that few
+/// blocks reach are read whole, one of the other blocks in [`SAMPLE_STRIDE`] stands for the
+/// rest; the logits go into bins of 1/16 of a logit, and the cuts lie where the estimated mass,
+/// and the estimated mass minus three standard deviations of the sampling error, reach `need`.
+/// `-f32::MAX` (everything) when no such point is found. Only steers the search: the result is
+/// checked.
 fn flat_cuts(buf: &[f32], bmax: &[f32], m: f32, need: f64) -> (f32, f32) {
     let nblocks = buf.len() / BLOCK;
-    // the deepest level (in steps of half a logit) that at most one block in SAMPLE_STRIDE
-    // reaches: those blocks are read whole
-    let mut full_lo = f32::INFINITY;
-    if bmax.len() >= nblocks {
-        // blocks by the depth of their bound below `m`, in half logits (64 and more together)
-        let mut depth = [0u32; 128];
-        let mut idx = [0u32; 256];
-        for c in bmax[..nblocks].chunks(256) {
-            for (o, &x) in idx.iter_mut().zip(c) {
-                *o = clamped_bin((m - x) * 2.0, 64);
-            }
-            for &i in &idx[..c.len()] {
-                depth[i as usize] += 1;
-            }
-        }
-        let cap = nblocks / SAMPLE_STRIDE;
-        let mut reach = 0usize;
-        for (i, &n) in depth[..64].iter().enumerate() {
-            // the blocks whose bound is at least `m - (i + 1) / 2`
-            reach += n as usize;
-            if reach > cap {
-                break;
-            }
-            full_lo = m - (i + 1) as f32 * 0.5;
-        }
-    }
-    // two histograms taking alternate tokens, so that runs of one bin (common on flat rows)
-    // do not chain every increment on the previous one
-    let mut full = [[0u32; CUT_BINS]; 2];
-    let mut samp = [[0u32; CUT_BINS]; 2];
+    let bounds = bmax.len() >= nblocks;
+    let full_lo = if bounds {
+        full_level(&bmax[..nblocks], m, nblocks / SAMPLE_STRIDE)
+    } else {
+        f32::INFINITY
+    };
+    let mut full = CutHistogram::new();
+    let mut samp = CutHistogram::new();
     let mut idx = [0u32; BLOCK];
     // `z <= m`, so `(m - z) 16 >= 0` (`+inf` for a masked token, which `min` keeps in the last
     // bin); the bins are computed for a whole block first, which vectorises
@@ -676,32 +658,41 @@ fn flat_cuts(buf: &[f32], bmax: &[f32], m: f32, need: f64) -> (f32, f32) {
             *o = clamped_bin((m - z) * 16.0, CUT_BINS as u32 - 1);
         }
     };
-    let add = |h: &mut [[u32; CUT_BINS]; 2], idx: &[u32]| {
-        for pair in idx.chunks(2) {
-            for (j, &b) in pair.iter().enumerate() {
-                h[j][b as usize] += 1;
+    let block = |b: usize| &buf[b * BLOCK..(b + 1) * BLOCK];
+    // the blocks read whole: those whose bound reaches `full_lo` (none without bounds), found
+    // 16 bounds at a time by a mask
+    let mut nfull = 0usize;
+    if full_lo.is_finite() {
+        for (c, chunk) in bmax[..nblocks].chunks(16).enumerate() {
+            let mut bits = 0u32;
+            for (j, &x) in chunk.iter().enumerate() {
+                bits |= ((x >= full_lo) as u32) << j;
             }
-        }
-    };
-    let (mut other, mut sampled) = (0usize, 0usize);
-    for (b, block) in buf[..nblocks * BLOCK].chunks_exact(BLOCK).enumerate() {
-        if bmax.get(b).is_some_and(|&x| x >= full_lo) {
-            bins(block, &mut idx);
-            add(&mut full, &idx);
-        } else {
-            other += 1;
-            if b % SAMPLE_STRIDE == SAMPLE_STRIDE / 2 {
-                sampled += 1;
-                bins(block, &mut idx);
-                add(&mut samp, &idx);
+            nfull += bits.count_ones() as usize;
+            while bits != 0 {
+                let b = c * 16 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                bins(block(b), &mut idx);
+                full.add(&idx);
             }
         }
     }
+    // one block in SAMPLE_STRIDE of the others
+    let mut sampled = 0usize;
+    for b in (SAMPLE_STRIDE / 2..nblocks).step_by(SAMPLE_STRIDE) {
+        if bounds && bmax[b] >= full_lo {
+            continue;
+        }
+        sampled += 1;
+        bins(block(b), &mut idx);
+        samp.add(&idx);
+    }
     let tail = &buf[nblocks * BLOCK..];
     bins(tail, &mut idx);
-    add(&mut full, &idx[..tail.len()]);
-    let full: [u32; CUT_BINS] = std::array::from_fn(|b| full[0][b] + full[1][b]);
-    let samp: [u32; CUT_BINS] = std::array::from_fn(|b| samp[0][b] + samp[1][b]);
+    full.add(&idx[..tail.len()]);
+    let full = full.counts();
+    let samp = samp.counts();
+    let other = nblocks - nfull;
     let f = if sampled > 0 {
         other as f64 / sampled as f64
     } else {
@@ -709,26 +700,94 @@ fn flat_cuts(buf: &[f32], bmax: &[f32], m: f32, need: f64) -> (f32, f32) {
     };
     // the weight at the middle of bin b is exp(-(b + 1/2) / 16)
     const STEP: f64 = 0.939_413_062_813_475_8; // exp(-1/16)
-    let mut wc = 0.969_233_234_476_344_1; // exp(-1/32)
+    const MID: f64 = 0.969_233_234_476_344_1; // exp(-1/32)
+    let mut wc = MID;
     let (mut cum, mut var) = (0.0f64, 0.0f64);
     let mut first = None;
     for b in 0..CUT_BINS - 1 {
         let ns = samp[b] as f64;
         cum += (full[b] as f64 + f * ns) * wc;
         var += f * (f - 1.0) * ns * wc * wc;
-        let sd = var.sqrt();
         let edge = m - (b + 1) as f32 / 16.0;
-        if first.is_none() && cum >= need {
-            first = Some(edge);
-        }
-        if cum - 3.0 * sd >= need {
-            return (first.unwrap_or(edge), edge);
+        // `cum - 3 sd >= need`, squared (no square root per bin)
+        let d = cum - need;
+        if d >= 0.0 {
+            if first.is_none() {
+                first = Some(edge);
+            }
+            if d * d >= 9.0 * var {
+                return (first.unwrap_or(edge), edge);
+            }
         }
         wc *= STEP;
     }
     match first {
         Some(lo) => (lo, lo - 1.0),
         None => (-f32::MAX, -f32::MAX),
+    }
+}
+
+/// The level above which [`flat_cuts`] reads blocks whole: the deepest `m - (i + 1) / 2`
+/// (`i < 64`, in half logits) that at most `cap` blocks' bounds reach; `+inf` when even the
+/// first is reached by more. The blocks are counted by the depth of their bound below `m` in
+/// four interleaved histograms, so that runs of one depth do not chain every increment.
+fn full_level(bmax: &[f32], m: f32, cap: usize) -> f32 {
+    const DEPTHS: usize = 128;
+    let mut depth = [[0u32; DEPTHS]; 4];
+    let mut idx = [0u32; 256];
+    for c in bmax.chunks(256) {
+        for (o, &x) in idx.iter_mut().zip(c) {
+            *o = clamped_bin((m - x) * 2.0, 64);
+        }
+        let quads = c.len() / 4 * 4;
+        for q in idx[..quads].chunks_exact(4) {
+            for (h, &i) in depth.iter_mut().zip(q) {
+                h[i as usize % DEPTHS] += 1;
+            }
+        }
+        for &i in &idx[quads..c.len()] {
+            depth[0][i as usize % DEPTHS] += 1;
+        }
+    }
+    let mut full_lo = f32::INFINITY;
+    let mut reach = 0usize;
+    for i in 0..64 {
+        // the blocks whose bound is at least `m - (i + 1) / 2`
+        reach += depth.iter().map(|h| h[i] as usize).sum::<usize>();
+        if reach > cap {
+            break;
+        }
+        full_lo = m - (i + 1) as f32 * 0.5;
+    }
+    full_lo
+}
+
+/// Token counts by [`flat_cuts`]'s bins, in four interleaved histograms (runs of one bin, common
+/// on flat rows, then do not chain every increment on the previous one).
+struct CutHistogram([[u32; CUT_BINS]; 4]);
+
+impl CutHistogram {
+    fn new() -> CutHistogram {
+        CutHistogram([[0; CUT_BINS]; 4])
+    }
+
+    /// Counts the bins `idx` (each below [`CUT_BINS`]).
+    #[inline(always)]
+    fn add(&mut self, idx: &[u32]) {
+        let quads = idx.len() / 4 * 4;
+        for q in idx[..quads].chunks_exact(4) {
+            for (h, &b) in self.0.iter_mut().zip(q) {
+                h[b as usize % CUT_BINS] += 1;
+            }
+        }
+        for &b in &idx[quads..] {
+            self.0[0][b as usize % CUT_BINS] += 1;
+        }
+    }
+
+    /// The counts by bin.
+    fn counts(&self) -> [u32; CUT_BINS] {
+        std::array::from_fn(|b| self.0.iter().map(|h| h[b]).sum())
     }
 }
 
