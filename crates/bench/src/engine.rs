@@ -48,7 +48,6 @@ use std::time::Instant;
 
 use nextok_constraint::ConstraintSpec;
 use nextok_core::SamplingParams;
-use nextok_engine::solo::{run_sequence, SoloOptions};
 use nextok_engine::{Engine, EngineConfig, Event, GenerateRequest, Prompt};
 use nextok_model::{KvCacheType, KvGeometry, KvPool, LogitsSource, Model, ModelSource, Requant};
 use serde::Serialize;
@@ -136,21 +135,9 @@ fn through_loop(
     let mut src = source(model, kv)?;
     let row = src.prefill(&p.info.prompt_ids).map_err(|e| e.to_string())?;
     let t = Instant::now();
-    let out = run_sequence(
-        model,
-        &p.sampler,
-        src,
-        &p.info.prompt_ids,
-        row,
-        p.info.seeds[0],
-        &SoloOptions {
-            record: None,
-            constraint: p.constraint.clone(),
-            overlap,
-            speculative: None,
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    let out = p
+        .run_prefilled(model, src, row, &p.solo_options(None, overlap, None))
+        .map_err(|e| e.to_string())?;
     Ok((out.tokens.len(), t.elapsed().as_secs_f64()))
 }
 

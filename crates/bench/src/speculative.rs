@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use nextok_core::SamplingParams;
-use nextok_engine::solo::{run_sequence, run_sequence_drafted, SoloOptions, SoloOutput};
+use nextok_engine::solo::{run_sequence_drafted, SoloOutput};
 use nextok_engine::speculative::{Acceptance, ModelDrafter, SpecOptions};
 use nextok_engine::{ConstraintSpec, Engine, EngineConfig, GenerateRequest, Prompt};
 use nextok_model::{LogitsSource, Model, Requant};
@@ -127,16 +127,11 @@ fn once(
     let p = engine.prepare(req).map_err(|e| e.to_string())?;
     let mut src = model.source();
     let row = src.prefill(&p.info.prompt_ids).map_err(|e| e.to_string())?;
-    let o = SoloOptions {
-        record: None,
-        constraint: p.constraint.clone(),
-        overlap: true,
-        speculative: spec,
-    };
-    let (prompt, seed) = (&p.info.prompt_ids, p.info.seeds[0]);
+    let o = p.solo_options(None, true, spec);
     match (draft, spec) {
         (Some(d), Some(spec)) => {
             let mut drafter = ModelDrafter::new(d, model).map_err(|e| e.to_string())?;
+            let (prompt, seed) = (&p.info.prompt_ids, p.info.seeds[0]);
             run_sequence_drafted(
                 model,
                 &p.sampler,
@@ -149,7 +144,7 @@ fn once(
                 &mut drafter,
             )
         }
-        _ => run_sequence(model, &p.sampler, src, prompt, row, seed, &o),
+        _ => p.run_prefilled(model, src, row, &o),
     }
     .map_err(|e| e.to_string())
 }

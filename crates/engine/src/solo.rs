@@ -65,6 +65,46 @@ pub struct SoloOutput {
     pub spec: SpecStats,
 }
 
+impl crate::Prepared {
+    /// The loop's options for this request: its constraint, and `record`, `overlap` and
+    /// `speculative` as given.
+    pub fn solo_options(
+        &self,
+        record: Option<usize>,
+        overlap: bool,
+        speculative: Option<SpecOptions>,
+    ) -> SoloOptions {
+        SoloOptions {
+            record,
+            constraint: self.constraint.clone(),
+            overlap,
+            speculative,
+        }
+    }
+
+    /// Runs this request through the one-sequence loop ([`run_sequence`]) with its compiled
+    /// pipeline, prompt and first seed: `src` has been fed the prompt, and `first_row` is the
+    /// logits row that gave (as [`LogitsSource::prefill`] returns it).
+    pub fn run_prefilled<S: LogitsSource + Send>(
+        &self,
+        model: &Model,
+        src: S,
+        first_row: Vec<f32>,
+        o: &SoloOptions,
+    ) -> Result<SoloOutput> {
+        let seed = self.info.seeds[0];
+        run_sequence(
+            model,
+            &self.sampler,
+            src,
+            &self.info.prompt_ids,
+            first_row,
+            seed,
+            o,
+        )
+    }
+}
+
 /// Decodes one sequence from `first_row` (the logits after `prompt`, already fed to `src`)
 /// until it finishes.
 pub fn run_sequence<S: LogitsSource + Send>(

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use nextok_core::SamplingParams;
-use nextok_engine::solo::{run_sequence, SoloOptions, SoloOutput};
+use nextok_engine::solo::{SoloOptions, SoloOutput};
 use nextok_engine::speculative::{Acceptance, SpecOptions};
 use nextok_engine::{
     ConstraintSpec, Engine, EngineConfig, GenerateRequest, PipelineChoice, Prompt,
@@ -50,21 +50,8 @@ fn run_on<S: LogitsSource + Send>(
 ) -> SoloOutput {
     let p = engine.prepare(req).expect("request prepares");
     let row = src.prefill(&p.info.prompt_ids).expect("prefill");
-    run_sequence(
-        model,
-        &p.sampler,
-        src,
-        &p.info.prompt_ids,
-        row,
-        p.info.seeds[0],
-        &SoloOptions {
-            record: Some(4),
-            constraint: p.constraint.clone(),
-            overlap: false,
-            speculative: spec,
-        },
-    )
-    .expect("decodes")
+    p.run_prefilled(model, src, row, &p.solo_options(Some(4), false, spec))
+        .expect("decodes")
 }
 
 fn same(engine: &Engine, model: &Model, req: &GenerateRequest, what: &str) -> SoloOutput {
