@@ -648,8 +648,8 @@ fn flat_cuts(buf: &[f32], bmax: &[f32], m: f32, need: f64) -> (f32, f32) {
     } else {
         f32::INFINITY
     };
-    let mut full = CutHistogram::new();
-    let mut samp = CutHistogram::new();
+    let mut full = Counts::<CUT_BINS>::new();
+    let mut samp = Counts::<CUT_BINS>::new();
     let mut idx = [0u32; BLOCK];
     // `z <= m`, so `(m - z) 16 >= 0` (`+inf` for a masked token, which `min` keeps in the last
     // bin); the bins are computed for a whole block first, which vectorises
@@ -700,8 +700,7 @@ fn flat_cuts(buf: &[f32], bmax: &[f32], m: f32, need: f64) -> (f32, f32) {
     };
     // the weight at the middle of bin b is exp(-(b + 1/2) / 16)
     const STEP: f64 = 0.939_413_062_813_475_8; // exp(-1/16)
-    const MID: f64 = 0.969_233_234_476_344_1; // exp(-1/32)
-    let mut wc = MID;
+    let mut wc = 0.969_233_234_476_344_1; // exp(-1/32)
     let (mut cum, mut var) = (0.0f64, 0.0f64);
     let mut first = None;
     for b in 0..CUT_BINS - 1 {
@@ -729,31 +728,22 @@ fn flat_cuts(buf: &[f32], bmax: &[f32], m: f32, need: f64) -> (f32, f32) {
 
 /// The level above which [`flat_cuts`] reads blocks whole: the deepest `m - (i + 1) / 2`
 /// (`i < 64`, in half logits) that at most `cap` blocks' bounds reach; `+inf` when even the
-/// first is reached by more. The blocks are counted by the depth of their bound below `m` in
-/// four interleaved histograms, so that runs of one depth do not chain every increment.
+/// first is reached by more, the blocks counted by the depth of their bound below `m`.
 fn full_level(bmax: &[f32], m: f32, cap: usize) -> f32 {
-    const DEPTHS: usize = 128;
-    let mut depth = [[0u32; DEPTHS]; 4];
+    let mut depth = Counts::<128>::new();
     let mut idx = [0u32; 256];
     for c in bmax.chunks(256) {
         for (o, &x) in idx.iter_mut().zip(c) {
             *o = clamped_bin((m - x) * 2.0, 64);
         }
-        let quads = c.len() / 4 * 4;
-        for q in idx[..quads].chunks_exact(4) {
-            for (h, &i) in depth.iter_mut().zip(q) {
-                h[i as usize % DEPTHS] += 1;
-            }
-        }
-        for &i in &idx[quads..c.len()] {
-            depth[0][i as usize % DEPTHS] += 1;
-        }
+        depth.add(&idx[..c.len()]);
     }
+    let depth = depth.counts();
     let mut full_lo = f32::INFINITY;
     let mut reach = 0usize;
-    for i in 0..64 {
+    for (i, &n) in depth[..64].iter().enumerate() {
         // the blocks whose bound is at least `m - (i + 1) / 2`
-        reach += depth.iter().map(|h| h[i] as usize).sum::<usize>();
+        reach += n as usize;
         if reach > cap {
             break;
         }
@@ -762,31 +752,31 @@ fn full_level(bmax: &[f32], m: f32, cap: usize) -> f32 {
     full_lo
 }
 
-/// Token counts by [`flat_cuts`]'s bins, in four interleaved histograms (runs of one bin, common
-/// on flat rows, then do not chain every increment on the previous one).
-struct CutHistogram([[u32; CUT_BINS]; 4]);
+/// Counts of values below `N` (bins), in four interleaved histograms: runs of one bin, common
+/// on flat rows, then do not chain every increment on the previous one.
+struct Counts<const N: usize>([[u32; N]; 4]);
 
-impl CutHistogram {
-    fn new() -> CutHistogram {
-        CutHistogram([[0; CUT_BINS]; 4])
+impl<const N: usize> Counts<N> {
+    fn new() -> Self {
+        Counts([[0; N]; 4])
     }
 
-    /// Counts the bins `idx` (each below [`CUT_BINS`]).
+    /// Counts the bins `idx` (each below `N`).
     #[inline(always)]
     fn add(&mut self, idx: &[u32]) {
         let quads = idx.len() / 4 * 4;
         for q in idx[..quads].chunks_exact(4) {
             for (h, &b) in self.0.iter_mut().zip(q) {
-                h[b as usize % CUT_BINS] += 1;
+                h[b as usize % N] += 1;
             }
         }
         for &b in &idx[quads..] {
-            self.0[0][b as usize % CUT_BINS] += 1;
+            self.0[0][b as usize % N] += 1;
         }
     }
 
     /// The counts by bin.
-    fn counts(&self) -> [u32; CUT_BINS] {
+    fn counts(&self) -> [u32; N] {
         std::array::from_fn(|b| self.0.iter().map(|h| h[b]).sum())
     }
 }
