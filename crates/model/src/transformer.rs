@@ -1082,9 +1082,18 @@ fn values_run(
 ) {
     let len = keys.len();
     for_runs(kv, layer, (1, c), g, keys, cols, &mut |v, here, off| {
+        // the run's memory (`q8_0`: the quants, the scales left to the hardware prefetcher)
+        let run = v.bytes();
+        let per_position = run.len() / here.max(1);
         let mut p = 0;
         while p < here {
             let e = (p + VALUES_PIECE).min(here);
+            attn::prefetch_ahead(
+                run,
+                p * per_position,
+                (e - p) * per_position,
+                attn::VALUES_AHEAD,
+            );
             let piece = v.positions(p, e, cols);
             attn::accumulate_kv(level, weights, len, off + p, piece, cols, e - p, cols, acc);
             p = e;
@@ -1098,7 +1107,7 @@ type RunFn<'a> = dyn FnMut(KvRun<'_>, usize, usize) + 'a;
 
 /// The keys (`part` `(0, 0)`) or a column group `c` of the values (`(1, c)`) of key/value head
 /// `g` in `layer` at the positions `keys` (`cols` values each), a run of blocks that follow one
-/// another in memory at a time.
+/// another in memory at a time; the start of each run is asked for into L2 before `f` reads it.
 fn for_runs(
     kv: &SeqKv,
     layer: usize,
@@ -1118,11 +1127,17 @@ fn for_runs(
         let start = b * BLOCK_POSITIONS;
         let lo = keys.start.max(start);
         let hi = keys.end.min(start + nb * BLOCK_POSITIONS);
-        f(
-            run.positions(lo - start, hi - start, cols),
-            hi - lo,
-            lo - keys.start,
-        );
+        let here = run.positions(lo - start, hi - start, cols);
+        // the start of the run, which the kernels' own requests `ahead` bytes ahead skip: the
+        // CPU's prefetchers take a while to follow a new run
+        let ahead = if part == 0 {
+            attn::KEYS_AHEAD
+        } else {
+            attn::VALUES_AHEAD
+        };
+        let bytes = here.bytes();
+        attn::prefetch_l2(&bytes[..ahead.min(bytes.len())]);
+        f(here, hi - lo, lo - keys.start);
         b += nb;
     }
 }

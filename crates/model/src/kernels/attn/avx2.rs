@@ -110,7 +110,7 @@ pub(super) unsafe fn scores_kv<const G: usize, const Q8: bool>(
     let (run, kb) = (k.bytes(), if Q8 { hd } else { 2 * hd });
     let mut p = 0;
     while p + 4 <= here {
-        super::prefetch_ahead(run, p * kb, 4 * kb);
+        super::prefetch_ahead(run, p * kb, 4 * kb, super::KEYS_AHEAD);
         let mut acc = [[_mm256_setzero_ps(); 4]; G];
         let mut c = 0;
         while c < hd {

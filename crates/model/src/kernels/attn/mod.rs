@@ -400,22 +400,33 @@ mod avx2;
 mod avx512;
 
 /// How far ahead (in bytes of a run of the cache) the AVX2 keys kernel of a decode step asks
-/// for the memory it will read. On a long context the cache comes from memory, and with the
-/// hardware prefetcher alone the kernels read it at about half the rate a thread can; asking
-/// 8 KiB ahead made decode after a 1,901-token prompt 3–6 % faster on Zen 4, where the same
-/// for the values gained nothing (docs/performance.md, "Attention's keys kernel prefetches its
-/// run of the cache").
-const PREFETCH_AHEAD: usize = 8192;
+/// for the memory it will read, into the core's L2 cache. On a long context the cache comes
+/// from memory, and with the hardware prefetcher alone the kernels read it at about half the
+/// rate a thread can (docs/performance.md, "Attention's keys kernel prefetches its run of the
+/// cache", and "The cache's runs asked for into L2").
+pub const KEYS_AHEAD: usize = 8192;
 
-/// Asks the CPU for the lines of `run[at + PREFETCH_AHEAD..][..n]` that lie inside `run` (a
-/// hint: no effect on results).
-#[cfg(target_arch = "x86_64")]
+/// How far ahead the values of a decode step are asked for ([`prefetch_ahead`], from the
+/// values' loop of the forward pass): a run of values is read a 64-byte line per position, so
+/// this is as many positions ahead as [`KEYS_AHEAD`] is for the keys' 128.
+pub const VALUES_AHEAD: usize = 4096;
+
+/// Asks the CPU to bring the lines of `run[at + ahead..][..n]` that lie inside `run` into the
+/// core's L2 cache (a hint: no effect on results).
 #[inline(always)]
-fn prefetch_ahead(run: &[u8], at: usize, n: usize) {
-    let a = at + PREFETCH_AHEAD;
+pub fn prefetch_ahead(run: &[u8], at: usize, n: usize, ahead: usize) {
+    let a = at + ahead;
     if a < run.len() {
-        prefetch(&run[a..(a + n).min(run.len())]);
+        prefetch_l2(&run[a..(a + n).min(run.len())]);
     }
+}
+
+/// Asks the CPU to bring `x` into the core's L2 cache ahead of its use (a hint; no effect on
+/// results). A decode step's runs of the cache: asked for into L1 (as [`prefetch`] does) at the
+/// same distances, the values were slower than with no hint at all, into L2 faster.
+#[inline]
+pub fn prefetch_l2<T>(x: &[T]) {
+    prefetch_lines::<true, T>(x);
 }
 
 /// Asks the CPU to bring `x` into the cache ahead of its use (a hint; no effect on results).
@@ -424,16 +435,28 @@ fn prefetch_ahead(run: &[u8], at: usize, n: usize) {
 /// prefetcher to follow.
 #[inline]
 pub fn prefetch<T>(x: &[T]) {
+    prefetch_lines::<false, T>(x);
+}
+
+/// A prefetch of every 64-byte line of `x`, into L2 (`L2`) or into every level.
+#[inline(always)]
+fn prefetch_lines<const L2: bool, T>(x: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
         let p = x.as_ptr().cast::<i8>();
         let bytes = std::mem::size_of_val(x);
         let mut o = 0;
         while o < bytes {
             // SAFETY: `o < bytes`, so the address is inside `x`; a prefetch reads nothing
             // architecturally and cannot fault.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(o)) };
+            unsafe {
+                if L2 {
+                    _mm_prefetch::<_MM_HINT_T1>(p.add(o));
+                } else {
+                    _mm_prefetch::<_MM_HINT_T0>(p.add(o));
+                }
+            }
             o += 64;
         }
     }
