@@ -1158,7 +1158,8 @@ fn block_span(b: usize, keys: &std::ops::Range<usize>) -> (usize, usize, usize) 
     )
 }
 
-/// Positions of values [`attend_one`] gives the kernel at a time (4 KiB of a 64-wide head).
+/// Positions of values [`attend_one`] gives the kernel at a time (2 KiB of a column group of
+/// 32 `f16` values).
 const VALUES_PIECE: usize = 32;
 
 /// Rows of one sequence (a prompt's) that attend in one task at most, sharing each block of

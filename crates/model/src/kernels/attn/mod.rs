@@ -404,17 +404,17 @@ mod avx512;
 /// from memory, and with the hardware prefetcher alone the kernels read it at about half the
 /// rate a thread can (docs/performance.md, "Attention's keys kernel prefetches its run of the
 /// cache", and "The cache's runs asked for into L2").
-pub const KEYS_AHEAD: usize = 8192;
+pub(crate) const KEYS_AHEAD: usize = 8192;
 
 /// How far ahead the values of a decode step are asked for ([`prefetch_ahead`], from the
 /// values' loop of the forward pass): a run of values is read a 64-byte line per position, so
 /// this is as many positions ahead as [`KEYS_AHEAD`] is for the keys' 128.
-pub const VALUES_AHEAD: usize = 4096;
+pub(crate) const VALUES_AHEAD: usize = 4096;
 
 /// Asks the CPU to bring the lines of `run[at + ahead..][..n]` that lie inside `run` into the
 /// core's L2 cache (a hint: no effect on results).
 #[inline(always)]
-pub fn prefetch_ahead(run: &[u8], at: usize, n: usize, ahead: usize) {
+pub(crate) fn prefetch_ahead(run: &[u8], at: usize, n: usize, ahead: usize) {
     let a = at + ahead;
     if a < run.len() {
         prefetch_l2(&run[a..(a + n).min(run.len())]);
@@ -425,7 +425,7 @@ pub fn prefetch_ahead(run: &[u8], at: usize, n: usize, ahead: usize) {
 /// results). A decode step's runs of the cache: asked for into L1 (as [`prefetch`] does) at the
 /// same distances, the values were slower than with no hint at all, into L2 faster.
 #[inline]
-pub fn prefetch_l2<T>(x: &[T]) {
+pub(crate) fn prefetch_l2<T>(x: &[T]) {
     prefetch_lines::<true, T>(x);
 }
 
