@@ -25,7 +25,11 @@
 //!   decode);
 //! * the prefix cache (a repeated 500-token prompt's time to first token) and single-stream
 //!   decode at positions 50 and 1800, back to back in each repetition (1800 first in odd ones):
-//!   their ratio is the median of the repetitions' ratios, with their spread.
+//!   their ratio is the median of the repetitions' ratios, with their spread. Only attention's
+//!   work grows between the two, so the report also gives the extra bytes of KV cache a step
+//!   reads at 1,800, the rate they came in at (those bytes over the extra time of a step), the
+//!   rate 0.8× the speed at 50 would need, and what a plain read of memory reaches on this
+//!   machine, measured before the run (`memory.rs`).
 //!
 //! `--llama-cpp` pairs llama.cpp with nextok on the same GGUF file (for Q8_0, on the copy
 //! `llama-quantize` makes: the tools and that copy come from `bench/peers/llama_cpp.sh`, which
@@ -254,7 +258,23 @@ struct Quant {
     decode_1800_over_50: f64,
     /// The smallest and largest of those ratios.
     decode_1800_over_50_spread: [f64; 2],
+    /// What the step at 1,800 reads beyond the step at 50, and how fast.
+    decode_1800_cache: DeepCache,
     levels: Vec<Level>,
+}
+
+/// The KV cache a decode step at position 1,800 reads beyond one at position 50 (only
+/// attention's work grows between the two), and the rate at which those bytes come in: the
+/// extra bytes over the extra time of a step, set beside [`Report::memory_read_gbs`].
+#[derive(Serialize, Clone, Copy)]
+struct DeepCache {
+    /// Millions of bytes more a step reads (the mean over the 64 steps of each).
+    extra_mb_per_step: f64,
+    /// The median over the pairs of those bytes over the extra time, in GB/s (`None` when no
+    /// pair was slower at 1,800).
+    read_gbs: Option<f64>,
+    /// The median over the pairs of the rate at which 1,800 would run at 0.8× the speed at 50.
+    read_gbs_for_0_8: f64,
 }
 
 /// One row of the llama.cpp comparison: `pairs` pairs of one measurement by each engine.
@@ -344,6 +364,9 @@ struct Report {
     max_batch_tokens: usize,
     prefill_chunk_tokens: usize,
     itl_target_ms: u64,
+    /// GB/s a plain read of a 256 MiB buffer reached before the run: on one thread, and on
+    /// `threads` (the fastest of eight passes).
+    memory_read_gbs: [f64; 2],
     quants: Vec<Quant>,
     llama_cpp: Option<LlamaCppReport>,
 }
@@ -622,6 +645,12 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             eprintln!("bench engine: warning: load average {load:.2} on {cpus} CPUs: llama.cpp's numbers (its threads spin) will be low and noisy, and the ratios with them");
         }
     }
+    // the machine's memory, read plainly, before the models take it
+    let memory_read_gbs = [crate::memory::read_gbs(1), crate::memory::read_gbs(threads)];
+    eprintln!(
+        "bench engine: a plain read of memory: {:.1} GB/s on one thread, {:.1} on {threads}",
+        memory_read_gbs[0], memory_read_gbs[1]
+    );
     let mut paired = Vec::new();
     let levels: Vec<usize> = if args.concurrency.is_empty() {
         vec![1, 4, 16, 64]
@@ -710,6 +739,23 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         };
         let (mut at50, mut at1800) = (0f64, 0f64);
         let mut deep_ratios = Vec::with_capacity(args.reps.max(1));
+        // the cache a step reads at each of the two (64 steps from the prompt's end), and per
+        // pair the rate the extra bytes at 1,800 came in at, and the rate 0.8× would need
+        let windows: Vec<Option<usize>> = model
+            .weights
+            .config
+            .layers
+            .iter()
+            .map(|l| l.window)
+            .collect();
+        let per_position = KvGeometry {
+            dtype: args.kv_cache_type,
+            ..model.weights.kv_geometry()
+        }
+        .bytes_per_position();
+        let extra_bytes = crate::memory::cache_bytes_per_step(&windows, per_position, 1800, 64)
+            - crate::memory::cache_bytes_per_step(&windows, per_position, 50, 64);
+        let (mut cache_gbs, mut gbs_for_0_8) = (Vec::new(), Vec::new());
         for rep in 0..args.reps.max(1) {
             let (near, far) = if rep % 2 == 0 {
                 let near = at(50)?;
@@ -721,8 +767,18 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             at50 = at50.max(near);
             at1800 = at1800.max(far);
             deep_ratios.push(far / near);
+            let extra_s = 1.0 / far - 1.0 / near;
+            if extra_s > 0.0 {
+                cache_gbs.push(extra_bytes / extra_s / 1e9);
+            }
+            gbs_for_0_8.push(extra_bytes / (0.25 / near) / 1e9);
         }
         let (deep_ratio, deep_spread) = median_spread(&deep_ratios);
+        let deep_cache = DeepCache {
+            extra_mb_per_step: extra_bytes / 1e6,
+            read_gbs: (!cache_gbs.is_empty()).then(|| median(&mut cache_gbs)),
+            read_gbs_for_0_8: median(&mut gbs_for_0_8),
+        };
         // decode alone, batched: 16 streams together, against one such stream alone
         let mut decode16 = 0f64;
         for _ in 0..args.reps.max(1) {
@@ -779,6 +835,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             decode_at_1800_tokens_per_s: at1800,
             decode_1800_over_50: deep_ratio,
             decode_1800_over_50_spread: deep_spread,
+            decode_1800_cache: deep_cache,
             quant: quant.to_string(),
             baseline_requests: nb,
             baseline_tokens: base_tokens,
@@ -837,6 +894,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         max_batch_tokens: config.max_batch_tokens,
         prefill_chunk_tokens: config.prefill_chunk_tokens,
         itl_target_ms: config.itl_target_ms,
+        memory_read_gbs,
         quants,
         llama_cpp: peer.as_ref().map(|(_, q8_file)| LlamaCppReport {
             build_commit,
@@ -909,6 +967,16 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             q.decode_1800_over_50_spread[0],
             q.decode_1800_over_50_spread[1],
             q.engine_over_solo_pairs
+        );
+        let c = q.decode_1800_cache;
+        outln!(
+            "decode at 1800 reads {:.1} MB more of the cache a step than at 50: at {} (0.8x the speed at 50 needs {:.1} GB/s; a plain read of memory here: {:.1} GB/s on one thread, {:.1} on {})",
+            c.extra_mb_per_step,
+            c.read_gbs.map_or("no extra time".to_string(), |g| format!("{g:.1} GB/s")),
+            c.read_gbs_for_0_8,
+            report.memory_read_gbs[0],
+            report.memory_read_gbs[1],
+            report.threads
         );
         outln!("| concurrency | requests | output tokens | tokens/s | × baseline | requests/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |");
         outln!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");

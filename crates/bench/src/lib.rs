@@ -39,6 +39,7 @@ mod engine;
 pub mod fixtures;
 mod llama_peer;
 mod llama_tools;
+mod memory;
 mod sampler;
 mod speculative;
 
