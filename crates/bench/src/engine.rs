@@ -646,7 +646,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         }
     }
     // the machine's memory, read plainly, before the models take it
-    let memory_read_gbs = [crate::memory::read_gbs(1), crate::memory::read_gbs(threads)];
+    let memory_read_gbs = crate::memory::read_gbs(threads);
     eprintln!(
         "bench engine: a plain read of memory: {:.1} GB/s on one thread, {:.1} on {threads}",
         memory_read_gbs[0], memory_read_gbs[1]
