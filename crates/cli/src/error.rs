@@ -14,6 +14,9 @@ type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub(crate) struct CliError {
     message: String,
     source: Option<Source>,
+    /// Already reported on standard output (`replay --json`): exit with status 1 and print
+    /// nothing more.
+    silent: bool,
 }
 
 impl CliError {
@@ -25,7 +28,22 @@ impl CliError {
         CliError {
             message: format!("{prefix}: {e}"),
             source: Some(Box::new(e)),
+            silent: false,
         }
+    }
+
+    /// A failure the command has already reported as data: exit status 1, no `error:` line.
+    pub(crate) fn silent() -> CliError {
+        CliError {
+            message: String::new(),
+            source: None,
+            silent: true,
+        }
+    }
+
+    /// Whether the failure was already reported ([`CliError::silent`]).
+    pub(crate) fn is_silent(&self) -> bool {
+        self.silent
     }
 
     /// The message, as printed after `error: `.
@@ -64,6 +82,7 @@ impl From<String> for CliError {
         CliError {
             message,
             source: None,
+            silent: false,
         }
     }
 }
@@ -82,6 +101,7 @@ macro_rules! from_library_error {
                 CliError {
                     message: e.to_string(),
                     source: Some(Box::new(e)),
+                    silent: false,
                 }
             }
         }

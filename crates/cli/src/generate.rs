@@ -244,6 +244,12 @@ pub struct GenerateArgs {
     /// Candidates kept in each trace record.
     #[arg(long, default_value_t = 8)]
     pub trace_candidates: usize,
+    /// With --trace: store every step's raw logits in its record, compressed (about 3 bytes a
+    /// vocabulary entry a step: ~150 KB a step for a 49,152-token vocabulary, against a few
+    /// KB without), so `nextok replay --sampler-only` checks the sampler, the constraint and
+    /// the stop conditions without the model, on any build whose sampler numerics match.
+    #[arg(long, requires = "trace")]
+    pub trace_logits: bool,
     /// Beam search with this many hypotheses. Each hypothesis runs the pipeline with its own
     /// state (masks, penalties, constraint, stop conditions); scores are processed-layer
     /// logprobs, and only tokens in the final support (after top-k/top-p/min-p) are proposed.
@@ -295,6 +301,17 @@ pub struct ReplayArgs {
     /// the recorded one).
     #[arg(long)]
     pub draft_model: Option<PathBuf>,
+    /// Replay the sampler alone: feed every step's stored raw logits (a trace recorded with
+    /// `--trace-logits`) through the pipeline, the constraint and the stop conditions, without
+    /// running the model; needs only the sampler's numerics to be the trace's.
+    #[arg(long)]
+    pub sampler_only: bool,
+    /// Print the outcome as one JSON object on standard output: `{"ok": true, "steps", …}`,
+    /// the first divergence (`sequence`, `step`, `line`, `field`, `recorded`, `now`), or the
+    /// numerics refusal (`recorded` and `now` version and numerics). The exit status is 1 when
+    /// `ok` is false.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// An engine over `model`, with the draft model at `draft` when one is given.
@@ -462,6 +479,7 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), CliError> {
                 layer: a.logprob_layer.into(),
             }),
             records: record,
+            trace_logits: a.trace_logits,
             ledger_step: a.ledger,
             speculative: speculative(a.speculative.as_deref(), &a.spec_acceptance)?,
         },
@@ -555,7 +573,8 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         &source,
         a.trace_candidates.max(a.logprobs.unwrap_or(0)),
     )
-    .with_draft_model(engine.draft_model().map(|d| &**d));
+    .with_draft_model(engine.draft_model().map(|d| &**d))
+    .with_raw_logits(a.trace_logits);
     let mut trace = match &a.trace {
         Some(p) => {
             let f =
@@ -677,12 +696,21 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         }
     }
     if let Some(w) = trace.as_mut() {
+        let mut logits_bytes = 0usize;
         for p in &pending {
             for r in &p.records {
+                logits_bytes += r.raw_logits.as_ref().map_or(0, |l| l.data.len());
                 writeln!(w, "{}", serde_json::to_string(r)?)?;
             }
         }
         w.flush()?;
+        if a.trace_logits {
+            let steps: usize = pending.iter().map(|p| p.records.len()).sum();
+            eprintln!(
+                "nextok: --trace-logits: {steps} rows of raw logits stored in {logits_bytes} bytes ({} a step)",
+                logits_bytes / steps.max(1)
+            );
+        }
     }
     let usage = usage.ok_or("the engine stopped before the request finished")?;
     let end = std::time::Instant::now();
@@ -772,11 +800,76 @@ fn constraint_spec(a: &GenerateArgs) -> Result<Option<ConstraintSpec>, CliError>
 
 /// Runs `nextok replay`.
 pub fn run_replay(a: ReplayArgs) -> Result<(), CliError> {
+    match replay(&a) {
+        Ok(ok) => {
+            if a.json {
+                out!("{ok}\n");
+            } else {
+                eprintln!(
+                    "nextok: replay ok: {} steps in {} sequence(s) match bit for bit{}",
+                    ok["steps"],
+                    ok["sequences"],
+                    if a.sampler_only {
+                        " (the sampler on the recorded raw logits; the model did not run)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            Ok(())
+        }
+        Err(Failed::Json(v)) if a.json => {
+            out!("{v}\n");
+            Err(CliError::silent())
+        }
+        Err(Failed::Json(v)) => Err(v["message"].as_str().unwrap_or("replay failed").into()),
+        Err(Failed::Other(e)) if a.json => {
+            let msg = e.to_string();
+            out!(
+                "{}\n",
+                serde_json::json!({"ok": false, "reason": "error", "message": msg})
+            );
+            Err(CliError::silent())
+        }
+        Err(Failed::Other(e)) => Err(e),
+    }
+}
+
+/// Why a replay did not succeed: a divergence or refusal that `--json` prints as data, or any
+/// other error.
+enum Failed {
+    Json(Value),
+    Other(CliError),
+}
+
+macro_rules! failed_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Failed {
+            fn from(e: $t) -> Failed {
+                Failed::Other(e.into())
+            }
+        }
+    )*};
+}
+failed_from!(
+    CliError,
+    String,
+    nextok_engine::EngineError,
+    nextok_model::ModelError
+);
+
+fn replay(a: &ReplayArgs) -> Result<Value, Failed> {
     let text =
         std::fs::read_to_string(&a.file).map_err(|e| format!("`{}`: {e}", a.file.display()))?;
     let (header, recorded) = trace::parse(&text)?;
     // the header is checked before any model is loaded
-    let req = trace::replay_request(&header)?;
+    trace::replay_request(&header)?;
+    if a.sampler_only && !header.raw_logits {
+        return Err(CliError::from(
+            "--sampler-only: the trace carries no raw logits (record it with `generate --trace-logits`)",
+        )
+        .into());
+    }
     let requant = header.requant()?;
     let kv_cache = header.kv_cache()?;
     // the recorded model file (a name, looked for beside the trace), else the default model
@@ -789,40 +882,56 @@ pub fn run_replay(a: ReplayArgs) -> Result<(), CliError> {
         (None, Some(p)) => p,
         (None, None) => model_path(None)?,
     };
-    let model = Arc::new(load_model(&path, requant)?);
-    if model.sha256 != header.model_sha256 {
-        return Err(format!(
-            "the model `{}` has SHA-256 {}; the trace was recorded with `{}`, SHA-256 {}",
+    let wrong_file = |sha: &str| {
+        Failed::Other(CliError::from(format!(
+            "the model `{}` has SHA-256 {sha}; the trace was recorded with `{}`, SHA-256 {}",
             path.display(),
-            model.sha256,
             header.model_file,
             header.model_sha256
-        )
-        .into());
+        )))
+    };
+    // the numerics, from the file's metadata before anything is loaded: a trace of other
+    // numerics is refused in one line (unless the file is not the recorded one at all)
+    if header.numerics.is_some() {
+        let now = trace::numerics_of_file(&path, requant, kv_cache)?;
+        if let Err(r) = trace::check_numerics(&header, &now, a.sampler_only) {
+            let sha = nextok_model::sha256_file(&path)?;
+            if sha != header.model_sha256 {
+                return Err(wrong_file(&sha));
+            }
+            return Err(Failed::Json(r.to_json()));
+        }
     }
-    let engine = engine_with(model, a.draft_model.as_deref(), requant, kv_cache)?;
+    let model = Arc::new(load_model(&path, requant)?);
+    if model.sha256 != header.model_sha256 {
+        return Err(wrong_file(&model.sha256));
+    }
+    let draft = if a.sampler_only {
+        None
+    } else {
+        a.draft_model.as_deref()
+    };
+    let engine = engine_with(model.clone(), draft, requant, kv_cache)?;
     if let (Some(d), Some(want)) = (engine.draft_model(), &header.draft_model_sha256) {
         if &d.sha256 != want {
-            return Err(format!(
+            return Err(CliError::from(format!(
                 "the draft model has SHA-256 {}; the trace was recorded with SHA-256 {want}",
                 d.sha256
-            )
+            ))
             .into());
         }
     }
-    let p = engine.prepare(&req)?;
-    if p.info.pipeline_hash != header.pipeline_hash {
-        return Err(format!(
-            "the pipeline hashes to {}, the trace says {}",
-            p.info.pipeline_hash, header.pipeline_hash
-        )
-        .into());
-    }
-    let run = engine.generate(req)?;
-    let k = trace::compare(&header, &recorded, &run)?;
-    eprintln!(
-        "nextok: replay ok: {k} steps in {} sequence(s) match bit for bit",
-        header.seeds.len()
-    );
-    Ok(())
+    let k = trace::replay_on(&engine, &header, &recorded, a.sampler_only).map_err(|e| match e {
+        trace::ReplayError::Refused(r) => Failed::Json(r.to_json()),
+        trace::ReplayError::Diverged(d) => Failed::Json(d.to_json()),
+        trace::ReplayError::Failed(e) => Failed::Other(e.into()),
+    })?;
+    Ok(serde_json::json!({
+        "ok": true,
+        "mode": if a.sampler_only { "sampler" } else { "full" },
+        "steps": k,
+        "sequences": header.seeds.len(),
+        "numerics": engine.numerics(),
+        "version": nextok_engine::VERSION,
+    }))
 }

@@ -110,6 +110,7 @@ fn main() -> ExitCode {
     write_stdout(format_args!(""), true);
     match r {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_silent() => ExitCode::from(1),
         Err(e) => {
             eprintln!("error: {}", e.message().replace('\n', " "));
             ExitCode::from(2)

@@ -276,7 +276,8 @@ fn a_q8_0_cache_is_recorded_and_replayed_with_its_trace() {
     let o = nextok(&m, &["replay", t.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("replay ok"), "{}", text(&o.stderr));
-    // the header edited to the f16 cache: the raw logits differ at the first step
+    // the header edited to the f16 cache: its numerics are not what the f16 cache computes,
+    // refused before any model call
     let mut edited_lines = lines.clone();
     edited_lines[0]["kv_cache"] = serde_json::json!("f16");
     let edited = tmp("q8-edited.jsonl");
@@ -284,7 +285,21 @@ fn a_q8_0_cache_is_recorded_and_replayed_with_its_trace() {
     std::fs::write(&edited, body.join("\n") + "\n").unwrap();
     let o = nextok(&m, &["replay", edited.to_str().unwrap()]);
     assert!(!o.status.success());
-    assert!(text(&o.stderr).contains("step 0"), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("cannot replay") && err.contains("kv.f16"),
+        "{err}"
+    );
+    // without the identifier (a trace from before versioned numerics) the raw logits differ
+    // at the first step, and the message says why
+    edited_lines[0].as_object_mut().unwrap().remove("numerics");
+    let body: Vec<String> = edited_lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&edited, body.join("\n") + "\n").unwrap();
+    let o = nextok(&m, &["replay", edited.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(err.contains("step 0"), "{err}");
+    assert!(err.contains("predates versioned numerics"), "{err}");
     // an unknown cache type is refused by name before any model is loaded
     edited_lines[0]["kv_cache"] = serde_json::json!("q4_0");
     let body: Vec<String> = edited_lines.iter().map(|l| l.to_string()).collect();
@@ -623,4 +638,190 @@ fn speculative_decoding_prints_and_traces_what_plain_decoding_does() {
             text(&o.stderr)
         );
     }
+}
+
+/// `replay --json` gives the outcome as data: success, the first divergence (sequence, step,
+/// field, both values) or the numerics refusal (both builds), with exit status 1 on failure.
+#[test]
+fn replay_json_gives_the_first_divergence_and_the_refusal_as_data() {
+    let Some(m) = model() else { return };
+    let t = tmp("json.jsonl");
+    let o = nextok(
+        &m,
+        &[
+            "generate",
+            CAPITAL,
+            "--temperature",
+            "0.8",
+            "--max-tokens",
+            "4",
+            "--seed",
+            "3",
+            "--trace",
+            t.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let lines = trace_lines(&t);
+    assert!(lines[0]["nextok_version"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("0.")));
+    let id = lines[0]["numerics"].as_str().unwrap().to_string();
+    assert!(id.starts_with("nx1 graph.llama="), "{id}");
+    assert!(
+        id.contains(" kv.f16=") && id.contains(" q4_1=") && id.contains(" sampler="),
+        "{id}"
+    );
+
+    let o = nextok(&m, &["replay", "--json", t.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["steps"], 4);
+    assert_eq!(v["numerics"], id.as_str());
+
+    // an edited selection probability at sequence 0, step 2
+    let mut edited = lines.clone();
+    edited[3]["candidates"][0]["selection_prob"] = serde_json::json!(0.125);
+    let e = tmp("json-edited.jsonl");
+    let body: Vec<String> = edited.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&e, body.join("\n") + "\n").unwrap();
+    let o = nextok(&m, &["replay", "--json", e.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["reason"], "divergence");
+    assert_eq!(
+        (v["sequence"].as_u64(), v["step"].as_u64()),
+        (Some(0), Some(2))
+    );
+    assert_eq!(v["line"], 4);
+    assert_eq!(v["field"], "candidates[0].selection_prob");
+    assert_eq!(v["recorded"], 0.125);
+    assert_eq!(v["now"], lines[3]["candidates"][0]["selection_prob"]);
+
+    // another build's numerics: refused before any model call, as data and in one line
+    let mut other = lines.clone();
+    other[0]["numerics"] = serde_json::json!(id.replace("graph.llama=", "graph.llama=7"));
+    other[0]["nextok_version"] = serde_json::json!("0.0.1+gfeedface");
+    let body: Vec<String> = other.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&e, body.join("\n") + "\n").unwrap();
+    let o = nextok(&m, &["replay", "--json", e.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["reason"], "numerics");
+    assert_eq!(v["recorded"]["version"], "0.0.1+gfeedface");
+    assert_eq!(v["now"]["numerics"], id.as_str());
+    let o = nextok(&m, &["replay", e.to_str().unwrap()]);
+    let err = text(&o.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("0.0.1+gfeedface") && err.contains("graph.llama: 7"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("replay mismatch"),
+        "refused before running: {err}"
+    );
+}
+
+/// `generate --trace-logits` stores every row; `replay --sampler-only` checks the sampler, the
+/// constraint and the stop conditions on them without the model — also when the trace names
+/// other model numerics — and refuses a trace without rows.
+#[test]
+fn the_sampler_replays_alone_on_a_trace_with_its_logits() {
+    let Some(m) = model() else { return };
+    let t = tmp("logits.jsonl");
+    let o = nextok(
+        &m,
+        &[
+            "generate",
+            CAPITAL,
+            "--temperature",
+            "0.9",
+            "--top-p",
+            "0.9",
+            "--max-tokens",
+            "5",
+            "--seed",
+            "2",
+            "-n",
+            "2",
+            "--choice",
+            "Paris",
+            "--choice",
+            "Lyon",
+            "--trace",
+            t.to_str().unwrap(),
+            "--trace-logits",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("--trace-logits:"),
+        "{}",
+        text(&o.stderr)
+    );
+    let lines = trace_lines(&t);
+    assert_eq!(lines[0]["raw_logits"], true);
+    assert_eq!(lines[1]["raw_logits"]["len"], 49152);
+    let o = nextok(
+        &m,
+        &["replay", "--sampler-only", "--json", t.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (v["ok"].as_bool(), v["mode"].as_str()),
+        (Some(true), Some("sampler"))
+    );
+    // the full replay ignores the stored rows and passes too
+    let o = nextok(&m, &["replay", t.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+
+    // other model numerics: the full replay is refused, the sampler alone still replays
+    let mut other = lines.clone();
+    let id = other[0]["numerics"]
+        .as_str()
+        .unwrap()
+        .replace("q4_1=", "q4_1=5");
+    other[0]["numerics"] = serde_json::json!(id);
+    let e = tmp("logits-other.jsonl");
+    let body: Vec<String> = other.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&e, body.join("\n") + "\n").unwrap();
+    assert_eq!(
+        nextok(&m, &["replay", e.to_str().unwrap()]).status.code(),
+        Some(2)
+    );
+    let o = nextok(&m, &["replay", "--sampler-only", e.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("the model did not run"),
+        "{}",
+        text(&o.stderr)
+    );
+
+    // a trace without rows cannot
+    let plain = tmp("plain.jsonl");
+    let o = nextok(
+        &m,
+        &[
+            "generate",
+            CAPITAL,
+            "--max-tokens",
+            "2",
+            "--seed",
+            "1",
+            "--trace",
+            plain.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = nextok(&m, &["replay", "--sampler-only", plain.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o.stderr).contains("--trace-logits"),
+        "{}",
+        text(&o.stderr)
+    );
 }

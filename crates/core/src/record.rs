@@ -121,6 +121,107 @@ pub struct StepRecord {
     /// (absent on steps that verified no draft).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft: Option<DraftRecord>,
+    /// The step's raw logits row, compressed ([`PackedLogits`]), when the request asked for
+    /// them (`generate --trace-logits`): a trace that carries them replays its sampler,
+    /// constraint and stop logic without the model. Not part of the step's decision: a replay
+    /// compares every other field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_logits: Option<PackedLogits>,
+}
+
+/// A logits row stored in a trace: the `f32` values' little-endian bytes split into four
+/// planes (every value's first byte, then every second byte, …), deflated, in base64. The
+/// planes put the sign and exponent bytes of neighbouring values side by side, which deflate
+/// shrinks; the low mantissa bytes stay close to random, so a row takes about 3 bytes a value
+/// in the trace (with base64's third), against 4 unpacked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackedLogits {
+    /// The encoding, `f32le-planes-deflate-base64`.
+    pub encoding: String,
+    /// How many values the row has.
+    pub len: usize,
+    /// The encoded bytes.
+    pub data: String,
+}
+
+impl PackedLogits {
+    /// The only encoding.
+    pub const ENCODING: &'static str = "f32le-planes-deflate-base64";
+
+    /// Packs a row.
+    pub fn pack(row: &[f32]) -> PackedLogits {
+        use std::io::Write;
+        let n = row.len();
+        let mut planes = vec![0u8; 4 * n];
+        for (i, x) in row.iter().enumerate() {
+            let b = x.to_le_bytes();
+            for (p, &byte) in b.iter().enumerate() {
+                planes[p * n + i] = byte;
+            }
+        }
+        let mut z = flate2::write::DeflateEncoder::new(
+            Vec::with_capacity(3 * n),
+            flate2::Compression::fast(),
+        );
+        // writing into a Vec cannot fail
+        let _ = z.write_all(&planes);
+        let bytes = z.finish().unwrap_or_default();
+        use base64::Engine as _;
+        PackedLogits {
+            encoding: Self::ENCODING.to_string(),
+            len: n,
+            data: base64::engine::general_purpose::STANDARD.encode(bytes),
+        }
+    }
+
+    /// The row, checked: the encoding must be known, `len` at most `max_len` (the vocabulary
+    /// a replay expects; nothing is allocated from `len` before this check) and the data must
+    /// inflate to exactly `4 · len` bytes.
+    pub fn unpack(&self, max_len: usize) -> Result<Vec<f32>, String> {
+        use std::io::Read;
+        if self.encoding != Self::ENCODING {
+            return Err(format!(
+                "raw_logits.encoding: `{}` (expected {})",
+                self.encoding,
+                Self::ENCODING
+            ));
+        }
+        if self.len > max_len {
+            return Err(format!(
+                "raw_logits.len: {} values, more than the vocabulary's {max_len}",
+                self.len
+            ));
+        }
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(self.data.as_bytes())
+            .map_err(|e| format!("raw_logits.data: not base64: {e}"))?;
+        let want = 4 * self.len;
+        let mut planes = Vec::with_capacity(want);
+        // one byte more than expected tells a longer stream from an exact one
+        flate2::read::DeflateDecoder::new(bytes.as_slice())
+            .take(want as u64 + 1)
+            .read_to_end(&mut planes)
+            .map_err(|e| format!("raw_logits.data: not deflate data: {e}"))?;
+        if planes.len() != want {
+            return Err(format!(
+                "raw_logits.data: {} bytes unpacked, expected {want} ({} values)",
+                planes.len(),
+                self.len
+            ));
+        }
+        let n = self.len;
+        Ok((0..n)
+            .map(|i| {
+                f32::from_le_bytes([
+                    planes[i],
+                    planes[n + i],
+                    planes[2 * n + i],
+                    planes[3 * n + i],
+                ])
+            })
+            .collect())
+    }
 }
 
 /// How a drafted token was judged.

@@ -205,6 +205,12 @@ impl Engine {
         &self.inner.shared.model
     }
 
+    /// The numerics identifier of this engine's requests: its model on its KV cache type with
+    /// this build's sampler ([`crate::trace::numerics`]).
+    pub fn numerics(&self) -> String {
+        crate::trace::numerics(self.model(), self.inner.config.kv_cache_type)
+    }
+
     /// The configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config

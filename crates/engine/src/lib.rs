@@ -51,6 +51,10 @@ pub mod speculative;
 pub mod teaching;
 pub mod trace;
 
+/// This build's version: the package version, with the git commit it was built from as build
+/// metadata (`0.1.0+g84e8bd9c1d2e`) when built from a checkout. A trace header records it.
+pub const VERSION: &str = env!("NEXTOK_VERSION");
+
 pub use config::{EngineConfig, ITL_TARGET_MS, ITL_TARGET_MS_MAX, PREFILL_CHUNK_TOKENS};
 pub use engine::{Completion, Engine, EngineStats, Recv, RequestHandle, SequenceOutput};
 pub use error::{EngineError, ErrorKind, Result};

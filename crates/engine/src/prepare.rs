@@ -46,6 +46,8 @@ pub struct Prepared {
     pub logprobs: Option<LogprobOptions>,
     /// Records asked for.
     pub records: Option<usize>,
+    /// Whether each record carries its raw logits.
+    pub trace_logits: bool,
     /// The ledger step asked for.
     pub ledger_step: Option<u64>,
     /// Speculative decoding asked for.
@@ -193,6 +195,12 @@ impl ModelShared {
             top_logprobs: req.logprobs.map(|l| l.top),
         })
         .map_err(EngineError::core)?;
+        if req.trace_logits && req.records.is_none() {
+            return Err(EngineError::invalid(
+                "trace_logits",
+                "raw logits are stored in step records: ask for records (a trace) too",
+            ));
+        }
         let max_seqs = config.max_num_seqs;
         if req.n > max_seqs {
             return Err(EngineError::new(
@@ -291,6 +299,7 @@ impl ModelShared {
             constraint,
             logprobs: req.logprobs,
             records: req.records,
+            trace_logits: req.trace_logits,
             ledger_step: req.ledger_step,
             speculative: req.speculative,
         })

@@ -51,6 +51,10 @@ pub struct GenerateRequest {
     pub logprobs: Option<LogprobOptions>,
     /// Send every step's [`StepRecord`] ([`Event::Record`]) with this many candidates.
     pub records: Option<usize>,
+    /// With `records`: each record carries its step's raw logits, compressed
+    /// ([`StepRecord::raw_logits`]), so its trace replays the sampler without the model
+    /// (about 3 bytes a vocabulary entry a step).
+    pub trace_logits: bool,
     /// Send the full ledger ([`Event::Ledger`]) of this step (0-based) of every sequence.
     pub ledger_step: Option<u64>,
     /// Speculate with prompt lookup, `exact` acceptance: the same tokens, records and events
@@ -68,6 +72,7 @@ impl Default for GenerateRequest {
             n: 1,
             logprobs: None,
             records: None,
+            trace_logits: false,
             ledger_step: None,
             speculative: None,
         }

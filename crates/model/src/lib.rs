@@ -12,6 +12,8 @@
 //! * [`arch`] — the families (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`): what each one's
 //!   metadata means for the shared forward pass;
 //! * [`file`](mod@file) — a GGUF file parsed once for the weights, vocabulary, tokenizer and template;
+//! * [`numerics`] — the versions of the arithmetic that decides the raw logits' bits, joined
+//!   into the numerics identifier a trace records;
 //! * [`kv`] — the paged KV cache: blocks shared by forks and the prefix cache, copied on write;
 //! * [`Model`] — a loaded GGUF file: weights, its exact-bytes vocabulary, the tokenizer rebuilt
 //!   from GGUF metadata, the chat template, and the file's SHA-256;
@@ -37,6 +39,7 @@ pub mod fetch;
 pub mod file;
 pub mod kernels;
 pub mod kv;
+pub mod numerics;
 mod open;
 pub mod scripted;
 mod team;

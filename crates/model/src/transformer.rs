@@ -283,20 +283,15 @@ impl MatrixLoader<'_> {
         };
         let bytes = self.f.bytes(t)?;
         let ty = t.ggml_type;
-        // the file's own format wherever a kernel exists (all but Q2_K, Q3_K and the IQ types)
-        let native = MatFormat::from_ggml_type(ty).filter(|f| fc % f.cols_multiple() == 0);
-        let own = match (native, self.requant) {
-            (Some(MatFormat::Q8_0), _) => Some(MatFormat::Q8_0),
-            (Some(f), Requant::Keep) => Some(f),
-            _ => None,
-        };
-        if let Some(fmt) = own {
+        let (fmt, kept) = runtime_format(ty, fc, self.requant);
+        if kept {
             return QMatrix::from_ggml(fmt, fr, fc, &bytes).map_err(kernel_err);
         }
         // no kernel for this format (or a re-quantisation was asked for): dequantise, then Q8_0
         let values = crate::file::to_f32(name, ty, &bytes, vec![fc, fr])?;
         drop(bytes);
-        let asked = self.requant == Requant::Q8_0 && native.is_some();
+        let asked = self.requant == Requant::Q8_0
+            && MatFormat::from_ggml_type(ty).is_some_and(|f| fc.is_multiple_of(f.cols_multiple()));
         if !asked {
             self.converted.push(Converted {
                 tensor: name.to_string(),
@@ -308,7 +303,75 @@ impl MatrixLoader<'_> {
     }
 }
 
+/// The format a matrix of GGML type `ty` with `cols` columns runs in, and whether that is the
+/// file's own (`false`: dequantised and re-quantised to Q8_0 at load): the file's format
+/// wherever a kernel exists (all but Q2_K, Q3_K and the IQ types), except that
+/// [`Requant::Q8_0`] turns every other format into Q8_0.
+pub(crate) fn runtime_format(ty: u32, cols: usize, requant: Requant) -> (MatFormat, bool) {
+    let native = MatFormat::from_ggml_type(ty).filter(|f| cols.is_multiple_of(f.cols_multiple()));
+    match (native, requant) {
+        (Some(MatFormat::Q8_0), _) => (MatFormat::Q8_0, true),
+        (Some(f), Requant::Keep) => (f, true),
+        _ => (MatFormat::Q8_0, false),
+    }
+}
+
+/// The names of the matrices [`ModelWeights::from_file`] loads from `f` (`n_layer` blocks), in
+/// load order, the ones the file has.
+pub(crate) fn matrix_names(f: &GgufFile, n_layer: usize) -> Vec<String> {
+    let mut out = vec!["token_embd.weight".to_string()];
+    if f.info("output.weight").is_some() {
+        out.push("output.weight".into());
+    }
+    for i in 0..n_layer {
+        for s in [
+            "attn_qkv",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        ] {
+            let name = format!("blk.{i}.{s}.weight");
+            if f.info(&name).is_some() {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
 impl ModelWeights {
+    /// The formats of every matrix as loaded (after re-quantisation and conversions), each once:
+    /// what the model's numerics depend on ([`crate::numerics::identifier`]).
+    pub fn matrix_formats(&self) -> Vec<MatFormat> {
+        let mut out: Vec<MatFormat> = Vec::new();
+        let mut add = |m: &QMatrix| {
+            if !out.contains(&m.format()) {
+                out.push(m.format());
+            }
+        };
+        add(&self.embed);
+        if let Some(o) = &self.output {
+            add(o);
+        }
+        for l in &self.layers {
+            match &l.qkv {
+                Qkv::Separate(m) => m.iter().for_each(&mut add),
+                Qkv::Fused(m) => add(m),
+            }
+            add(&l.wo);
+            match &l.gate_up {
+                GateUp::Separate(m) => m.iter().for_each(&mut add),
+                GateUp::Fused(m) => add(m),
+            }
+            add(&l.w_down);
+        }
+        out
+    }
+
     /// Loads a GGUF file of a supported family (`general.architecture`: see [`Arch`]).
     pub fn load(path: &Path, requant: Requant) -> Result<ModelWeights> {
         let f = GgufFile::open(path)?;

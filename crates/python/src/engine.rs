@@ -18,7 +18,7 @@ use nextok_model::chat::Message;
 use nextok_model::{fetch, Model, Requant};
 
 use crate::convert::{from_json, to_json, token_ids, type_name, NonFinite};
-use crate::errors::Failure;
+use crate::errors::{Detail, Failure};
 
 /// The engine: one model, its scheduler thread, and the requests it runs together.
 #[pyclass(module = "nextok", name = "_Engine", frozen)]
@@ -181,6 +181,12 @@ fn request(
                 })?,
         ),
     };
+    let trace_logits = match get("trace_logits") {
+        None => false,
+        Some(v) => v
+            .extract::<bool>()
+            .map_err(|_| Failure::argument("trace_logits", "must be a bool"))?,
+    };
     Ok(GenerateRequest {
         prompt,
         params,
@@ -188,6 +194,7 @@ fn request(
         n,
         logprobs,
         records,
+        trace_logits,
         ..Default::default()
     })
 }
@@ -270,20 +277,15 @@ fn wait(py: Python<'_>, handle: &mut RequestHandle) -> PyResult<Completion> {
 
 /// The trace of a completion as `nextok generate --trace` writes it: the header line, then
 /// every step record, sequence by sequence.
-fn trace_text(model: &Model, c: &Completion, source: &str, candidates: usize) -> PyResult<String> {
-    let header = TraceHeader::new(&c.info, model, source, candidates);
-    let mut out =
-        serde_json::to_string(&header).map_err(|e| crate::errors::internal(&e.to_string()))?;
-    out.push('\n');
-    for s in &c.sequences {
-        for r in &s.records {
-            out.push_str(
-                &serde_json::to_string(r).map_err(|e| crate::errors::internal(&e.to_string()))?,
-            );
-            out.push('\n');
-        }
-    }
-    Ok(out)
+fn trace_text(
+    model: &Model,
+    c: &Completion,
+    source: &str,
+    candidates: usize,
+    logits: bool,
+) -> String {
+    let header = TraceHeader::new(&c.info, model, source, candidates).with_raw_logits(logits);
+    trace::text(&header, c.sequences.iter().map(|s| s.records.as_slice()))
 }
 
 /// `vLLM`'s finish reason (`"stop"` or `"length"`) and stop reason (the stop token id or the
@@ -475,7 +477,10 @@ impl PyEngine {
             let item = item?;
             let (prompt, spec): (Bound<'py, PyAny>, Bound<'py, PyDict>) = item.extract()?;
             let r = request(&prompt, &spec, i)?;
-            traces.push(r.records.map(|k| (pipeline_source(&spec), k)));
+            traces.push(
+                r.records
+                    .map(|k| (pipeline_source(&spec), k, r.trace_logits)),
+            );
             reqs.push(r);
         }
         // every request is submitted before any is waited for: they run as one batch
@@ -488,8 +493,11 @@ impl PyEngine {
         for (h, t) in handles.iter_mut().zip(&traces) {
             let c = wait(py, h)?;
             let d = completion_dict(py, self.engine.model(), &c)?;
-            if let Some((source, k)) = t {
-                d.set_item("trace", trace_text(self.engine.model(), &c, source, *k)?)?;
+            if let Some((source, k, logits)) = t {
+                d.set_item(
+                    "trace",
+                    trace_text(self.engine.model(), &c, source, *k, *logits),
+                )?;
             }
             out.push(d);
         }
@@ -509,67 +517,50 @@ impl PyEngine {
 
     /// Runs a trace's request again on this engine's model and compares every step record
     /// bit for bit; returns the number of steps that matched, or raises `ReplayMismatch`
-    /// naming the first difference (sequence, step, field).
-    fn replay(&self, py: Python<'_>, text: &str) -> PyResult<usize> {
+    /// naming the first difference (`sequence`, `step`, `line`, `field`, and the `recorded` and
+    /// `now` values as JSON text) or the numerics that differ (`code` `numerics_differ`, with
+    /// `recorded_version`, `recorded_numerics`, `version`, `numerics`). With `sampler_only`
+    /// the stored raw logits of a trace recorded with `trace_logits` go through the sampler
+    /// alone: no model call, only the sampler's numerics must agree.
+    #[pyo3(signature = (text, sampler_only = false))]
+    fn replay(&self, py: Python<'_>, text: &str, sampler_only: bool) -> PyResult<usize> {
         let (header, recorded) = trace::parse(text).map_err(Failure::from)?;
-        let req = trace::replay_request(&header).map_err(Failure::from)?;
-        let model = self.engine.model();
-        if model.sha256 != header.model_sha256 {
-            return Err(Failure::new(
-                "ReplayMismatch",
-                format!(
-                    "this engine's model has SHA-256 {}; the trace was recorded with `{}`, SHA-256 {}",
-                    model.sha256, header.model_file, header.model_sha256
-                ),
-            )
-            .code("replay_mismatch")
-            .field("model_sha256")
-            .into());
-        }
-        if header.requant().map_err(Failure::from)? != model.weights.requant {
-            return Err(Failure::new(
-                "ReplayMismatch",
-                format!(
-                    "the trace was recorded with requant `{}`, this engine's model has `{}`",
-                    header.requant,
-                    model.weights.requant.name()
-                ),
-            )
-            .code("replay_mismatch")
-            .field("requant")
-            .into());
-        }
-        let prepared = self.engine.prepare(&req).map_err(Failure::from)?;
-        if header.kv_cache().map_err(Failure::from)? != prepared.info.kv_cache {
-            return Err(Failure::new(
-                "ReplayMismatch",
-                format!(
-                    "the trace was recorded with a `{}` KV cache, this engine's is `{}`",
-                    header.kv_cache, prepared.info.kv_cache
-                ),
-            )
-            .code("replay_mismatch")
-            .field("kv_cache")
-            .into());
-        }
-        if prepared.info.pipeline_hash != header.pipeline_hash {
-            return Err(Failure::new(
-                "ReplayMismatch",
-                format!(
-                    "the pipeline hashes to {}, the trace says {}",
-                    prepared.info.pipeline_hash, header.pipeline_hash
-                ),
-            )
-            .code("replay_mismatch")
-            .field("pipeline_hash")
-            .into());
-        }
-        let mut h = self.engine.submit(req).map_err(Failure::from)?;
-        let run = wait(py, &mut h)?;
-        trace::compare(&header, &recorded, &run).map_err(|m| {
-            Failure::new("ReplayMismatch", m)
-                .code("replay_mismatch")
-                .into()
+        let outcome = trace::replay_on_with(&self.engine, &header, &recorded, sampler_only, |req| {
+            let mut h = self.engine.submit(req).map_err(Failure::from)?;
+            wait(py, &mut h)
+        })?;
+        outcome.map_err(|e| {
+            let f = match e {
+                trace::ReplayError::Failed(e) => {
+                    let f = Failure::from(e);
+                    // a trace that does not fit this engine is a mismatch too
+                    if f.has_field() {
+                        return f.reclass("ReplayMismatch").code("replay_mismatch").into();
+                    }
+                    f
+                }
+                trace::ReplayError::Refused(r) => Failure::new("ReplayMismatch", r.to_string())
+                    .code("numerics_differ")
+                    .field("numerics")
+                    .detail("recorded_version", Detail::Str(r.recorded_version.clone()))
+                    .detail("recorded_numerics", Detail::Str(r.recorded_numerics.clone()))
+                    .detail("version", Detail::Str(r.version.clone()))
+                    .detail("numerics", Detail::Str(r.numerics.clone())),
+                trace::ReplayError::Diverged(d) => {
+                    let mut f = Failure::new("ReplayMismatch", d.message.clone())
+                        .code("replay_mismatch")
+                        .field(d.field.clone())
+                        .detail("sequence", Detail::Int(d.sequence as u64))
+                        .detail("line", Detail::Int(d.line as u64))
+                        .detail("recorded", Detail::Str(d.recorded.to_string()))
+                        .detail("now", Detail::Str(d.now.to_string()));
+                    if let Some(step) = d.step {
+                        f = f.detail("step", Detail::Int(step));
+                    }
+                    f
+                }
+            };
+            f.into()
         })
     }
 

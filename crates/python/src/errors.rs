@@ -77,6 +77,12 @@ impl Failure {
         self
     }
 
+    /// The same error as an instance of another class.
+    pub fn reclass(mut self, class: &'static str) -> Failure {
+        self.class = class;
+        self
+    }
+
     /// Whether a field is named.
     pub fn has_field(&self) -> bool {
         self.field.is_some()

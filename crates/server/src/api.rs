@@ -47,6 +47,8 @@ pub struct ApiRequest {
     pub layer: Layer,
     /// `nextok.trace`.
     pub trace: bool,
+    /// `nextok.trace_logits`: the trace stores every step's raw logits.
+    pub trace_logits: bool,
     /// The pipeline's source, as the trace header records it (a preset name or `inline`).
     pub pipeline_source: String,
     /// The request field the constraint came from.
@@ -81,6 +83,7 @@ impl ApiRequest {
             ("top_logprobs", Endpoint::Completions) => "logprobs".to_string(),
             ("pipeline", _) => format!("{}pipeline", self.nextok_prefix),
             ("grammar_policy", _) => format!("{}grammar_policy", self.nextok_prefix),
+            ("trace_logits", _) => format!("{}trace_logits", self.nextok_prefix),
             // the options as a whole came from one string
             ("speculative", _) => return format!("{}speculative", self.nextok_prefix),
             _ => head.to_string(),
@@ -127,6 +130,7 @@ const COMMON: &[&str] = &[
     "nextok_logprob_layer",
     "nextok_grammar_policy",
     "nextok_trace",
+    "nextok_trace_logits",
     "nextok_speculative",
     "nextok_spec_acceptance",
     "nextok_schema_mode",
@@ -412,6 +416,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
     gen.n = n;
     gen.logprobs = top.map(|top| LogprobOptions { top, layer });
     gen.records = nx.trace.then_some(TRACE_CANDIDATES);
+    gen.trace_logits = nx.trace_logits;
     let r = ApiRequest {
         endpoint,
         model,
@@ -421,6 +426,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
         logprobs: top.is_some(),
         layer,
         trace: nx.trace,
+        trace_logits: nx.trace_logits,
         pipeline_source,
         constraint_param,
         max_tokens_param,
@@ -527,6 +533,7 @@ struct NextokOptions {
     logprob_layer: Option<Layer>,
     grammar_policy: Option<GrammarPolicy>,
     trace: bool,
+    trace_logits: bool,
     speculative: Option<Option<SpecOptions>>,
     /// `strict` or `relaxed`, for a JSON-schema constraint.
     schema_mode: Option<SchemaMode>,
@@ -537,11 +544,12 @@ struct NextokOptions {
 }
 
 /// nextok's option names (in the `nextok` object, or with a `nextok_` prefix).
-const NEXTOK_OPTIONS: [&str; 8] = [
+const NEXTOK_OPTIONS: [&str; 9] = [
     "pipeline",
     "logprob_layer",
     "grammar_policy",
     "trace",
+    "trace_logits",
     "speculative",
     "spec_acceptance",
     "schema_mode",
@@ -615,6 +623,7 @@ fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
         logprob_layer: get(&src, "logprob_layer", &name("logprob_layer"))?,
         grammar_policy: get(&src, "grammar_policy", &name("grammar_policy"))?,
         trace: get(&src, "trace", &name("trace"))?.unwrap_or(false),
+        trace_logits: get(&src, "trace_logits", &name("trace_logits"))?.unwrap_or(false),
         schema_mode: match get::<String>(&src, "schema_mode", &name("schema_mode"))? {
             Some(m) => Some(
                 m.parse()

@@ -73,10 +73,27 @@ async fn start(
     };
     let engine = s.engine.clone();
     let gen = req.gen.clone();
-    let handle = tokio::task::spawn_blocking(move || engine.submit(gen))
-        .await
-        .map_err(internal)?
-        .map_err(|e| ApiError::from_engine(&e, |f| req.param(f)))?;
+    let limit = req.trace_logits.then_some(s.config.max_trace_logits_bytes);
+    let handle = tokio::task::spawn_blocking(move || {
+        if let Some(limit) = limit {
+            // the raw logits a trace would store are bounded before the request runs
+            let p = engine.prepare(&gen)?;
+            let vocab = engine.model().weights.config.vocab_size;
+            let (n, max_tokens) = (p.info.seeds.len(), p.info.max_tokens);
+            let most = (n as u128) * (max_tokens as u128) * (vocab as u128);
+            let bytes = most * crate::TRACE_LOGITS_BYTES_PER_VALUE;
+            if bytes > limit as u128 {
+                return Ok(Err(format!(
+                    "{n} sequences of up to {max_tokens} tokens would store up to {bytes} bytes of raw logits ({vocab} a step); this server stores at most {limit} a request: lower max_tokens or n"
+                )));
+            }
+        }
+        engine.submit(gen).map(Ok)
+    })
+    .await
+    .map_err(internal)?
+    .map_err(|e| ApiError::from_engine(&e, |f| req.param(f)))?
+    .map_err(|m| ApiError::invalid(req.param("trace_logits"), m))?;
     let g = Gen::new(s, req, handle, trace_id, client);
     if g.req.stream {
         let stream = futures_util::stream::unfold(g, |mut g| async move {
@@ -313,20 +330,10 @@ impl Gen {
                 self.s.engine.model(),
                 &self.req.pipeline_source,
                 TRACE_CANDIDATES,
-            );
-            let mut text = match serde_json::to_string(&header) {
-                Ok(h) => h,
-                Err(_) => return,
-            };
-            text.push('\n');
-            for s in &self.seqs {
-                for r in &s.records {
-                    if let Ok(line) = serde_json::to_string(r) {
-                        text.push_str(&line);
-                        text.push('\n');
-                    }
-                }
-            }
+            )
+            .with_raw_logits(self.req.trace_logits);
+            let text =
+                nextok_engine::trace::text(&header, self.seqs.iter().map(|s| s.records.as_slice()));
             self.s.store_trace(tid.clone(), self.client, text);
         }
     }

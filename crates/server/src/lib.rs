@@ -64,6 +64,11 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// Traces kept for `GET /v1/traces/{id}` (the oldest go first).
     pub max_traces: usize,
+    /// The most bytes the kept traces hold together (the oldest go first).
+    pub max_trace_bytes: usize,
+    /// The most bytes of raw logits one request's trace may store (`nextok.trace_logits`),
+    /// bounded before it runs from its sequences, its `max_tokens` and the vocabulary.
+    pub max_trace_logits_bytes: usize,
     /// Speculative decoding for requests that do not choose (`nextok.speculative`).
     pub speculative: Option<nextok_engine::speculative::SpecOptions>,
     /// Time a client has to send a `/v1/*` request's whole body once its headers are in (past
@@ -78,6 +83,8 @@ impl Default for ServerConfig {
             api_keys: Vec::new(),
             body_limit: 4 << 20,
             max_traces: 64,
+            max_trace_bytes: 256 << 20,
+            max_trace_logits_bytes: 64 << 20,
             speculative: None,
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
         }
@@ -144,9 +151,18 @@ pub(crate) struct ClientKey(pub(crate) Option<usize>);
 
 impl AppState {
     pub(crate) fn store_trace(&self, id: String, owner: ClientKey, text: String) {
+        if text.len() > self.config.max_trace_bytes {
+            return;
+        }
         let mut t = self.traces.lock().unwrap_or_else(|p| p.into_inner());
-        while t.len() >= self.config.max_traces.max(1) {
-            t.pop_front();
+        let mut bytes: usize = t.iter().map(|x| x.text.len()).sum();
+        while t.len() >= self.config.max_traces.max(1)
+            || bytes + text.len() > self.config.max_trace_bytes
+        {
+            match t.pop_front() {
+                Some(old) => bytes -= old.text.len(),
+                None => break,
+            }
         }
         t.push_back(StoredTrace {
             id,
@@ -155,6 +171,10 @@ impl AppState {
         });
     }
 }
+
+/// What one stored raw logit may take in a trace at most: 4 bytes deflated (incompressible
+/// data grows by a few bytes a block), in base64 (4/3), rounded up.
+pub(crate) const TRACE_LOGITS_BYTES_PER_VALUE: u128 = 6;
 
 /// A new trace id: `trace-` and 128 random bits from the operating system (32 hex digits), so
 /// that no client can guess another's.

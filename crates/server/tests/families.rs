@@ -99,7 +99,7 @@ async fn every_family_explains_completes_and_traces_through_the_server() {
             .unwrap();
         assert_eq!(run.sequences[0].tokens, want.sequences[0].tokens, "{name}");
         assert_eq!(
-            nextok_engine::trace::compare(&header, &recorded, &run),
+            nextok_engine::trace::compare(&header, &engine.numerics(), &recorded, &run),
             Ok(6),
             "{name}: replay"
         );

@@ -137,6 +137,7 @@ impl Sampler {
                 accept_u: d.accept_u,
                 residual_u: d.residual_u,
             }),
+            raw_logits: None,
         };
         Ok((sel, rec))
     }

@@ -126,6 +126,9 @@ impl Seq {
                 .step_recorded(row, &mut self.state, &mut self.ws, draw, cands)
                 .map_err(EngineError::core)?;
             spec.mark(&mut rec, draft);
+            if p.trace_logits {
+                rec.raw_logits = Some(nextok_core::PackedLogits::pack(row));
+            }
             (res, Some(rec))
         } else {
             (

@@ -22,7 +22,7 @@ __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logpro
 
 # parameters that are not sampling parameters of the request (``SamplingParams`` keeps them
 # apart)
-_OWN = ("n", "logprobs", "logprob_layer", "pipeline", "constraint", "trace")
+_OWN = ("n", "logprobs", "logprob_layer", "pipeline", "constraint", "trace", "trace_logits")
 
 
 class SamplingParams:
@@ -37,8 +37,11 @@ class SamplingParams:
     ``stop``, ``stop_token_ids``, ``seed``, ``presence_penalty``, ...). As in vLLM,
     ``max_tokens`` defaults to 16. ``trace=True`` (or a number of candidates per step, default
     8) returns the request's trace in ``RequestOutput.trace``: the JSON lines ``nextok generate
-    --trace`` writes, which ``nextok replay`` and ``LLM.replay`` check bit for bit. Parameters
-    are readable as attributes.
+    --trace`` writes, which ``nextok replay`` and ``LLM.replay`` check bit for bit. With
+    ``trace_logits=True`` every step also stores its raw logits, compressed (about 3 bytes a
+    vocabulary entry a step: ~150 KB a step for a 49,152-token vocabulary), so
+    ``replay(..., sampler_only=True)`` checks the sampler, the constraint and the stop
+    conditions without the model. Parameters are readable as attributes.
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class SamplingParams:
         pipeline: str | Pipeline | dict[str, Any] = "reference",
         constraint: dict[str, Any] | None = None,
         trace: bool | int = False,
+        trace_logits: bool = False,
         **params: Any,
     ) -> None:
         params.setdefault("max_tokens", 16)
@@ -94,6 +98,7 @@ class SamplingParams:
         self.pipeline = pipeline_spec
         self.constraint = constraint
         self.trace = trace
+        self.trace_logits = trace_logits
         self.params = dict(params)
         self.pipeline_hash = None if constraint is not None else checked.hash
 
@@ -112,10 +117,11 @@ class SamplingParams:
             "pipeline": self.pipeline,
             "constraint": self.constraint,
             "trace": self.trace,
+            "trace_logits": self.trace_logits,
         }
 
     def __repr__(self) -> str:
-        extra = {k: getattr(self, k) for k in _OWN if getattr(self, k) not in (None, 1, "raw", "reference")}
+        extra = {k: getattr(self, k) for k in _OWN if getattr(self, k) not in (None, 1, "raw", "reference", False)}
         inner = ", ".join(f"{k}={v!r}" for k, v in {**extra, **self.params}.items())
         return f"SamplingParams({inner})"
 
@@ -359,12 +365,19 @@ class LLM:
         finally:
             stream.close()
 
-    def replay(self, trace: str) -> int:
+    def replay(self, trace: str | os.PathLike[str], *, sampler_only: bool = False) -> int:
         """Runs a trace's request again on this model and compares every step record bit for
         bit (``nextok replay``); returns the number of steps that matched, or raises
-        ``ReplayMismatch`` naming the first difference. ``trace`` is the JSON-lines text
+        ``ReplayMismatch`` naming the first difference (its ``sequence``, ``step``, ``line``,
+        ``field``, and the ``recorded`` and ``now`` values as JSON text). A trace recorded by a
+        build of other numerics is refused before the model runs (``code ==
+        "numerics_differ"``, with ``recorded_version``, ``recorded_numerics``, ``version`` and
+        ``numerics``). With ``sampler_only=True`` the stored raw logits of a trace recorded with
+        ``trace_logits=True`` go through the sampler, the constraint and the stop conditions
+        alone (``nextok replay --sampler-only``): the model does not run, and only the
+        sampler's numerics must be the trace's. ``trace`` is the JSON-lines text
         (``RequestOutput.trace``) or a path to a trace file."""
-        return self._engine.replay(_trace_text(trace))
+        return self._engine.replay(_trace_text(trace), sampler_only)
 
 
 def _trace_text(trace: str | os.PathLike[str]) -> str:
@@ -380,9 +393,15 @@ def _trace_text(trace: str | os.PathLike[str]) -> str:
     return trace
 
 
-def replay(trace: str | os.PathLike[str], model: str | os.PathLike[str] | LLM | None = None) -> int:
+def replay(
+    trace: str | os.PathLike[str],
+    model: str | os.PathLike[str] | LLM | None = None,
+    *,
+    sampler_only: bool = False,
+) -> int:
     """Checks a trace: loads ``model`` (an ``LLM``, a GGUF path or model name; default: the
-    default model) and replays the trace on it (``LLM.replay``). Returns the number of steps
-    that matched bit for bit."""
+    default model) and replays the trace on it (``LLM.replay``; ``sampler_only`` replays the
+    sampler alone on the trace's stored raw logits). Returns the number of steps that matched
+    bit for bit."""
     llm = model if isinstance(model, LLM) else LLM(model)
-    return llm.replay(trace)
+    return llm.replay(trace, sampler_only=sampler_only)
