@@ -66,11 +66,13 @@ fn push_escaped(out: &mut String, chars: impl Iterator<Item = char>) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LimitKind {
-    /// Wall-clock time to compile a constraint ([`crate::Limits::max_compile_time`]).
+    /// Wall-clock time to compile a constraint ([`crate::Limits::max_compile_time`], off by
+    /// default).
     CompileTime,
     /// Size of the compiled grammar in symbols ([`crate::Limits::max_grammar_size`]).
     GrammarSize,
-    /// Work spent building the initial lexer ([`crate::Limits::initial_lexer_fuel`]).
+    /// Work spent building the initial lexer, including checking which lexemes can match
+    /// ([`crate::Limits::initial_lexer_fuel`]).
     CompileFuel,
     /// Number of lexer states ([`crate::Limits::max_lexer_states`]).
     LexerStates,

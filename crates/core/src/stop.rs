@@ -187,14 +187,23 @@ impl StopStrings {
     /// `max_len - 1` bytes, so the cost is `O(patterns × max_len)` however long the stop strings
     /// are (trying every suffix against every pattern would be quadratic in their length).
     pub fn holdback(&self, text: &[u8]) -> usize {
+        self.holdback_counted(text).0
+    }
+
+    /// [`StopStrings::holdback`], and the steps it took (a byte read or a fall back along the
+    /// prefix function): the tests bound its work by this count, not by the clock.
+    fn holdback_counted(&self, text: &[u8]) -> (usize, usize) {
         let most = self.max_len.saturating_sub(1).min(text.len());
         let tail = &text[text.len() - most..];
         let mut best = 0;
+        let mut steps = 0;
         for (p, pi) in self.patterns.iter().zip(&self.prefix_fn) {
             let mut k = 0usize;
             for &b in tail {
+                steps += 1;
                 while k > 0 && (k == p.len() || p[k] != b) {
                     k = pi[k - 1] as usize;
+                    steps += 1;
                 }
                 if k < p.len() && p[k] == b {
                     k += 1;
@@ -206,7 +215,7 @@ impl StopStrings {
             }
             best = best.max(k);
         }
-        best
+        (best, steps)
     }
 }
 
@@ -316,17 +325,35 @@ mod tests {
         assert_eq!(e.field(), Some("stop[0]"));
         let many = vec!["ab".repeat(MAX_STOP_BYTES / 2); MAX_STOP_TOTAL_BYTES / MAX_STOP_BYTES + 1];
         assert_eq!(StopStrings::new(&many).err().unwrap().field(), Some("stop"));
-        let t = std::time::Instant::now();
+        // the longest stop string, periodic (its prefix function falls back the most): each
+        // hold-back reads at most `max_len - 1` bytes and falls back at most as often, so its
+        // steps stay within twice the longest stop string, however long the text (trying
+        // every suffix would take about `max_len² / 2`, half a million here)
         let st = s(&[&"ab".repeat(MAX_STOP_BYTES / 2)]);
         let mut text = Vec::new();
+        let mut most = 0;
         for _ in 0..MAX_STOP_BYTES {
             text.extend_from_slice(b"ab");
             let want = text
                 .len()
                 .min(MAX_STOP_BYTES - 2 + (text.len() % 2 == 1) as usize);
-            assert_eq!(st.holdback(&text), want);
+            let (got, steps) = st.holdback_counted(&text);
+            assert_eq!(got, want);
+            most = most.max(steps);
+            // a last byte off the period: the match falls back all the way
+            text.push(b'b');
+            let (got, steps) = st.holdback_counted(&text);
+            assert_eq!(got, 0);
+            most = most.max(steps);
+            text.pop();
         }
-        assert!(t.elapsed().as_secs() < 20, "{:?}", t.elapsed());
+        assert!(most <= 2 * (MAX_STOP_BYTES - 1), "{most} steps");
+        // and with many stop strings: per stop string
+        let many: Vec<String> = (0..64).map(|i| format!("{}{i}", "ab".repeat(7))).collect();
+        let st = StopStrings::new(&many).unwrap();
+        let text = "ab".repeat(10_000);
+        let (_, steps) = st.holdback_counted(text.as_bytes());
+        assert!(steps <= 2 * 64 * (st.max_len() - 1), "{steps} steps");
     }
 
     #[test]

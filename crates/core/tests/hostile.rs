@@ -134,7 +134,9 @@ proptest! {
 
 #[test]
 fn no_repeat_ngram_over_a_long_repetitive_history_is_fast() {
-    // 200,000 tokens of one id and the largest n: each n-gram is indexed once
+    // 200,000 tokens of one id and the largest n: each n-gram is indexed once, so the step
+    // verifies one candidate, not one per occurrence (its work is counted, not timed, by
+    // `processors::no_repeat_ngram::tests::a_repeated_ngram_is_indexed_once`)
     let n = nextok_core::processors::no_repeat_ngram::MAX_NGRAM_SIZE;
     let cfg = json!({"format_version": 1,
         "processors": [{"type": "no_repeat_ngram", "ngram_size": n}],
@@ -142,7 +144,6 @@ fn no_repeat_ngram_over_a_long_repetitive_history_is_fast() {
     let cfg = PipelineConfig::from_json(&cfg.to_string()).unwrap();
     let s = Sampler::new(cfg, VocabInfo::plain(4), StopConfig::default()).unwrap();
     let prompt = vec![1u32; 200_000];
-    let t = std::time::Instant::now();
     let st = s.state_with_history(&prompt, &[], 0).unwrap();
     let mut ws = s.new_workspace();
     let (sel, _) = s
@@ -150,7 +151,6 @@ fn no_repeat_ngram_over_a_long_repetitive_history_is_fast() {
         .unwrap();
     // token 1 would repeat the n-gram of ones
     assert_eq!(sel.token, 2);
-    assert!(t.elapsed().as_secs() < 60, "{:?}", t.elapsed());
     let e = nextok_core::StepRequest::from_json(
         &json!({"logits": [1.0, 0.0], "params": {"no_repeat_ngram_size": n + 1}}).to_string(),
     )

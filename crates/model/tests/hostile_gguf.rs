@@ -156,7 +156,9 @@ fn counts_and_dimensions_beyond_the_file_are_errors() {
 
 #[test]
 fn absurd_sizes_in_the_metadata_are_errors() {
-    let t = std::time::Instant::now();
+    // refused by the checks that come before any work per block or per position (the rotary
+    // tables are computed for every position at load): the messages name what the counts
+    // were checked against, the file's tensors and nextok's most positions
     let m = load_err(
         "blocks.gguf",
         &gguf(
@@ -165,6 +167,7 @@ fn absurd_sizes_in_the_metadata_are_errors() {
         ),
     );
     assert!(m.contains("block_count"), "{m}");
+    assert!(m.contains("1000000000 blocks for"), "{m}");
     let m = load_err(
         "ctx.gguf",
         &gguf(
@@ -173,7 +176,8 @@ fn absurd_sizes_in_the_metadata_are_errors() {
         ),
     );
     assert!(m.contains("context_length"), "{m}");
-    assert!(t.elapsed().as_secs() < 10);
+    let most = format!("1 to {} positions", nextok_model::MAX_CONTEXT);
+    assert!(m.contains(&most), "{m}");
 }
 
 #[test]

@@ -525,10 +525,11 @@ impl PyEngine {
     #[pyo3(signature = (text, sampler_only = false))]
     fn replay(&self, py: Python<'_>, text: &str, sampler_only: bool) -> PyResult<usize> {
         let (header, recorded) = trace::parse(text).map_err(Failure::from)?;
-        let outcome = trace::replay_on_with(&self.engine, &header, &recorded, sampler_only, |req| {
-            let mut h = self.engine.submit(req).map_err(Failure::from)?;
-            wait(py, &mut h)
-        })?;
+        let outcome =
+            trace::replay_on_with(&self.engine, &header, &recorded, sampler_only, |req| {
+                let mut h = self.engine.submit(req).map_err(Failure::from)?;
+                wait(py, &mut h)
+            })?;
         outcome.map_err(|e| {
             let f = match e {
                 trace::ReplayError::Failed(e) => {
@@ -543,7 +544,10 @@ impl PyEngine {
                     .code("numerics_differ")
                     .field("numerics")
                     .detail("recorded_version", Detail::Str(r.recorded_version.clone()))
-                    .detail("recorded_numerics", Detail::Str(r.recorded_numerics.clone()))
+                    .detail(
+                        "recorded_numerics",
+                        Detail::Str(r.recorded_numerics.clone()),
+                    )
                     .detail("version", Detail::Str(r.version.clone()))
                     .detail("numerics", Detail::Str(r.numerics.clone())),
                 trace::ReplayError::Diverged(d) => {

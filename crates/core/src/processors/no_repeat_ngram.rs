@@ -135,3 +135,42 @@ impl Apply for Compiled {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::state::SequenceSlot;
+    use crate::{PipelineConfig, Sampler, StopConfig, VocabInfo};
+
+    /// Entries in the n-gram index of a state with `history` as its prompt: what a step may
+    /// have to verify (each `n - 1` comparisons) for the suffix it looks up.
+    fn indexed(n: usize, history: &[u32]) -> usize {
+        let cfg = serde_json::json!({"format_version": 1,
+            "processors": [{"type": "no_repeat_ngram", "ngram_size": n}],
+            "selector": {"type": "greedy"}});
+        let cfg = PipelineConfig::from_json(&cfg.to_string()).unwrap();
+        let s = Sampler::new(cfg, VocabInfo::plain(4), StopConfig::default()).unwrap();
+        let st = s.state_with_history(history, &[], 0).unwrap();
+        match st.sequence.first() {
+            Some(SequenceSlot::NGram { index }) => index.values().map(Vec::len).sum(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The work of a long repetitive history is bounded by counting it, not by the clock: each
+    /// distinct n-gram is indexed once, however often it occurs, so a step verifies one
+    /// candidate per distinct continuation (one entry per occurrence would be ~20,000 here).
+    #[test]
+    fn a_repeated_ngram_is_indexed_once() {
+        let n = super::MAX_NGRAM_SIZE;
+        assert_eq!(indexed(n, &[1; 20_000]), 1);
+        let period: Vec<u32> = (0..20_000).map(|i| 1 + i % 3).collect();
+        assert_eq!(indexed(n, &period), 3);
+        assert_eq!(indexed(3, &period), 3);
+        // distinct n-grams are all kept
+        let distinct: Vec<u32> = (0..50).map(|i| i % 4).chain([0, 0, 1, 1, 2, 2]).collect();
+        let mut grams: Vec<&[u32]> = distinct.windows(2).collect();
+        grams.sort();
+        grams.dedup();
+        assert_eq!(indexed(2, &distinct), grams.len());
+    }
+}
