@@ -475,8 +475,9 @@ fn compare_step(
     let why = if field == "raw_logits_digest" {
         match &h.numerics {
             None => format!(
-                ": the trace predates versioned numerics (its header names no `numerics`) and this build's arithmetic (nextok {}, numerics `{now}`) differs from the one that recorded it: its raw logits are not these",
-                crate::VERSION
+                ": the trace predates versioned numerics (its header names no `numerics`) and this build's arithmetic (nextok {}, numerics `{now}`) differs from the one that recorded it: its raw logits are not these ({}; docs/semantics.md §13.1)",
+                crate::VERSION,
+                nextok_model::numerics::BEFORE_VERSIONING
             ),
             Some(rec) if rec == now => format!(
                 ": the raw logits differ although the recording and this build both compute numerics `{now}` — a change of bits that was not declared, or a fault in this machine's kernels; please report it"

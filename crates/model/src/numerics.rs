@@ -35,6 +35,10 @@ use crate::transformer::{matrix_names, runtime_format, ModelWeights, Requant};
 /// The scheme of the identifier's text (its first word, `nx1`).
 pub const SCHEME: &str = "nx1";
 
+/// What is known of the numerics before they were versioned, for the message of a replay of
+/// such a trace whose raw logits differ (docs/semantics.md §13.1 has the whole history).
+pub const BEFORE_VERSIONING: &str = "builds before commit 13a3671 (2026-12-03) computed the rotary angles otherwise, and no other change of bits came until the numerics were versioned";
+
 /// The version of `attention`: scores `dot(q, k) · scale` in eight lanes, `exp_f32` softmax,
 /// weights rounded to `f16`, values accumulated by fused multiply-adds in position order.
 pub const ATTENTION: u32 = 1;
