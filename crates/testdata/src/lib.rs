@@ -24,6 +24,10 @@ pub const SMOLLM2: &str = "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const LLAMA3: &str = "llama3/tokenizer.json";
 /// Gemma 3 270M Q4_K_M (assembled from its four part packages).
 pub const GEMMA3_270M: &str = "gemma3/gemma-3-270m-q4_k_m.gguf";
+/// Qwen2.5-Coder 0.5B Instruct, Q4_K_M (qwen2), fetched only with `fetch-testdata.sh --large`.
+pub const QWEN25_CODER_05B: &str = "qwen2.5-coder/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+/// Qwen2.5-Coder 1.5B Instruct, Q4_K_M (qwen2), fetched only with `fetch-testdata.sh --large`.
+pub const QWEN25_CODER_15B: &str = "qwen2.5-coder/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
