@@ -36,6 +36,12 @@ fn tmp(name: &str) -> PathBuf {
     d.join(name)
 }
 
+/// Writes `lines` as a JSON Lines file (a trace edited by a test).
+fn write_lines(p: &PathBuf, lines: &[Value]) {
+    let body: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(p, body.join("\n") + "\n").unwrap();
+}
+
 fn trace_lines(p: &PathBuf) -> Vec<Value> {
     std::fs::read_to_string(p)
         .unwrap()
@@ -229,8 +235,7 @@ fn replay_checks_every_step_and_catches_an_edit() {
         .unwrap();
     lines[2]["candidates"][0]["selection_prob"] = serde_json::json!(p * 0.999);
     let edited = tmp("edited.jsonl");
-    let body: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-    std::fs::write(&edited, body.join("\n") + "\n").unwrap();
+    write_lines(&edited, &lines);
     let o = nextok(&m, &["replay", edited.to_str().unwrap()]);
     assert!(!o.status.success());
     let err = text(&o.stderr);
@@ -241,8 +246,7 @@ fn replay_checks_every_step_and_catches_an_edit() {
     let mut lines: Vec<Value> = trace_lines(&t);
     let was = lines[1]["selected"].as_u64().unwrap();
     lines[1]["selected"] = serde_json::json!(if was == 7026 { 7027 } else { 7026 });
-    let body: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-    std::fs::write(&edited, body.join("\n") + "\n").unwrap();
+    write_lines(&edited, &lines);
     let o = nextok(&m, &["replay", edited.to_str().unwrap()]);
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("step 0"), "{}", text(&o.stderr));
@@ -281,8 +285,7 @@ fn a_q8_0_cache_is_recorded_and_replayed_with_its_trace() {
     let mut edited_lines = lines.clone();
     edited_lines[0]["kv_cache"] = serde_json::json!("f16");
     let edited = tmp("q8-edited.jsonl");
-    let body: Vec<String> = edited_lines.iter().map(|l| l.to_string()).collect();
-    std::fs::write(&edited, body.join("\n") + "\n").unwrap();
+    write_lines(&edited, &edited_lines);
     let o = nextok(&m, &["replay", edited.to_str().unwrap()]);
     assert!(!o.status.success());
     let err = text(&o.stderr);
@@ -293,8 +296,7 @@ fn a_q8_0_cache_is_recorded_and_replayed_with_its_trace() {
     // without the identifier (a trace from before versioned numerics) the raw logits differ
     // at the first step, and the message says why
     edited_lines[0].as_object_mut().unwrap().remove("numerics");
-    let body: Vec<String> = edited_lines.iter().map(|l| l.to_string()).collect();
-    std::fs::write(&edited, body.join("\n") + "\n").unwrap();
+    write_lines(&edited, &edited_lines);
     let o = nextok(&m, &["replay", edited.to_str().unwrap()]);
     assert!(!o.status.success());
     let err = text(&o.stderr);
@@ -302,8 +304,7 @@ fn a_q8_0_cache_is_recorded_and_replayed_with_its_trace() {
     assert!(err.contains("predates versioned numerics"), "{err}");
     // an unknown cache type is refused by name before any model is loaded
     edited_lines[0]["kv_cache"] = serde_json::json!("q4_0");
-    let body: Vec<String> = edited_lines.iter().map(|l| l.to_string()).collect();
-    std::fs::write(&edited, body.join("\n") + "\n").unwrap();
+    write_lines(&edited, &edited_lines);
     let o = nextok(&m, &["replay", edited.to_str().unwrap()]);
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("kv_cache"), "{}", text(&o.stderr));
@@ -684,8 +685,7 @@ fn replay_json_gives_the_first_divergence_and_the_refusal_as_data() {
     let mut edited = lines.clone();
     edited[3]["candidates"][0]["selection_prob"] = serde_json::json!(0.125);
     let e = tmp("json-edited.jsonl");
-    let body: Vec<String> = edited.iter().map(|l| l.to_string()).collect();
-    std::fs::write(&e, body.join("\n") + "\n").unwrap();
+    write_lines(&e, &edited);
     let o = nextok(&m, &["replay", "--json", e.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -704,8 +704,7 @@ fn replay_json_gives_the_first_divergence_and_the_refusal_as_data() {
     let mut other = lines.clone();
     other[0]["numerics"] = serde_json::json!(id.replace("graph.llama=", "graph.llama=7"));
     other[0]["nextok_version"] = serde_json::json!("0.0.1+gfeedface");
-    let body: Vec<String> = other.iter().map(|l| l.to_string()).collect();
-    std::fs::write(&e, body.join("\n") + "\n").unwrap();
+    write_lines(&e, &other);
     let o = nextok(&m, &["replay", "--json", e.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -787,8 +786,7 @@ fn the_sampler_replays_alone_on_a_trace_with_its_logits() {
         .replace("q4_1=", "q4_1=5");
     other[0]["numerics"] = serde_json::json!(id);
     let e = tmp("logits-other.jsonl");
-    let body: Vec<String> = other.iter().map(|l| l.to_string()).collect();
-    std::fs::write(&e, body.join("\n") + "\n").unwrap();
+    write_lines(&e, &other);
     assert_eq!(
         nextok(&m, &["replay", e.to_str().unwrap()]).status.code(),
         Some(2)

@@ -135,8 +135,7 @@ pub fn differences(a: &str, b: &str) -> Vec<String> {
             .collect()
     }
     let (pa, pb) = (parts(a), parts(b));
-    let mut keys: Vec<&str> = pa.iter().chain(&pb).map(|p| p.0).collect();
-    keys.dedup();
+    let keys: Vec<&str> = pa.iter().chain(&pb).map(|p| p.0).collect();
     let mut seen = BTreeSet::new();
     let get = |ps: &[(&str, &str)], k: &str| {
         ps.iter()

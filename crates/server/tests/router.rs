@@ -61,6 +61,20 @@ async fn call(app: &Router, req: Request<Body>) -> (StatusCode, axum::http::Head
 }
 
 /// The `data:` payloads of a whole event stream.
+/// The trace of an answer (`nextok.trace_id`), fetched with `GET /v1/traces/{id}` and parsed.
+async fn trace_of(app: &Router, out: &Value) -> (nextok_engine::trace::TraceHeader, Vec<Value>) {
+    let id = out["nextok"]["trace_id"].as_str().expect("a trace id");
+    let (status, _, text) = call(
+        app,
+        Request::get(format!("/v1/traces/{id}"))
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    nextok_engine::trace::parse(text.as_str().unwrap()).unwrap()
+}
+
 fn events(text: &str) -> Vec<String> {
     text.split("\n\n")
         .filter_map(|e| e.strip_prefix("data: "))
@@ -446,20 +460,7 @@ async fn a_trace_replays_bit_for_bit() {
         "temperature": 0.8, "guided_regex": "[a-z ,]+", "nextok": {"trace": true, "pipeline": "vllm"}});
     let (status, _, out) = call(&app, post("/v1/completions", &body)).await;
     assert_eq!(status, StatusCode::OK, "{out}");
-    let id = out["nextok"]["trace_id"]
-        .as_str()
-        .expect("a trace id")
-        .to_string();
-    let (status, _, text) = call(
-        &app,
-        Request::get(format!("/v1/traces/{id}"))
-            .body(Body::empty())
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
-    let text = text.as_str().unwrap().to_string();
-    let (header, recorded) = nextok_engine::trace::parse(&text).unwrap();
+    let (header, recorded) = trace_of(&app, &out).await;
     assert_eq!(header.seeds, vec![5, 6]);
     assert_eq!(header.pipeline_source, "vllm");
     let steps: usize = out["usage"]["completion_tokens"].as_u64().unwrap() as usize;
@@ -503,16 +504,7 @@ async fn a_trace_with_its_logits_replays_its_sampler_and_is_bounded() {
         "nextok": {"trace": true, "trace_logits": true}});
     let (status, _, out) = call(&app, post("/v1/completions", &body)).await;
     assert_eq!(status, StatusCode::OK, "{out}");
-    let id = out["nextok"]["trace_id"].as_str().unwrap().to_string();
-    let (status, _, text) = call(
-        &app,
-        Request::get(format!("/v1/traces/{id}"))
-            .body(Body::empty())
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
-    let (header, recorded) = nextok_engine::trace::parse(text.as_str().unwrap()).unwrap();
+    let (header, recorded) = trace_of(&app, &out).await;
     assert!(header.raw_logits);
     assert_eq!(header.numerics.as_deref(), Some(engine.numerics().as_str()));
     assert!(recorded.iter().all(|l| l["raw_logits"]["len"] == 49152));
