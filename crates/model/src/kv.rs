@@ -45,6 +45,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use half::f16;
 
 use crate::error::{ModelError, ModelErrorKind, Result};
+use crate::kernels::Level;
 
 /// Positions per block.
 pub const BLOCK_POSITIONS: usize = 16;
@@ -244,14 +245,12 @@ impl<'a> KvRun<'a> {
         }
     }
 
-    /// Every value as `f32` (exactly) into `dst` (`len()` values).
-    pub(crate) fn to_f32(self, dst: &mut [f32]) {
+    /// Every value as `f32` (exactly) into `dst` (`len()` values), with the kernels of `level`
+    /// (the same bits at every level).
+    pub(crate) fn to_f32(self, level: Level, dst: &mut [f32]) {
         assert_eq!(dst.len(), self.len());
         match self {
-            KvRun::F16(v) => {
-                use half::slice::HalfFloatSliceExt;
-                v.convert_to_f32_slice(dst);
-            }
+            KvRun::F16(v) => crate::kernels::convert::f16_to_f32(level, v, dst),
             KvRun::Q8 { q, d } => {
                 for ((o, q), d) in dst
                     .chunks_exact_mut(Q8_COLUMNS)
@@ -637,9 +636,9 @@ impl Block {
                         base.add(at).cast::<f16>().add(p * cols),
                         cols,
                     );
-                    for (d, s) in dst.iter_mut().zip(src) {
-                        *d = f16::from_f32(*s);
-                    }
+                    // F16C when the CPU has it, the same bits as `f16::from_f32` one value at
+                    // a time
+                    crate::kernels::convert::f32_to_f16(Level::current(), src, dst);
                 }
                 KvCacheType::Q8_0 => {
                     let blocks = cols / Q8_COLUMNS;
@@ -1107,7 +1106,7 @@ mod tests {
         let (run, n) = a.piece_run(0, 3, 1, 1, 1, 1);
         assert_eq!(n, 3);
         let mut all = vec![0f32; run.len()];
-        run.to_f32(&mut all);
+        run.to_f32(Level::current(), &mut all);
         for b in 0..3 {
             let piece = a.piece(b, 1, 1, 1, 1);
             for i in 0..piece.len() {

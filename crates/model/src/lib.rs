@@ -31,6 +31,9 @@
 
 #![warn(missing_docs)]
 
+#[macro_use]
+mod isa;
+
 pub mod arch;
 pub mod beam;
 pub mod chat;

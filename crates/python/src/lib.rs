@@ -50,6 +50,22 @@ fn explain<'py>(py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<
     to_python(py, &out)
 }
 
+/// What this build of the module is and what it runs on this CPU: `version` (the package
+/// version and git commit, as a trace's `nextok_version`), `compiled_features` (the SIMD
+/// features the code was compiled for: `none` for the portable build, whose kernels choose
+/// their instruction set when the process runs), `cpu_level` (the best kernel level this CPU
+/// supports) and `kernels` (the level the kernels run at now).
+#[pyfunction]
+fn build_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    use nextok_core::cpu::Level;
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("version", nextok_engine::VERSION)?;
+    d.set_item("compiled_features", nextok_model::simd_features())?;
+    d.set_item("cpu_level", Level::detected().name())?;
+    d.set_item("kernels", Level::current().name())?;
+    Ok(d)
+}
+
 /// The preset names `Pipeline` accepts.
 const PRESETS: [&str; 4] = ["reference", "hf", "vllm", "llama.cpp"];
 
@@ -74,5 +90,6 @@ fn _nextok(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<engine::PyStream>()?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
+    m.add_function(wrap_pyfunction!(build_info, m)?)?;
     Ok(())
 }

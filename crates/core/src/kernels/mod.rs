@@ -149,13 +149,15 @@ pub(crate) fn exp_weights(level: Isa, z: &[f32], m: f32, w: &mut [f32]) -> f64 {
     if level.get() >= Level::Avx512 {
         let mut acc = [0.0f64; 8]; // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
         let n = unsafe { avx512::exp_blocks::<true>(z, m, Some(&mut *w), &mut acc) };
-        return exp_rest(z, m, Some(w), n, acc);
+        // SAFETY: the CPU has FMA (the level above includes it).
+        return unsafe { exp_rest(z, m, Some(w), n, acc) };
     }
     #[cfg(target_arch = "x86_64")]
     if level.get() >= Level::Avx2 {
         let mut acc = [0.0f64; 8]; // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2 and FMA.
         let n = unsafe { avx2::exp_blocks::<true>(z, m, Some(&mut *w), &mut acc) };
-        return exp_rest(z, m, Some(w), n, acc);
+        // SAFETY: the CPU has FMA (the level above includes it).
+        return unsafe { exp_rest(z, m, Some(w), n, acc) };
     }
     scalar::exp_weights(level, z, m, w)
 }
@@ -166,13 +168,15 @@ pub(crate) fn exp_sum(level: Isa, z: &[f32], m: f32) -> f64 {
     if level.get() >= Level::Avx512 {
         let mut acc = [0.0f64; 8]; // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512.
         let n = unsafe { avx512::exp_blocks::<true>(z, m, None, &mut acc) };
-        return exp_rest(z, m, None, n, acc);
+        // SAFETY: the CPU has FMA (the level above includes it).
+        return unsafe { exp_rest(z, m, None, n, acc) };
     }
     #[cfg(target_arch = "x86_64")]
     if level.get() >= Level::Avx2 {
         let mut acc = [0.0f64; 8]; // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX2 and FMA.
         let n = unsafe { avx2::exp_blocks::<true>(z, m, None, &mut acc) };
-        return exp_rest(z, m, None, n, acc);
+        // SAFETY: the CPU has FMA (the level above includes it).
+        return unsafe { exp_rest(z, m, None, n, acc) };
     }
     scalar::exp_sum(level, z, m)
 }
@@ -186,7 +190,8 @@ pub(crate) fn exp_sum_at_max(level: Isa, z: &[f32], m: f32) -> f64 {
         // SAFETY: an `Isa` never exceeds what the CPU supports: it has AVX-512. (`z[i] - m <=
         // 0` for every `i`, the caller's contract, so skipping `min(88, x)` changes nothing.)
         let n = unsafe { avx512::exp_blocks::<false>(z, m, None, &mut acc) };
-        return exp_rest(z, m, None, n, acc);
+        // SAFETY: the CPU has FMA (the level above includes it).
+        return unsafe { exp_rest(z, m, None, n, acc) };
     }
     #[cfg(target_arch = "x86_64")]
     if level.get() >= Level::Avx2 && !m.is_nan() {
@@ -195,16 +200,28 @@ pub(crate) fn exp_sum_at_max(level: Isa, z: &[f32], m: f32) -> f64 {
         // m <= 0` for every `i`, the caller's contract, so skipping `min(88, x)` changes
         // nothing.)
         let n = unsafe { avx2::exp_blocks::<false>(z, m, None, &mut acc) };
-        return exp_rest(z, m, None, n, acc);
+        // SAFETY: the CPU has FMA (the level above includes it).
+        return unsafe { exp_rest(z, m, None, n, acc) };
     }
     scalar::exp_sum(level, z, m)
 }
 
 /// The end of the vector `exp` passes: from `n` on, `exp_f32(z[i] - m)` one at a time into lane
 /// `i % 8` of `acc` (and into `w[i]` when given); returns the sum of the lanes, as
-/// [`sum_f64_lanes`] orders it.
+/// [`sum_f64_lanes`] orders it. Compiled with FMA, as the vector passes before it: built for the
+/// x86-64 baseline, each `mul_add` of `exp_f32` would otherwise be a call.
+///
+/// # Safety
+/// The CPU must have FMA.
 #[cfg(target_arch = "x86_64")]
-fn exp_rest(z: &[f32], m: f32, mut w: Option<&mut [f32]>, n: usize, mut acc: [f64; 8]) -> f64 {
+#[target_feature(enable = "fma")]
+unsafe fn exp_rest(
+    z: &[f32],
+    m: f32,
+    mut w: Option<&mut [f32]>,
+    n: usize,
+    mut acc: [f64; 8],
+) -> f64 {
     for (i, &x) in z.iter().enumerate().skip(n) {
         let e = common::exp_f32(x - m);
         if let Some(w) = w.as_deref_mut() {

@@ -198,7 +198,8 @@ mod imp {
                     // Q4_1's row pairs measured 0.85–1.0× its AVX2 tiles (see `run_rows`).
                     MatFormat::Q4_1 | MatFormat::F16 | MatFormat::BF16 | MatFormat::F32 => {}
                 }
-                avx2::dot_tile(w, r0, nr, a, b0, n)
+                // the AVX2 code compiled with these registers (`avx2::vl`)
+                avx2::vl::dot_tile(w, r0, nr, a, b0, n)
             }
 
             /// One chunk of row `ra` in the low half and of row `rb` in the high half.
@@ -232,15 +233,15 @@ mod imp {
                             && a.s.len() == nb * a.np4)
                 );
                 let rows = 2 * P;
-                let wq: [&[Chunk]; 4] = std::array::from_fn(|i| {
+                let wq: [&[Chunk]; 4] = crate::kernels::array(|i| {
                     let r = r0 + i.min(rows - 1);
                     &w.qs[r * w.qchunks..(r + 1) * w.qchunks]
                 });
-                let wd: [&[u16]; 4] = std::array::from_fn(|i| {
+                let wd: [&[u16]; 4] = crate::kernels::array(|i| {
                     let r = r0 + i.min(rows - 1);
                     &w.d[r * w.nbp..(r + 1) * w.nbp]
                 });
-                let wm: [&[u16]; 4] = std::array::from_fn(|i| {
+                let wm: [&[u16]; 4] = crate::kernels::array(|i| {
                     let r = r0 + i.min(rows - 1);
                     if has_min {
                         &w.m[r * w.nbp..(r + 1) * w.nbp]
@@ -249,9 +250,9 @@ mod imp {
                     }
                 });
                 let aq: [&[Chunk]; N] =
-                    std::array::from_fn(|i| &a.q[(b0 + i) * nb..(b0 + i + 1) * nb]);
+                    crate::kernels::array(|i| &a.q[(b0 + i) * nb..(b0 + i + 1) * nb]);
                 let ad: [&[f32]; N] =
-                    std::array::from_fn(|i| &a.d[(b0 + i) * a.nbp..(b0 + i + 1) * a.nbp]);
+                    crate::kernels::array(|i| &a.d[(b0 + i) * a.nbp..(b0 + i + 1) * a.nbp]);
                 let lo4 = _mm512_set1_epi8(0x0F);
                 let sixteen = _mm512_set1_epi8(16);
                 let off: i8 = match F {
@@ -494,19 +495,20 @@ mod imp {
                         && a.s.len() == nb * a.np4)
             );
             let wq: [&[Chunk]; R] =
-                std::array::from_fn(|i| &w.qs[(r0 + i) * w.qchunks..(r0 + i + 1) * w.qchunks]);
+                crate::kernels::array(|i| &w.qs[(r0 + i) * w.qchunks..(r0 + i + 1) * w.qchunks]);
             let wd: [&[u16]; R] =
-                std::array::from_fn(|i| &w.d[(r0 + i) * w.nbp..(r0 + i + 1) * w.nbp]);
-            let wm: [&[u16]; R] = std::array::from_fn(|i| {
+                crate::kernels::array(|i| &w.d[(r0 + i) * w.nbp..(r0 + i + 1) * w.nbp]);
+            let wm: [&[u16]; R] = crate::kernels::array(|i| {
                 if has_min {
                     &w.m[(r0 + i) * w.nbp..(r0 + i + 1) * w.nbp]
                 } else {
                     &[]
                 }
             });
-            let aq: [&[Chunk]; N] = std::array::from_fn(|i| &a.q[(b0 + i) * nb..(b0 + i + 1) * nb]);
+            let aq: [&[Chunk]; N] =
+                crate::kernels::array(|i| &a.q[(b0 + i) * nb..(b0 + i + 1) * nb]);
             let ad: [&[f32]; N] =
-                std::array::from_fn(|i| &a.d[(b0 + i) * a.nbp..(b0 + i + 1) * a.nbp]);
+                crate::kernels::array(|i| &a.d[(b0 + i) * a.nbp..(b0 + i + 1) * a.nbp]);
             let lo4 = _mm256_set1_epi8(0x0F);
             let sixteen = _mm256_set1_epi8(16);
             let flip = _mm256_set1_epi8(i8::MIN);
@@ -543,9 +545,9 @@ mod imp {
                 let kend = (nb - base).min(8);
                 for kk in 0..kend {
                     let k = base + kk;
-                    let av: [__m256i; N] = std::array::from_fn(|bi| ld(&aq[bi][k]));
+                    let av: [__m256i; N] = crate::kernels::array(|bi| ld(&aq[bi][k]));
                     // `−off · Σ a` over each four bytes, where each weight sum starts
-                    let corr: [__m256i; N] = std::array::from_fn(|bi| {
+                    let corr: [__m256i; N] = crate::kernels::array(|bi| {
                         if off == 0 {
                             _mm256_setzero_si256()
                         } else {

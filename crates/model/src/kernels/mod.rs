@@ -108,6 +108,7 @@ pub mod attn;
 mod avx2;
 mod avx2k;
 mod avx512;
+pub mod convert;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -118,6 +119,23 @@ use std::sync::{Mutex, PoisonError};
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::{bf16, f16};
+
+/// `[f(0), f(1), …, f(N − 1)]`, for the SIMD kernels in place of `std::array::from_fn`.
+///
+/// A closure inside a function with target features has those features, and a function
+/// without them (such as `std::array::from_fn`, built for the x86-64 baseline) cannot inline
+/// it: each element would be a call, with its vector passed through memory. This function is
+/// always inlined into its caller, so the closure is called, and inlined, there.
+#[inline(always)]
+pub(crate) fn array<T: Copy, const N: usize>(mut f: impl FnMut(usize) -> T) -> [T; N] {
+    let mut a = [std::mem::MaybeUninit::<T>::uninit(); N];
+    for (i, x) in a.iter_mut().enumerate() {
+        x.write(f(i));
+    }
+    // SAFETY: every element was written above, and `[MaybeUninit<T>; N]` has the layout of
+    // `[T; N]`.
+    unsafe { std::mem::transmute_copy(&a) }
+}
 
 /// Number of values in one quantisation block of the 32-value formats (and the activations'
 /// Q8_1 blocks).

@@ -47,6 +47,7 @@ from ._nextok import (
     Step,
     Vocab,
     __version__,
+    build_info,
     explain,
 )
 
@@ -68,6 +69,7 @@ __all__ = [
     "Vocab",
     "__version__",
     "explain",
+    "build_info",
     "AlreadyFinished",
     "ConstraintError",
     "Contradiction",

@@ -230,6 +230,11 @@ class Sampler:
 def explain(request: dict[str, Any] | str) -> dict[str, Any]:
     """``nextok explain --json`` on a request dict or JSON text."""
 
+def build_info() -> dict[str, str]:
+    """This build and this CPU: ``version``, ``compiled_features`` (``none`` for the portable
+    build), ``cpu_level`` (the best kernel level the CPU supports) and ``kernels`` (the level in
+    use)."""
+
 class _Engine:
     """The engine behind ``nextok.LLM``."""
 

@@ -36,7 +36,7 @@ pub(super) fn scores8(q: &[f32], k: &[f32], scale: f32, o: &mut [f32; 8]) {
 fn tree8(acc: [__m256; 8]) -> __m256 {
     // Level 1, (l, l + 4): pair positions (0,4), (1,5), (2,6), (3,7) in one register each:
     // lanes 0..4 hold position i's four sums, lanes 4..8 position i + 4's.
-    let s: [__m256; 4] = std::array::from_fn(|i| {
+    let s: [__m256; 4] = crate::kernels::array(|i| {
         let (a, b) = (acc[i], acc[i + 4]);
         _mm256_add_ps(
             _mm256_permute2f128_ps::<0x20>(a, b),
@@ -176,7 +176,7 @@ pub(super) fn accumulate(w: &[f32], v: &[f32], o: &mut [f32]) {
     while c < hd {
         // SAFETY: `c + 32 ≤ hd = o.len()`.
         let mut acc: [__m256; 4] =
-            std::array::from_fn(|j| unsafe { _mm256_loadu_ps(op.add(c + 8 * j)) });
+            crate::kernels::array(|j| unsafe { _mm256_loadu_ps(op.add(c + 8 * j)) });
         for (p, &wp) in w.iter().enumerate() {
             let wb = _mm256_set1_ps(wp);
             for (j, acc) in acc.iter_mut().enumerate() {
@@ -221,14 +221,14 @@ pub(super) unsafe fn accumulate_kv<const G: usize, const J: usize, const Q8: boo
     let mut c = 0;
     while c < hd {
         // SAFETY (the loads): `h · hd + c + 8J ≤ G · hd ≤ o.len()`.
-        let mut acc: [[__m256; J]; G] = std::array::from_fn(|h| {
-            std::array::from_fn(|j| unsafe { _mm256_loadu_ps(op.add(h * hd + c + 8 * j)) })
+        let mut acc: [[__m256; J]; G] = crate::kernels::array(|h| {
+            crate::kernels::array(|j| unsafe { _mm256_loadu_ps(op.add(h * hd + c + 8 * j)) })
         });
         for p in 0..here {
             // SAFETY: `p · vs + c + 8J ≤ (here − 1) · vs + hd ≤ v.len()`, and the caller
             // promised the type.
             let x: [__m256; J] =
-                std::array::from_fn(|j| unsafe { load8::<Q8>(&v, p * vs + c + 8 * j) });
+                crate::kernels::array(|j| unsafe { load8::<Q8>(&v, p * vs + c + 8 * j) });
             for (h, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: `h · stride + off + p < (G − 1) · stride + off + here ≤ w.len()`.
                 let wb = unsafe { _mm256_broadcast_ss(&*wp.add(h * stride + off + p)) };

@@ -119,7 +119,7 @@ unsafe fn pair<const K: u8>(s: &Src<'_>, i0: usize, i1: usize) -> __m512 {
 fn tree16(a: &[__m512; 8]) -> __m512 {
     // Level 1, (l, l + 4): the 128-bit quarters [d, d', e, e'] of accumulators 2i (dot products
     // d, e) and 2i + 1 become [d + d', e + e', ...]: dot products 4i..4i + 4, four sums each.
-    let l: [__m512; 4] = std::array::from_fn(|i| {
+    let l: [__m512; 4] = crate::kernels::array(|i| {
         let (x, y) = (a[2 * i], a[2 * i + 1]);
         _mm512_add_ps(
             _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
@@ -176,7 +176,7 @@ pub(super) unsafe fn scores<const G: usize, const K: u8>(
         while c < hd {
             // SAFETY: `(p + 8) · hd ≤ here · hd = k.len()` and `c + 8 ≤ hd`; the caller
             // promised the kind.
-            let kv: [__m512; 4] = std::array::from_fn(|j| unsafe {
+            let kv: [__m512; 4] = crate::kernels::array(|j| unsafe {
                 pair::<K>(&k, (p + 2 * j) * hd + c, (p + 2 * j + 1) * hd + c)
             });
             for h in 0..G {
@@ -264,14 +264,14 @@ pub(super) unsafe fn accumulate<const G: usize, const J: usize, const K: u8>(
     let mut c = 0;
     while c < hd {
         // SAFETY (the loads): `h · hd + c + 16J ≤ G · hd ≤ o.len()`.
-        let mut acc: [[__m512; J]; G] = std::array::from_fn(|h| {
-            std::array::from_fn(|j| unsafe { _mm512_loadu_ps(op.add(h * hd + c + 16 * j)) })
+        let mut acc: [[__m512; J]; G] = crate::kernels::array(|h| {
+            crate::kernels::array(|j| unsafe { _mm512_loadu_ps(op.add(h * hd + c + 16 * j)) })
         });
         for p in 0..here {
             // SAFETY: `p · vs + c + 16J ≤ (here − 1) · vs + hd ≤ v.len()`, and the caller
             // promised the kind.
             let x: [__m512; J] =
-                std::array::from_fn(|j| unsafe { load16::<K>(&v, p * vs + c + 16 * j) });
+                crate::kernels::array(|j| unsafe { load16::<K>(&v, p * vs + c + 16 * j) });
             for (h, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: `h · stride + off + p < (G − 1) · stride + off + here ≤ w.len()`.
                 let wb = _mm512_set1_ps(unsafe { *wp.add(h * stride + off + p) });

@@ -363,7 +363,7 @@ fn accumulate_avx512(
 
 /// `Σ a[i]·b[i]` with element `i` in lane `i % 8` (fused multiply-adds), lanes summed in a
 /// fixed tree (see the module docs).
-#[inline]
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let mut ca = a.chunks_exact(8);
@@ -389,7 +389,7 @@ fn dot_kv(a: &[f32], k: &KvRun<'_>, at: usize) -> f32 {
     hsum8(acc)
 }
 
-#[inline]
+#[inline(always)]
 fn hsum8(a: [f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
