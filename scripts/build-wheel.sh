@@ -36,6 +36,10 @@ case "${RUSTFLAGS:-}${CARGO_ENCODED_RUSTFLAGS:-}" in
     echo "build-wheel.sh: RUSTFLAGS sets the target CPU or its features; unset it so that the wheel runs on every x86-64 CPU" >&2
     exit 2 ;;
 esac
+# RUSTFLAGS, even empty, replaces every `build.rustflags` of cargo's configuration files: a
+# `-C target-cpu=native` in the user's ~/.cargo/config.toml or in a directory above the checkout
+# would otherwise make a wheel for this CPU only
+export RUSTFLAGS="${RUSTFLAGS:-}"
 VENV=target/wheel-venv
 if ! "$VENV/bin/python" -m maturin --version 2>/dev/null | grep -q '^maturin 1.16.0$'; then
   rm -rf "$VENV"
