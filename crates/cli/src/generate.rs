@@ -482,6 +482,7 @@ fn request(a: &GenerateArgs) -> Result<(GenerateRequest, String), CliError> {
             trace_logits: a.trace_logits,
             ledger_step: a.ledger,
             speculative: speculative(a.speculative.as_deref(), &a.spec_acceptance)?,
+            resume: None,
         },
         source,
     ))

@@ -52,6 +52,69 @@ pub struct Prepared {
     pub ledger_step: Option<u64>,
     /// Speculative decoding asked for.
     pub speculative: Option<crate::speculative::SpecOptions>,
+    /// The tokens each sequence resumes from (see [`GenerateRequest::resume`]), checked.
+    pub resume: Option<Vec<Vec<u32>>>,
+}
+
+impl Prepared {
+    /// The tokens sequence `seq` resumes from (empty when it starts afresh).
+    pub fn resumed(&self, seq: usize) -> &[u32] {
+        self.resume
+            .as_ref()
+            .and_then(|r| r.get(seq))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// Sequence `seq`'s sampler state and text stream after the tokens it resumes from,
+    /// committed as if it had selected them, and how it ended if they end it (`Some(None)`:
+    /// the context is full). Errors name `resume[seq][j]`.
+    pub(crate) fn resumed_state(&self, seq: usize, ctx: usize) -> Result<ResumedSeq> {
+        let info = &self.info;
+        let sampler = &self.sampler;
+        let seed = info.seeds.get(seq).copied().unwrap_or(0);
+        let tokens = self.resumed(seq);
+        let mut state = sampler
+            .new_state(&info.prompt_ids, seed)
+            .map_err(EngineError::core)?;
+        if let Some(c) = &self.constraint {
+            state.set_grammar(Box::new(c.start()));
+        }
+        sampler.reserve(&mut state, info.max_tokens as usize);
+        let mut stream = sampler.text_stream();
+        let mut finish = None;
+        for (j, &t) in tokens.iter().enumerate() {
+            let field = || format!("resume[{seq}][{j}]");
+            if finish.is_some() || state.is_finished() {
+                return Err(EngineError::invalid(
+                    field(),
+                    "the sequence had already finished before this token",
+                ));
+            }
+            let r = sampler
+                .commit(&mut state, t)
+                .map_err(|e| EngineError::invalid(field(), e.to_string()))?;
+            stream.push(sampler.visible_bytes(t), state.stop_state().hit.as_ref());
+            // the position this token is fed at (as a decoding step sees it)
+            let fed_at = info.prompt_ids.len() + j;
+            finish = match r {
+                Some(reason) => Some(Some(reason)),
+                None if fed_at >= ctx => Some(None),
+                None => None,
+            };
+        }
+        Ok(ResumedSeq {
+            state,
+            stream,
+            finish,
+        })
+    }
+}
+
+/// A resumed sequence's state: see [`Prepared::resumed_state`].
+pub(crate) struct ResumedSeq {
+    pub(crate) state: nextok_core::DecoderState,
+    pub(crate) stream: nextok_core::text::TextStream,
+    pub(crate) finish: Option<Option<nextok_core::FinishReason>>,
 }
 
 impl ModelShared {
@@ -281,7 +344,36 @@ impl ModelShared {
             .new_state(&prompt_ids, params.sequence_seed(0))
             .map_err(EngineError::core)?;
         let seeds = (0..req.n as u64).map(|i| params.sequence_seed(i)).collect();
-        Ok(Prepared {
+        if let Some(r) = &req.resume {
+            if req.params.seed.is_none() {
+                return Err(EngineError::invalid(
+                    "seed",
+                    "a resumed request needs the seed its first run used (the response's seed)",
+                ));
+            }
+            if r.len() != req.n {
+                return Err(EngineError::invalid(
+                    "resume",
+                    format!("{} token lists for {} sequences (n)", r.len(), req.n),
+                ));
+            }
+            let v = self.model.vocab.info.vocab_size;
+            for (i, t) in r.iter().enumerate() {
+                if t.len() as u64 > max_tokens {
+                    return Err(EngineError::invalid(
+                        format!("resume[{i}]"),
+                        format!("{} tokens; the request's limit is {max_tokens}", t.len()),
+                    ));
+                }
+                if let Some((j, &x)) = t.iter().enumerate().find(|(_, &x)| x as usize >= v) {
+                    return Err(EngineError::invalid(
+                        format!("resume[{i}][{j}]"),
+                        format!("token id {x} is outside the vocabulary ({v} tokens)"),
+                    ));
+                }
+            }
+        }
+        let prepared = Prepared {
             info: RequestInfo {
                 id,
                 prompt_ids,
@@ -302,7 +394,16 @@ impl ModelShared {
             trace_logits: req.trace_logits,
             ledger_step: req.ledger_step,
             speculative: req.speculative,
-        })
+            resume: req.resume.clone(),
+        };
+        // every resumed sequence's tokens are committed once here, on the submitting thread,
+        // so that a token the sequence could not have selected is the request's error
+        if prepared.resume.is_some() {
+            for i in 0..req.n {
+                prepared.resumed_state(i, ctx)?;
+            }
+        }
+        Ok(prepared)
     }
 }
 

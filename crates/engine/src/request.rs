@@ -61,6 +61,14 @@ pub struct GenerateRequest {
     /// as without, fewer forward passes where drafts are accepted
     /// ([`crate::speculative`]).
     pub speculative: Option<crate::speculative::SpecOptions>,
+    /// Resume a request from the tokens its sequences already produced (one list per
+    /// sequence, `n` lists; a list may be empty): each sequence's sampler state commits its
+    /// tokens as if it had selected them (penalties count them, the random stream advances,
+    /// the constraint and stop strings consume them), its cache is computed for the prompt and
+    /// those tokens, and it goes on from the next position. With the request's seed (which
+    /// `params.seed` must give) the tokens that follow are the ones an uninterrupted run would
+    /// have produced. The resumed tokens send no events; their text counts as already shown.
+    pub resume: Option<Vec<Vec<u32>>>,
 }
 
 impl Default for GenerateRequest {
@@ -75,6 +83,7 @@ impl Default for GenerateRequest {
             trace_logits: false,
             ledger_step: None,
             speculative: None,
+            resume: None,
         }
     }
 }

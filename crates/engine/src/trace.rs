@@ -226,6 +226,7 @@ pub fn replay_request(h: &TraceHeader) -> Result<GenerateRequest> {
         // the same drafts again (prompt lookup is a function of the tokens so far), so the
         // records' draft marks and, in `rejection` mode, the tokens replay too
         speculative: h.speculative,
+        resume: None,
     })
 }
 

@@ -51,8 +51,15 @@ impl Scheduler {
                 }
                 let info = &r.prepared.info;
                 let n = info.seeds.len();
-                // the prompt's blocks, and a copy of its last block for every other sequence
-                let need = KvGeometry::blocks_for(info.prompt_ids.len()) + (n - 1);
+                // the prompt's blocks, and a copy of its last block for every other sequence;
+                // a resumed request's sequences each cache their prompt and tokens
+                let need = match &r.prepared.resume {
+                    None => KvGeometry::blocks_for(info.prompt_ids.len()) + (n - 1),
+                    Some(res) => res
+                        .iter()
+                        .map(|t| KvGeometry::blocks_for(info.prompt_ids.len() + t.len()))
+                        .sum(),
+                };
                 if !self.fits(n, need) {
                     break;
                 }
@@ -298,34 +305,87 @@ impl Scheduler {
             },
         );
         let sampler = &r.prepared.sampler;
-        let mut kv = Some(kv);
-        for (i, &seed) in info.seeds.iter().enumerate() {
-            let mut state = match sampler.new_state(prompt, seed) {
-                Ok(s) => s,
+        let ctx = inner.shared.model.weights.config.context_length;
+        // every sequence's state first: a failure leaves nothing of the request running
+        let mut states = Vec::with_capacity(info.seeds.len());
+        for i in 0..info.seeds.len() {
+            match r.prepared.resumed_state(i, ctx) {
+                Ok(s) => states.push(s),
                 Err(e) => {
-                    self.fail(&r, EngineError::core(e));
+                    self.fail(&r, e);
                     return;
                 }
-            };
-            if let Some(c) = &r.prepared.constraint {
-                state.set_grammar(Box::new(c.start()));
             }
-            sampler.reserve(&mut state, info.max_tokens as usize);
-            self.running.push(Seq {
-                req: r.clone(),
-                index: i,
-                state,
-                ws: sampler.new_workspace(),
-                stream: sampler.text_stream(),
-                kv: kv.take().unwrap_or_else(|| inner.pool.sequence()),
-                phase: if i == 0 {
+        }
+        let resumed_tokens: usize = (0..states.len()).map(|i| r.prepared.resumed(i).len()).sum();
+        if let Some(p) = self.progress.get_mut(&info.id) {
+            p.usage.completion_tokens += resumed_tokens;
+        }
+        let mut kv = Some(kv);
+        // the sequence that caches the prompt (the others fork it): the first that starts
+        // afresh
+        let mut prefiller = None;
+        for (i, st) in states.into_iter().enumerate() {
+            let resumed = r.prepared.resumed(i);
+            if let Some(reason) = st.finish {
+                // its tokens already end it: it ends now, with the text held back
+                let mut stream = st.stream;
+                let _ = r.tx.send(Event::Finish {
+                    seq: i,
+                    reason,
+                    text: stream.finish(),
+                    tokens: resumed.len(),
+                });
+                if let Some(p) = self.progress.get_mut(&info.id) {
+                    p.remaining -= 1;
+                }
+                continue;
+            }
+            let (phase, seq_kv, replay, feed) = if resumed.is_empty() {
+                let phase = if prefiller.is_none() {
+                    prefiller = Some(i);
                     Phase::Prefill { done: cached }
                 } else {
                     Phase::AwaitFork
-                },
-                feed: Vec::with_capacity(1 + r.prepared.speculative.map_or(0, |o| o.max_draft)),
-                replay: Vec::new(),
-                generated: 0,
+                };
+                let seq_kv = match phase {
+                    Phase::Prefill { .. } => kv.take().unwrap_or_else(|| inner.pool.sequence()),
+                    _ => inner.pool.sequence(),
+                };
+                (phase, seq_kv, Vec::new(), None)
+            } else {
+                // the prompt and every resumed token but the last are cached as a preempted
+                // sequence's are; the last is the pending token, fed when decoding starts
+                let mut replay = Vec::with_capacity(prompt.len() + resumed.len());
+                replay.extend_from_slice(prompt);
+                replay.extend_from_slice(&resumed[..resumed.len() - 1]);
+                let (seq_kv, done) = self
+                    .prefix
+                    .lookup(&replay)
+                    .unwrap_or_else(|| (inner.pool.sequence(), 0));
+                let phase = if done == replay.len() {
+                    Phase::Decode
+                } else {
+                    Phase::Recompute { done }
+                };
+                (phase, seq_kv, replay, resumed.last().copied())
+            };
+            let mut feed_buf =
+                Vec::with_capacity(1 + r.prepared.speculative.map_or(0, |o| o.max_draft));
+            feed_buf.extend(feed);
+            let mut history = prompt.clone();
+            history.extend_from_slice(resumed);
+            self.running.push(Seq {
+                req: r.clone(),
+                index: i,
+                state: st.state,
+                ws: sampler.new_workspace(),
+                stream: st.stream,
+                kv: seq_kv,
+                phase,
+                feed: feed_buf,
+                replay,
+                generated: resumed.len(),
                 outs: Vec::new(),
                 err: None,
                 spec: r.prepared.speculative.map(|o| SpecSeq {
@@ -341,12 +401,32 @@ impl Scheduler {
                         _ => Box::new(o.ngram),
                     },
                     adapt: Adaptive::new(o.max_draft),
-                    history: prompt.clone(),
+                    history: history.clone(),
                     draft: Vec::with_capacity(o.max_draft),
                 }),
                 drafted: 0,
                 accepted: 0,
             });
+        }
+        // every sequence's tokens ended it: the request is done
+        let done = self
+            .progress
+            .get(&info.id)
+            .is_some_and(|p| p.remaining == 0);
+        if done {
+            if let Some(p) = self.progress.get(&info.id) {
+                let now = Instant::now();
+                let _ = r.tx.send(Event::Done {
+                    usage: p.usage,
+                    timing: crate::request::Timing {
+                        queued: p.admitted.saturating_duration_since(r.submitted),
+                        time_to_first_token: Default::default(),
+                        total: now.saturating_duration_since(r.submitted),
+                        forward_passes: 0,
+                    },
+                });
+            }
+            self.release(&r);
         }
         self.publish();
     }
