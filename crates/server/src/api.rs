@@ -60,6 +60,31 @@ pub struct ApiRequest {
     /// `nextok.speculative` when the request set it (`Some(None)`: `"off"`); else the
     /// server's default applies.
     pub speculative: Option<Option<SpecOptions>>,
+    /// `nextok.resume`: the answer continues one that was cut off.
+    pub resume: Option<Resume>,
+}
+
+/// `nextok.resume`: continue an answer that was cut off (its connection, or the replica that
+/// served it, lost) from the token ids its sequences had produced. With the first answer's
+/// `seed` (the request's `seed` field), the continuation is exactly what the uninterrupted
+/// answer would have sent after those tokens: a stream sends no role chunk and no text for the
+/// resumed tokens, keeps the first answer's `id` and `created` when given, and counts the
+/// resumed tokens in `usage.completion_tokens`.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    /// Each sequence's token ids so far (`n` lists).
+    pub tokens: Vec<Vec<u32>>,
+    /// The first answer's `id`.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// The first answer's `created`.
+    #[serde(default)]
+    pub created: Option<u64>,
+    /// Sequences whose end (`finish_reason`) the client already received: it is not sent
+    /// again.
+    #[serde(default)]
+    pub finished: Vec<usize>,
 }
 
 impl ApiRequest {
@@ -86,6 +111,7 @@ impl ApiRequest {
             ("trace_logits", _) => format!("{}trace_logits", self.nextok_prefix),
             // the options as a whole came from one string
             ("speculative", _) => return format!("{}speculative", self.nextok_prefix),
+            ("resume", _) => format!("{}resume.tokens", self.nextok_prefix),
             _ => head.to_string(),
         };
         format!("{renamed}{rest}")
@@ -135,6 +161,7 @@ const COMMON: &[&str] = &[
     "nextok_spec_acceptance",
     "nextok_schema_mode",
     "nextok_property_order",
+    "nextok_resume",
 ];
 const CHAT_ONLY: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
 const COMPLETIONS_ONLY: &[&str] = &["prompt", "echo", "suffix", "best_of"];
@@ -417,6 +444,34 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
     gen.logprobs = top.map(|top| LogprobOptions { top, layer });
     gen.records = nx.trace.then_some(TRACE_CANDIDATES);
     gen.trace_logits = nx.trace_logits;
+    if let Some(res) = &nx.resume {
+        if nx.trace {
+            return Err(ApiError::invalid(
+                format!("{}resume", nx.prefix),
+                "a resumed answer cannot be traced (its trace would lack the resumed steps)",
+            ));
+        }
+        if let Some(id) = &res.id {
+            let ok = !id.is_empty()
+                && id.len() <= 64
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !ok {
+                return Err(ApiError::invalid(
+                    format!("{}resume.id", nx.prefix),
+                    "must be 1 to 64 letters, digits, `-` or `_` (the first answer's id)",
+                ));
+            }
+        }
+        if let Some(i) = res.finished.iter().position(|&f| f >= n) {
+            return Err(ApiError::invalid(
+                format!("{}resume.finished[{i}]", nx.prefix),
+                format!("sequence {} does not exist (n = {n})", res.finished[i]),
+            ));
+        }
+        gen.resume = Some(res.tokens.clone());
+    }
     let r = ApiRequest {
         endpoint,
         model,
@@ -432,6 +487,7 @@ pub fn parse(endpoint: Endpoint, body: &Value) -> Result<ApiRequest, ApiError> {
         max_tokens_param,
         nextok_prefix: nx.prefix,
         speculative: nx.speculative,
+        resume: nx.resume,
     };
     // every rule about the decoding side, once, errors under the request's names
     resolve(&resolve::Request {
@@ -541,10 +597,12 @@ struct NextokOptions {
     property_order: Option<PropertyOrder>,
     /// `nextok.` or `nextok_`, as the request named them.
     prefix: &'static str,
+    /// `resume`.
+    resume: Option<Resume>,
 }
 
 /// nextok's option names (in the `nextok` object, or with a `nextok_` prefix).
-const NEXTOK_OPTIONS: [&str; 9] = [
+const NEXTOK_OPTIONS: [&str; 10] = [
     "pipeline",
     "logprob_layer",
     "grammar_policy",
@@ -554,6 +612,7 @@ const NEXTOK_OPTIONS: [&str; 9] = [
     "spec_acceptance",
     "schema_mode",
     "property_order",
+    "resume",
 ];
 
 fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
@@ -618,6 +677,7 @@ fn nextok_options(obj: &Map<String, Value>) -> Result<NextokOptions, ApiError> {
         )),
     };
     Ok(NextokOptions {
+        resume: get(&src, "resume", &name("resume"))?,
         speculative,
         pipeline: src.get("pipeline").filter(|v| !v.is_null()).cloned(),
         logprob_layer: get(&src, "logprob_layer", &name("logprob_layer"))?,

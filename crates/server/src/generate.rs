@@ -44,14 +44,61 @@ pub(crate) fn check_model(s: &AppState, req: &ApiRequest) -> Result<(), ApiError
     }
 }
 
+/// What a caller of the router in the same process (no socket between them: the Python
+/// binding's service, which a Ray replica runs) learns beside a generation answer's bytes:
+/// the answer's id, `created` and seed, and the token ids behind its text. Put in a request's
+/// extensions; an HTTP client cannot send one.
+///
+/// Every event is sent before the body chunk that shows it: after reading a chunk, the events
+/// received so far cover exactly the tokens whose text the chunks so far carried (or hold back,
+/// as a partial character or a possible stop string). With them a front end can resume the
+/// answer elsewhere (`nextok.resume`) if this process is lost.
+#[derive(Debug, Clone)]
+pub struct Sidecar(std::sync::mpsc::Sender<SideEvent>);
+
+/// One [`Sidecar`] event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SideEvent {
+    /// The request was accepted: its answer's `id`, `created`, seed and sequence count.
+    Started {
+        /// The answer's `id`.
+        id: String,
+        /// The answer's `created`.
+        created: u64,
+        /// The request's seed (sequence `i` uses `seed + i`).
+        seed: u64,
+        /// Sequences.
+        n: usize,
+    },
+    /// Sequence `seq` selected token `id`.
+    Token {
+        /// Sequence index.
+        seq: usize,
+        /// Token id.
+        id: u32,
+    },
+    /// Sequence `seq` ended (its `finish_reason` is in the chunk that follows).
+    Finished {
+        /// Sequence index.
+        seq: usize,
+    },
+}
+
+/// A [`Sidecar`] to put in a request's extensions, and the receiver of its events.
+pub fn sidecar() -> (Sidecar, std::sync::mpsc::Receiver<SideEvent>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    (Sidecar(tx), rx)
+}
+
 /// Answers a generation request.
 pub(crate) async fn run(
     s: Arc<AppState>,
     endpoint: Endpoint,
     client: ClientKey,
+    side: Option<Sidecar>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match start(s, endpoint, client, body).await {
+    match start(s, endpoint, client, side, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -61,6 +108,7 @@ async fn start(
     s: Arc<AppState>,
     endpoint: Endpoint,
     client: ClientKey,
+    side: Option<Sidecar>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let v = crate::json_body(body)?;
@@ -94,7 +142,7 @@ async fn start(
     .map_err(internal)?
     .map_err(|e| ApiError::from_engine(&e, |f| req.param(f)))?
     .map_err(|m| ApiError::invalid(req.param("trace_logits"), m))?;
-    let g = Gen::new(s, req, handle, trace_id, client);
+    let g = Gen::new(s, req, handle, trace_id, client, side);
     if g.req.stream {
         let stream = futures_util::stream::unfold(g, |mut g| async move {
             g.next_frame()
@@ -156,6 +204,10 @@ struct Gen {
     pending: std::collections::VecDeque<Bytes>,
     ended: bool,
     meta_sent: bool,
+    /// The in-process caller's side channel, if any.
+    side: Option<Sidecar>,
+    /// Sequences whose end the client already received (a resumed answer).
+    finished_before: Vec<usize>,
 }
 
 fn finish_name(r: Option<FinishReason>) -> &'static str {
@@ -188,18 +240,36 @@ impl Gen {
         handle: RequestHandle,
         trace_id: Option<String>,
         client: ClientKey,
+        side: Option<Sidecar>,
     ) -> Gen {
         let n = handle.info.seeds.len();
         let prefix = match req.endpoint {
             Endpoint::Chat => "chatcmpl",
             Endpoint::Completions => "cmpl",
         };
-        let id = format!("{prefix}-{}", handle.info.id);
+        let resume = req.resume.as_ref();
+        let id = resume
+            .and_then(|r| r.id.clone())
+            .unwrap_or_else(|| format!("{prefix}-{}", handle.info.id));
+        let created = resume
+            .and_then(|r| r.created)
+            .unwrap_or_else(crate::unix_now);
+        // a resumed stream's client already has the role chunks and nextok's object
+        let meta_sent = resume.is_some();
+        let finished_before = resume.map(|r| r.finished.clone()).unwrap_or_default();
+        if let Some(sc) = &side {
+            let _ = sc.0.send(SideEvent::Started {
+                id: id.clone(),
+                created,
+                seed: handle.info.params.seed.unwrap_or(0),
+                n,
+            });
+        }
         Gen {
             s,
             req,
             id,
-            created: crate::unix_now(),
+            created,
             t0: Instant::now(),
             last_token: None,
             ttft: None,
@@ -210,8 +280,10 @@ impl Gen {
             client,
             pending: Default::default(),
             ended: false,
-            meta_sent: false,
+            meta_sent,
             handle,
+            side,
+            finished_before,
         }
     }
 
@@ -338,8 +410,16 @@ impl Gen {
         }
     }
 
-    /// Absorbs an event into the per-sequence outputs (non-streaming answers).
+    /// Absorbs an event into the per-sequence outputs (non-streaming answers), and tells the
+    /// side channel.
     fn absorb(&mut self, ev: &Event) {
+        if let Some(sc) = &self.side {
+            let _ = match ev {
+                Event::Token { seq, id, .. } => sc.0.send(SideEvent::Token { seq: *seq, id: *id }),
+                Event::Finish { seq, .. } => sc.0.send(SideEvent::Finished { seq: *seq }),
+                _ => Ok(()),
+            };
+        }
         match ev {
             Event::Token {
                 seq,
@@ -497,11 +577,14 @@ impl Gen {
                 return None;
             }
             if !self.meta_sent && self.req.endpoint == Endpoint::Chat {
-                // the assistant's role first, one chunk per choice
+                // the assistant's role first, one event per choice, all in one body chunk (a
+                // client that got any of the answer got them all: see `nextok.resume`)
+                let mut roles = Vec::new();
                 for i in 0..self.seqs.len() {
                     let c = self.chunk(vec![json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null})]);
-                    self.pending.push_back(c);
+                    roles.extend_from_slice(&c);
                 }
+                self.pending.push_back(Bytes::from(roles));
                 continue;
             }
             let Some(ev) = self.next_event().await else {
@@ -554,6 +637,10 @@ impl Gen {
                 Event::Finish {
                     seq, reason, text, ..
                 } => {
+                    if self.finished_before.contains(&seq) {
+                        // (a resumed answer: the client has this sequence's end)
+                        continue;
+                    }
                     let fr = finish_name(reason);
                     let c = match self.req.endpoint {
                         Endpoint::Chat => {

@@ -49,6 +49,7 @@ use nextok_engine::{Engine, ErrorKind, Event};
 use serde_json::{json, Value};
 
 pub use error::ApiError;
+pub use generate::{sidecar, SideEvent, Sidecar};
 
 use api::Endpoint;
 
@@ -527,17 +528,19 @@ pub(crate) fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, Ap
 async fn chat(
     State(s): State<Arc<AppState>>,
     Extension(client): Extension<ClientKey>,
+    side: Option<Extension<Sidecar>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    generate::run(s, Endpoint::Chat, client, body).await
+    generate::run(s, Endpoint::Chat, client, side.map(|e| e.0), body).await
 }
 
 async fn completions(
     State(s): State<Arc<AppState>>,
     Extension(client): Extension<ClientKey>,
+    side: Option<Extension<Sidecar>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    generate::run(s, Endpoint::Completions, client, body).await
+    generate::run(s, Endpoint::Completions, client, side.map(|e| e.0), body).await
 }
 
 /// `POST /v1/explain`.

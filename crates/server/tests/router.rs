@@ -1018,3 +1018,113 @@ async fn explain_cases_answer_each_case_as_explain_does() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(v["error"]["param"], "cases");
 }
+
+/// A stream read chunk by chunk through the side channel: each chunk (a whole `data:` event or
+/// several), and the side events received once it was read.
+async fn side_stream(
+    app: &Router,
+    body: &Value,
+) -> (Vec<Bytes>, Vec<Vec<nextok_server::SideEvent>>) {
+    let (side, rx) = nextok_server::sidecar();
+    let mut req = post("/v1/chat/completions", body);
+    req.extensions_mut().insert(side);
+    let r = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let mut body = r.into_body();
+    let (mut chunks, mut sides) = (Vec::new(), Vec::new());
+    // (the first events arrive with the head: they go with the first chunk)
+    while let Some(f) = body.frame().await {
+        let Ok(data) = f.unwrap().into_data() else {
+            continue;
+        };
+        chunks.push(data);
+        sides.push(rx.try_iter().collect());
+    }
+    (chunks, sides)
+}
+
+/// The answer's events, each choice's in order (choices may interleave differently after a
+/// resume: sequences resumed at different lengths step together), with the usage chunk's
+/// `cached_tokens` (which reports the serving engine's prefix cache) left out.
+fn comparable(chunks: &[Bytes]) -> String {
+    let text: String = chunks
+        .iter()
+        .map(|c| String::from_utf8(c.to_vec()).unwrap())
+        .collect();
+    let mut evs: Vec<(u64, String)> = events(&text)
+        .into_iter()
+        .map(|e| match serde_json::from_str::<Value>(&e) {
+            Ok(mut v) => {
+                if v.get("usage").is_some() {
+                    v["usage"]["prompt_tokens_details"] = Value::Null;
+                }
+                let choice = v["choices"][0]["index"].as_u64().unwrap_or(u64::MAX - 1);
+                (choice, v.to_string())
+            }
+            _ => (u64::MAX, e),
+        })
+        .collect();
+    evs.sort_by_key(|e| e.0);
+    evs.into_iter().map(|e| e.1).collect::<Vec<_>>().join("\n")
+}
+
+type Bytes = axum::body::Bytes;
+
+#[tokio::test]
+async fn a_stream_cut_anywhere_resumes_to_the_same_bytes() {
+    use nextok_server::SideEvent;
+    let Some((app, _)) = app() else { return };
+    // no seed: the answer's own seed travels on the side channel
+    let body = json!({"model": MODEL_ID,
+        "messages": [{"role": "user", "content": "Write two short sentences about the sea."}],
+        "max_tokens": 40, "temperature": 0.8, "n": 2, "logprobs": true, "top_logprobs": 2,
+        "stop": [". "], "stream": true, "stream_options": {"include_usage": true}});
+    let (chunks, sides) = side_stream(&app, &body).await;
+    let (id, created, seed, n) = match sides[0].first() {
+        Some(SideEvent::Started {
+            id,
+            created,
+            seed,
+            n,
+        }) => (id.clone(), *created, *seed, *n),
+        other => panic!("the first side event is {other:?}"),
+    };
+    assert_eq!(n, 2);
+    let full = comparable(&chunks);
+    assert!(full.ends_with("[DONE]"));
+    // cut after every third chunk, and after the last but the end
+    let cuts: Vec<usize> = (1..chunks.len() - 1).step_by(3).collect();
+    assert!(cuts.len() >= 4, "a stream of {} chunks", chunks.len());
+    for cut in cuts {
+        let mut tokens = vec![Vec::new(); n];
+        let mut finished = Vec::new();
+        for e in sides[..cut].iter().flatten() {
+            match e {
+                SideEvent::Token { seq, id } => tokens[*seq].push(*id),
+                SideEvent::Finished { seq } => finished.push(*seq),
+                SideEvent::Started { .. } => {}
+            }
+        }
+        let mut rb = body.clone();
+        rb["seed"] = json!(seed);
+        rb["nextok"] = json!({"resume": {"tokens": tokens, "id": id, "created": created,
+            "finished": finished}});
+        let (rest, _) = side_stream(&app, &rb).await;
+        let mut got = chunks[..cut].to_vec();
+        got.extend(rest);
+        assert_eq!(comparable(&got), full, "cut after chunk {cut}");
+    }
+    // a resumed token the sequence could not have produced names its place
+    let mut rb = body.clone();
+    rb["seed"] = json!(seed);
+    rb["nextok"] = json!({"resume": {"tokens": [[1, 2], [u32::MAX]]}});
+    let (status, _, out) = call(&app, post("/v1/chat/completions", &rb)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+    assert_eq!(out["error"]["param"], "nextok.resume.tokens[1][0]", "{out}");
+    // without the seed it is refused, naming it
+    let mut rb = body.clone();
+    rb["nextok"] = json!({"resume": {"tokens": [[], []]}});
+    let (status, _, out) = call(&app, post("/v1/chat/completions", &rb)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+    assert_eq!(out["error"]["param"], "seed", "{out}");
+}
