@@ -23,8 +23,8 @@ use crate::errors::{Detail, Failure};
 /// The engine: one model, its scheduler thread, and the requests it runs together.
 #[pyclass(module = "nextok", name = "_Engine", frozen)]
 pub struct PyEngine {
-    engine: Engine,
-    model_path: String,
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) model_path: String,
 }
 
 fn model_failure(e: nextok_model::ModelError) -> Failure {
@@ -458,7 +458,7 @@ impl PyEngine {
             .map_err(model_failure)?;
         let engine = Engine::new(Arc::new(loaded), cfg).map_err(Failure::from)?;
         Ok(PyEngine {
-            engine,
+            engine: Arc::new(engine),
             model_path: path.display().to_string(),
         })
     }

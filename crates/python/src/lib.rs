@@ -14,6 +14,7 @@ pub mod engine;
 pub mod errors;
 pub mod pipeline;
 pub mod sampler;
+pub mod service;
 pub mod vocab;
 
 use pyo3::prelude::*;
@@ -89,7 +90,10 @@ fn _nextok(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sampler::PyLogprobs>()?;
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<engine::PyStream>()?;
+    m.add_class::<service::PyService>()?;
+    m.add_class::<service::PyResponse>()?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
+    m.add_function(wrap_pyfunction!(service::refusal, m)?)?;
     Ok(())
 }

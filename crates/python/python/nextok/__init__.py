@@ -37,6 +37,7 @@ from ._errors import (
     VocabSizeMismatch,
 )
 from ._llm import LLM, CompletionOutput, Logprob, RequestOutput, SamplingParams, StreamOutput, replay
+from ._service import Chunk, Response, Service
 from ._nextok import (
     FORMAT_VERSION,
     PRESETS,
@@ -53,6 +54,9 @@ from ._nextok import (
 
 __all__ = [
     "LLM",
+    "Service",
+    "Response",
+    "Chunk",
     "SamplingParams",
     "RequestOutput",
     "CompletionOutput",
