@@ -221,7 +221,8 @@ impl PyService {
                     created,
                     seed,
                     n,
-                } => started = Some((id, created, seed, n)),
+                    trace_id,
+                } => started = Some((id, created, seed, n, trace_id)),
                 other => early.push(other),
             }
         }
@@ -272,7 +273,7 @@ struct Flow {
 pub struct PyResponse {
     status: u16,
     headers: Vec<(String, String)>,
-    started: Option<(String, u64, u64, usize)>,
+    started: Option<(String, u64, u64, usize, Option<String>)>,
     inner: Mutex<Option<Flow>>,
 }
 
@@ -290,10 +291,11 @@ impl PyResponse {
         self.headers.clone()
     }
 
-    /// For a generation answer: `{"id", "created", "seed", "n"}`; otherwise `None`.
+    /// For a generation answer: `{"id", "created", "seed", "n", "trace_id"}`; otherwise
+    /// `None`.
     #[getter]
     fn started<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let Some((id, created, seed, n)) = &self.started else {
+        let Some((id, created, seed, n, trace_id)) = &self.started else {
             return Ok(None);
         };
         let d = PyDict::new(py);
@@ -301,6 +303,7 @@ impl PyResponse {
         d.set_item("created", created)?;
         d.set_item("seed", seed)?;
         d.set_item("n", n)?;
+        d.set_item("trace_id", trace_id)?;
         Ok(Some(d))
     }
 

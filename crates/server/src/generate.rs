@@ -69,6 +69,8 @@ pub enum SideEvent {
         seed: u64,
         /// Sequences.
         n: usize,
+        /// The id of the trace the answer stores (`nextok.trace`), if any.
+        trace_id: Option<String>,
     },
     /// Sequence `seq` selected token `id`.
     Token {
@@ -263,6 +265,7 @@ impl Gen {
                 created,
                 seed: handle.info.params.seed.unwrap_or(0),
                 n,
+                trace_id: trace_id.clone(),
             });
         }
         Gen {

@@ -1086,6 +1086,7 @@ async fn a_stream_cut_anywhere_resumes_to_the_same_bytes() {
             created,
             seed,
             n,
+            ..
         }) => (id.clone(), *created, *seed, *n),
         other => panic!("the first side event is {other:?}"),
     };

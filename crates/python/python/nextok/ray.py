@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Sequence
 
@@ -69,6 +70,9 @@ PREFIX_CHARS = 256
 
 #: Attempts of one request on replicas that fail (the first included).
 MAX_ATTEMPTS = 4
+
+#: Trace ids whose replica the ingress remembers (the most recent).
+TRACES_REMEMBERED = 4096
 
 #: Request headers forwarded to a replica (hop-by-hop headers and Ray's own stay behind).
 FORWARDED = {"authorization", "content-type", "accept", "content-length"}
@@ -129,9 +133,15 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        key = None
+        key = pin = None
         if pending_request is not None:
             key = pending_request.kwargs.get("routing_key")
+            pin = pending_request.kwargs.get("pin")
+        if pin:
+            # a request that only one replica can answer (a trace it stores)
+            pinned = [r for r in candidate_replicas if r.replica_id.unique_id == pin]
+            if pinned:
+                return [pinned]
         if not key or len(candidate_replicas) < 2:
             return [candidate_replicas]
         ranked = sorted(candidate_replicas, key=lambda r: _rank(key, r.replica_id.unique_id), reverse=True)
@@ -206,6 +216,7 @@ class NextokReplica:
         headers: list[tuple[str, str]],
         body: bytes,
         routing_key: str | None = None,
+        pin: str | None = None,
     ) -> AsyncIterator[Any]:
         """Answers one request: first ``("head", status, headers, started, replica)``, then
         each body chunk as ``("data", bytes, tokens, finished)``."""
@@ -279,6 +290,8 @@ class NextokIngress:
         self._replicas = replicas
         self._body_limit = body_limit
         self._counters = _Counters()
+        # which replica stores each trace (the most recent ones): `GET /v1/traces/{id}` goes there
+        self._traces: "OrderedDict[str, str]" = OrderedDict()
 
     async def _read_body(self, request: Request) -> tuple[bytes, bool]:
         """The body, at most ``body_limit`` bytes (``True`` when it was longer: the replica then
@@ -290,8 +303,21 @@ class NextokIngress:
                 return b"", True
         return bytes(buf), False
 
+    def _remember_trace(self, trace_id: str | None, replica: str) -> None:
+        if not trace_id:
+            return
+        self._traces[trace_id] = replica
+        while len(self._traces) > TRACES_REMEMBERED:
+            self._traces.popitem(last=False)
+
     async def _answer(
-        self, method: str, path: str, headers: list[tuple[str, str]], body: bytes, key: str | None
+        self,
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        key: str | None,
+        pin: str | None = None,
     ) -> AsyncIterator[tuple]:
         """The answer's head, then its chunks, across replicas lost on the way."""
         sent = 0  # chunks that reached the client
@@ -304,7 +330,7 @@ class NextokIngress:
         for attempt in range(MAX_ATTEMPTS):
             try:
                 gen = self._replicas.options(stream=True).handle.remote(
-                    method, path, headers, current, routing_key=key
+                    method, path, headers, current, routing_key=key, pin=pin
                 )
                 async for item in gen:
                     if item[0] == "head":
@@ -313,6 +339,7 @@ class NextokIngress:
                             started = item[3]
                             if started is not None:
                                 tokens = [[] for _ in range(int(started["n"]))]
+                                self._remember_trace(started.get("trace_id"), item[4])
                             yield ("head", item[1], item[2])
                         elif item[1] != 200:
                             # the resumed request was refused: the client hears why, in the stream
@@ -379,7 +406,10 @@ class NextokIngress:
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
             headers.append(("content-length", str(self._body_limit + 1)))
         key = routing_key(body) if request.method == "POST" else None
-        answer = self._answer(request.method, path, headers, body, key)
+        pin = None
+        if request.url.path.startswith("/v1/traces/"):
+            pin = self._traces.get(request.url.path[len("/v1/traces/"):])
+        answer = self._answer(request.method, path, headers, body, key, pin)
         first = await answer.__anext__()
         _, status, hdrs = first
         out_headers = {k: v for k, v in hdrs if k.lower() not in ("content-length", "transfer-encoding")}
