@@ -16,7 +16,9 @@ if [ ! -f "$MODEL" ]; then
 fi
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
-WHEEL="$(bash scripts/build-wheel.sh --out "$TMP/dist" | tail -n 1)"
+# kept in target/test-wheel for scripts/test-ray.sh, which installs the same wheel on its nodes
+rm -rf "$ROOT/target/test-wheel"
+WHEEL="$(bash scripts/build-wheel.sh --out "$ROOT/target/test-wheel" | tail -n 1)"
 echo "wheel: $(basename "$WHEEL")"
 case "$(basename "$WHEEL")" in
   nextok-*-cp310-abi3-*.whl) ;;

@@ -238,6 +238,8 @@ class NextokReplica:
         """The engine's counters, and which replica this is."""
         s = self.service.stats()
         s["replica"] = self.replica
+        s["pid"] = os.getpid()
+        s["node_id"] = ray.get_runtime_context().get_node_id()
         return s
 
 
@@ -430,6 +432,7 @@ def build_app(
     num_replicas: int | str = 1,
     autoscaling: dict[str, Any] | None = None,
     num_cpus: float = 1,
+    resources: dict[str, float] | None = None,
     model_id: str | None = None,
     api_keys: Sequence[str] = (),
     router: str = "prefix",
@@ -440,8 +443,8 @@ def build_app(
 ):
     """A Ray Serve application: ``num_replicas`` replicas of the engine on ``model`` (or
     ``"auto"``: autoscaling between ``autoscaling["min_replicas"]`` and
-    ``["max_replicas"]`` on ongoing requests), each with ``num_cpus`` CPUs for its threads,
-    behind one ingress. ``router`` is ``"prefix"`` (``PrefixAffinityRouter``) or ``"ray"``
+    ``["max_replicas"]`` on ongoing requests), each with ``num_cpus`` CPUs for its threads
+    (and Ray ``resources``, to place replicas on chosen nodes), behind one ingress. ``router`` is ``"prefix"`` (``PrefixAffinityRouter``) or ``"ray"``
     (Ray Serve's default, power of two choices). Each replica takes at most its engine's
     ``max_num_seqs`` requests at once; ``max_queued_requests`` more may wait for one (default:
     as many again), past that the client gets 429 with ``Retry-After``. Other keywords set the
@@ -450,7 +453,11 @@ def build_app(
     options: dict[str, Any] = {
         "max_ongoing_requests": max_num_seqs,
         "max_queued_requests": max_queued_requests if max_queued_requests is not None else max_num_seqs,
-        "ray_actor_options": {"num_cpus": num_cpus, **({"runtime_env": runtime_env} if runtime_env else {})},
+        "ray_actor_options": {
+            "num_cpus": num_cpus,
+            **({"resources": dict(resources)} if resources else {}),
+            **({"runtime_env": runtime_env} if runtime_env else {}),
+        },
         # a replica that stops answering is replaced
         "health_check_period_s": 2,
         "health_check_timeout_s": 30,
