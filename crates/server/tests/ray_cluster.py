@@ -15,7 +15,8 @@ Serve's HTTP proxy on an ephemeral 127.0.0.1 port, and a single `nextok serve` b
   equal to its uninterrupted run (from `nextok serve`), none lost or duplicated;
 - the worker node killed (its process group, SIGKILL): Ray brings its replica back on the
   head node and requests keep being served meanwhile;
-- every replica full: the client gets `nextok serve`'s 429 with `Retry-After`.
+- every replica full (the application deployed again with one replica running 2 requests):
+  the client gets `nextok serve`'s 429 with `Retry-After`.
 
 Every wait is bounded; all traffic goes to 127.0.0.1. Prints `N passed, M failed`.
 """
@@ -216,7 +217,6 @@ def setup():
         resources={"nextok_replica": 1},
         api_keys=[KEY, OTHER_KEY],
         max_num_seqs=48,
-        max_queued_requests=48,
     )
     serve.run(app, name=APP, route_prefix="/", blocking=False)
     wait_for("the endpoint", lambda: http(BASE, "GET", "/health", key=None)[0] == 200, START_SECONDS)
@@ -338,7 +338,9 @@ def test_a_replica_killed_mid_stream_loses_nothing():
     wait_for("every stream under way", lambda: all(p >= 10 for p in progress) or errors, 300)
     victims = replicas()
     assert len(victims) == 2, victims
-    pid = victims[0][0]
+    # the head node's replica (its replacement goes back there: the worker node's slot is taken)
+    head_node = [nd["NodeID"] for nd in ray.nodes() if nd["Alive"] and nd.get("Resources", {}).get("nextok_replica") == 2.0]
+    pid = [p for p, nd, _ in victims if nd in head_node][0]
     os.kill(pid, signal.SIGKILL)
     for t in threads:
         t.join(timeout=900)
@@ -356,7 +358,7 @@ def test_a_replica_killed_mid_stream_loses_nothing():
 def test_the_worker_node_killed_its_replica_comes_back_on_the_head():
     nodes = {nd for _, nd, _ in replicas()}
     assert len(nodes) == 2, replicas()
-    head_node = [nd["NodeID"] for nd in ray.nodes() if nd["Alive"] and nd["NodeManagerAddress"] == "127.0.0.1" and nd.get("Resources", {}).get("nextok_replica") == 2.0]
+    head_node = [nd["NodeID"] for nd in ray.nodes() if nd["Alive"] and nd.get("Resources", {}).get("nextok_replica") == 2.0]
     assert head_node, ray.nodes()
     worker.kill()
     served = 0
@@ -376,22 +378,28 @@ def test_the_worker_node_killed_its_replica_comes_back_on_the_head():
 
 
 def test_every_replica_full_answers_429_with_retry_after():
-    # 2 replicas x 48 running + 48 queued: 160 streams that hold their place
-    path, b = "/v1/completions", {"prompt": "Count:", "max_tokens": 400, "ignore_eos": True, "stream": True, "seed": 1}
+    # the application again, small: one replica running 2 requests, 1 more waiting for it
+    serve.run(
+        nray.build_app(MODEL, num_replicas=1, num_cpus=1, resources={"nextok_replica": 1},
+                       api_keys=[KEY, OTHER_KEY], max_num_seqs=2, max_queued_requests=1),
+        name=APP, route_prefix="/", blocking=False,
+    )
+    wait_for("the small application", lambda: len(replicas()) == 1 and http(BASE, "GET", "/health", key=None)[0] == 200, START_SECONDS)
+    body = {"prompt": "Count:", "max_tokens": 300, "ignore_eos": True, "stream": True, "seed": 1}
     statuses = []
     lock = threading.Lock()
     release = threading.Event()
 
     def hold(i):
-        req = urllib.request.Request(BASE + path, data=json.dumps(b).encode(), method="POST")
+        req = urllib.request.Request(BASE + "/v1/completions", data=json.dumps(body).encode(), method="POST")
         req.add_header("content-type", "application/json")
         req.add_header("authorization", "Bearer " + KEY)
         try:
-            with urllib.request.urlopen(req, timeout=600) as r:
+            with urllib.request.urlopen(req, timeout=300) as r:
                 with lock:
                     statuses.append((r.status, None, None))
-                # the stream keeps its replica's place until every answer that can come has
-                release.wait(timeout=300)
+                # the stream keeps its place until the others have their answers
+                release.wait(timeout=120)
         except urllib.error.HTTPError as e:
             with lock:
                 statuses.append((e.code, e.headers.get("retry-after"), e.read().decode()))
@@ -399,23 +407,24 @@ def test_every_replica_full_answers_429_with_retry_after():
             with lock:
                 statuses.append((0, None, repr(e)))
 
-    with cf.ThreadPoolExecutor(max_workers=160) as pool:
-        futures = [pool.submit(hold, i) for i in range(160)]
-        # 96 running streams answered, and the refusals; the 48 queued wait for a place
-        wait_for("the answers", lambda: len(statuses) >= 160 - 48, 300)
-        time.sleep(1.0)
-        release.set()
-        for f in futures:
-            f.result(timeout=900)
+    threads = [threading.Thread(target=hold, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    # the running and the refused answer at once; at most one waits for a place
+    wait_for("the answers", lambda: len(statuses) >= 7, 300)
+    release.set()
+    for t in threads:
+        t.join(timeout=300)
     refused = [s for s in statuses if s[0] == 429]
     others = [s for s in statuses if s[0] not in (200, 429)]
     assert not others, others[:3]
-    assert refused, "no request was refused"
-    code, retry, body = refused[0]
+    assert refused and any(s[0] == 200 for s in statuses), statuses
+    code, retry, text = refused[0]
     assert retry == "1", refused[0]
-    err = json.loads(body)["error"]
+    err = json.loads(text)["error"]
+    # the body `nextok serve` gives for its own full queue
     assert err["code"] == "queue_full" and err["type"] == "rate_limit_error", err
-    print(f"  {len(refused)} of 160 refused with 429", file=sys.stderr)
+    print(f"  {len(refused)} of 8 refused with 429", file=sys.stderr)
 
 
 TESTS = [
@@ -423,8 +432,9 @@ TESTS = [
     test_the_openai_suite_through_ray,
     test_32_concurrent_requests_equal_a_single_server_and_their_traces_replay,
     test_a_replica_killed_mid_stream_loses_nothing,
-    test_every_replica_full_answers_429_with_retry_after,
     test_the_worker_node_killed_its_replica_comes_back_on_the_head,
+    # (last: it deploys the application again, small)
+    test_every_replica_full_answers_429_with_retry_after,
 ]
 
 
