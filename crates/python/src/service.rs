@@ -43,6 +43,9 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime, Failure> {
     })
 }
 
+/// A whole answer: status, headers, body.
+type Raw = (u16, Vec<(String, String)>, Vec<u8>);
+
 /// The most header pairs a request may carry, and the most bytes of one header.
 const MAX_HEADERS: usize = 100;
 const MAX_HEADER_BYTES: usize = 16 << 10;
@@ -370,7 +373,7 @@ impl PyResponse {
 /// (503, `Retry-After: 5`), with `message`. A front end that refuses a request itself (every
 /// replica full) answers with exactly these bytes.
 #[pyfunction]
-pub fn refusal(kind: &str, message: &str) -> PyResult<(u16, Vec<(String, String)>, Vec<u8>)> {
+pub fn refusal(kind: &str, message: &str) -> PyResult<Raw> {
     use axum::response::IntoResponse;
     use nextok_engine::{EngineError, ErrorKind};
     let k = match kind {

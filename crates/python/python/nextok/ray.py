@@ -43,8 +43,11 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Sequence
 
-import ray
-from ray import serve
+try:
+    import ray
+    from ray import serve
+except ImportError as e:  # the extra is not installed
+    raise ImportError("nextok.ray needs Ray Serve: pip install 'nextok[ray]' (or 'ray[serve]')") from e
 from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import BackPressureError
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
