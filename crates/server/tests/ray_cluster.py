@@ -302,7 +302,7 @@ def long_stream_body(i):
 
 
 def ingress_counter(name):
-    status, _, text = http(BASE, "GET", "/ingress/metrics", key=None)
+    status, _, text = http(BASE, "GET", "/metrics", key=None)
     assert status == 200, text
     for line in text.splitlines():
         if line.startswith(name + " "):

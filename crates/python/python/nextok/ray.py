@@ -402,7 +402,8 @@ class NextokIngress:
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        if request.url.path == "/ingress/metrics":
+        if request.url.path == "/metrics":
+            # the endpoint's own counters (each replica's engine metrics are in Ray's metrics)
             return Response(self._counters.text(), media_type="text/plain; version=0.0.4")
         self._counters.requests += 1
         headers = [(k, v) for k, v in request.headers.items() if k.lower() in FORWARDED]
