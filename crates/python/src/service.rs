@@ -233,6 +233,8 @@ impl PyService {
             status,
             headers,
             started,
+            cancel: tokio::sync::Notify::new(),
+            closed: std::sync::atomic::AtomicBool::new(false),
             inner: Mutex::new(Some(Flow {
                 body: resp.into_body(),
                 side: rx,
@@ -277,6 +279,9 @@ pub struct PyResponse {
     status: u16,
     headers: Vec<(String, String)>,
     started: Option<(String, u64, u64, usize, Option<String>)>,
+    /// Wakes a `next_chunk` waiting for the body when the response is closed.
+    cancel: tokio::sync::Notify,
+    closed: std::sync::atomic::AtomicBool,
     inner: Mutex<Option<Flow>>,
 }
 
@@ -318,22 +323,31 @@ impl PyResponse {
         &self,
         py: Python<'py>,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, Vec<(usize, u32)>, Vec<usize>)>> {
+        use std::sync::atomic::Ordering;
         let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if self.closed.load(Ordering::Acquire) {
+            *guard = None;
+        }
         let Some(flow) = guard.as_mut() else {
             return Ok(None);
         };
         let rt = runtime()?;
+        let cancel = &self.cancel;
         let data = py.detach(|| {
             rt.block_on(async {
                 loop {
-                    match flow.body.frame().await {
-                        None => return Ok(None),
-                        Some(Err(e)) => return Err(e.to_string()),
-                        Some(Ok(f)) => {
-                            if let Ok(d) = f.into_data() {
-                                return Ok(Some(d));
+                    tokio::select! {
+                        // closed from another thread: the wait ends, the answer is dropped
+                        _ = cancel.notified() => return Ok(None),
+                        f = flow.body.frame() => match f {
+                            None => return Ok(None),
+                            Some(Err(e)) => return Err(e.to_string()),
+                            Some(Ok(f)) => {
+                                if let Ok(d) = f.into_data() {
+                                    return Ok(Some(d));
+                                }
                             }
-                        }
+                        },
                     }
                 }
             })
@@ -361,10 +375,16 @@ impl PyResponse {
         Ok(Some((PyBytes::new(py, &data), tokens, finished)))
     }
 
-    /// Stops reading: the answer is cancelled (its request's cache freed).
+    /// Stops reading: the answer is cancelled (its request's cache freed), also while another
+    /// thread waits in `next_chunk` (which then returns `None`).
     fn close(&self) {
-        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        *guard = None;
+        use std::sync::atomic::Ordering;
+        self.closed.store(true, Ordering::Release);
+        // a waiting `next_chunk` wakes (or the next one returns at once)
+        self.cancel.notify_one();
+        if let Ok(mut guard) = self.inner.try_lock() {
+            *guard = None;
+        }
     }
 }
 

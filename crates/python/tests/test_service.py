@@ -130,3 +130,25 @@ def test_only_nextok_ray_imports_ray() -> None:
     except ImportError:
         with pytest.raises(ImportError, match=r"nextok\[ray\]"):
             import nextok.ray  # noqa: F401
+
+
+def test_closing_a_response_cancels_its_answer_even_while_a_thread_waits(svc: nextok.Service) -> None:
+    import threading
+    import time
+
+    body = {"prompt": "Count:", "max_tokens": 3000, "ignore_eos": True, "stream": True, "seed": 2}
+    r = svc.request("POST", "/v1/completions", AUTH, json.dumps(body).encode())
+    assert r.next_chunk() is not None
+    got: list = []
+    t = threading.Thread(target=lambda: got.extend(iter(r)))
+    t.start()
+    deadline = time.time() + 120  # stall guards: the answer has 3,000 tokens to go
+    while not got and time.time() < deadline:
+        time.sleep(0.01)
+    r.close()
+    t.join(timeout=120)
+    assert not t.is_alive(), "the reading thread still waits after close()"
+    assert len(got) < 2000
+    while svc.stats()["running_seqs"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert svc.stats()["running_seqs"] == 0

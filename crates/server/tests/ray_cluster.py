@@ -11,6 +11,7 @@ Serve's HTTP proxy on an ephemeral 127.0.0.1 port, and a single `nextok serve` b
   the Ray endpoint;
 - 32 concurrent seeded requests through Ray equal to the same requests to `nextok serve`,
   and their traces (fetched through Ray) replay with `nextok replay`;
+- each replica's engine counters in Ray's metrics export (`ray_nextok_*`, one series each);
 - a replica killed (SIGKILL) while it streams: every stream completes, each client's bytes
   equal to its uninterrupted run (from `nextok serve`), none lost or duplicated;
 - the worker node killed (its process group, SIGKILL): Ray brings its replica back on the
@@ -170,6 +171,7 @@ import nextok.ray as nray  # noqa: E402
 GCS_PORT = free_port()
 HTTP_PORT = free_port()
 DASHBOARD_PORT = free_port()
+METRICS_PORTS = (free_port(), free_port())
 ADDRESS = f"127.0.0.1:{GCS_PORT}"
 head = Node(
     [
@@ -181,6 +183,7 @@ head = Node(
         "--include-dashboard=true",
         "--dashboard-host=127.0.0.1",
         f"--dashboard-port={DASHBOARD_PORT}",
+        f"--metrics-export-port={METRICS_PORTS[0]}",
     ],
     "ray-head",
 )
@@ -204,7 +207,8 @@ def setup():
     wait_for("the head node", lambda: subprocess.run(
         [ray_bin(), "status", f"--address={ADDRESS}"], capture_output=True, timeout=60).returncode == 0, START_SECONDS)
     worker = Node(
-        [f"--address={ADDRESS}", "--num-cpus=2", '--resources={"nextok_replica": 1}'],
+        [f"--address={ADDRESS}", "--num-cpus=2", '--resources={"nextok_replica": 1}',
+         f"--metrics-export-port={METRICS_PORTS[1]}"],
         "ray-worker",
     )
     ray.init(address=ADDRESS, logging_level="WARNING", log_to_driver=False)
@@ -290,6 +294,22 @@ def test_32_concurrent_requests_equal_a_single_server_and_their_traces_replay():
         replayed += 1
     assert replayed == 24, replayed
     print(f"  32 requests equal; {replayed} traces replayed", file=sys.stderr)
+
+
+def test_each_replicas_engine_metrics_are_in_rays_metrics():
+    # each node's metrics export, scraped as Prometheus would: one series per replica
+    def series():
+        found = {}
+        for port in METRICS_PORTS:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith("ray_nextok_completion_tokens{"):
+                        replica = line.split('replica="', 1)[1].split('"', 1)[0]
+                        found[replica] = float(line.rsplit(" ", 1)[1])
+        return found if len(found) == 2 and all(v > 0 for v in found.values()) else None
+
+    found = wait_for("the replicas' metrics in Ray's export", series, 120)
+    print(f"  ray_nextok_completion_tokens: {found}", file=sys.stderr)
 
 
 def long_stream_body(i):
@@ -431,6 +451,7 @@ TESTS = [
     test_replicas_spread_over_both_nodes,
     test_the_openai_suite_through_ray,
     test_32_concurrent_requests_equal_a_single_server_and_their_traces_replay,
+    test_each_replicas_engine_metrics_are_in_rays_metrics,
     test_a_replica_killed_mid_stream_loses_nothing,
     test_the_worker_node_killed_its_replica_comes_back_on_the_head,
     # (last: it deploys the application again, small)
