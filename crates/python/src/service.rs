@@ -239,6 +239,7 @@ impl PyService {
                 body: resp.into_body(),
                 side: rx,
                 early,
+                ended: false,
             })),
         })
     }
@@ -271,6 +272,8 @@ struct Flow {
     side: Receiver<SideEvent>,
     /// Side events that came with the head.
     early: Vec<SideEvent>,
+    /// The body ended while chunks were coalesced.
+    ended: bool,
 }
 
 /// One response: its status, headers, what the answer is (`started`), and its body chunks.
@@ -317,15 +320,22 @@ impl PyResponse {
 
     /// The next body chunk (the GIL released while it waits), as `(data, tokens, finished)`:
     /// `tokens` the `(sequence, token id)` pairs selected since the previous chunk, `finished`
-    /// the sequences that ended; `None` after the last.
+    /// the sequences that ended; `None` after the last. With `coalesce > 1`, up to that many
+    /// chunks that are ready already come as one (nothing waits for more): fewer, larger
+    /// chunks when the reader is slower than the engine.
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (coalesce = 1))]
     fn next_chunk<'py>(
         &self,
         py: Python<'py>,
+        coalesce: usize,
     ) -> PyResult<Option<(Bound<'py, PyBytes>, Vec<(usize, u32)>, Vec<usize>)>> {
         use std::sync::atomic::Ordering;
         let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if self.closed.load(Ordering::Acquire) {
+            *guard = None;
+        }
+        if guard.as_ref().is_some_and(|f| f.ended) {
             *guard = None;
         }
         let Some(flow) = guard.as_mut() else {
@@ -353,6 +363,31 @@ impl PyResponse {
             })
         });
         let data = match data {
+            Ok(Some(d)) if coalesce > 1 => {
+                use futures_util::FutureExt;
+                let mut all = d.to_vec();
+                for _ in 1..coalesce.min(4096) {
+                    match flow.body.frame().now_or_never() {
+                        Some(Some(Ok(f))) => {
+                            if let Ok(more) = f.into_data() {
+                                all.extend_from_slice(&more);
+                            }
+                        }
+                        Some(None) => {
+                            // the end: the next call returns `None` without polling again
+                            flow.ended = true;
+                            break;
+                        }
+                        Some(Some(Err(e))) => {
+                            *guard = None;
+                            return Err(Failure::new("EngineError", e.to_string()).into());
+                        }
+                        // nothing ready yet
+                        None => break,
+                    }
+                }
+                axum::body::Bytes::from(all)
+            }
             Ok(Some(d)) => d,
             Ok(None) => {
                 *guard = None;

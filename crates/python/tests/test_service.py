@@ -152,3 +152,35 @@ def test_closing_a_response_cancels_its_answer_even_while_a_thread_waits(svc: ne
     while svc.stats()["running_seqs"] and time.time() < deadline:
         time.sleep(0.05)
     assert svc.stats()["running_seqs"] == 0
+
+
+def test_coalesced_chunks_carry_the_same_bytes_and_tokens(svc: nextok.Service) -> None:
+    import time
+
+    body = {"prompt": "List three colours:", "max_tokens": 40, "ignore_eos": True, "stream": True, "seed": 8, "n": 2}
+
+    def read(coalesce: int, pause: float) -> tuple[bytes, list, list, int]:
+        r = svc.request("POST", "/v1/completions", AUTH, json.dumps(body).encode())
+        data, toks, fin, n = b"", [], [], 0
+        while (c := r.next_chunk(coalesce)) is not None:
+            data += c.data
+            toks += c.tokens
+            fin += c.finished
+            n += 1
+            time.sleep(pause)  # a slow reader: the engine runs ahead
+        return data, toks, fin, n
+
+    def norm(data: bytes) -> list:
+        out = []
+        for e in events(data):
+            v = json.loads(e) if e != "[DONE]" else e
+            if isinstance(v, dict):
+                v.pop("id")
+                v.pop("created")
+            out.append(v)
+        return out
+
+    one = read(1, 0.0)
+    many = read(64, 0.05)
+    assert (norm(many[0]), many[1], sorted(many[2])) == (norm(one[0]), one[1], sorted(one[2]))
+    assert many[3] < one[3], (many[3], one[3])

@@ -49,9 +49,10 @@ class Response:
     def started(self) -> dict[str, Any] | None:
         return self._inner.started
 
-    def next_chunk(self) -> Chunk | None:
-        """The next chunk, ``None`` after the last."""
-        c = self._inner.next_chunk()
+    def next_chunk(self, coalesce: int = 1) -> Chunk | None:
+        """The next chunk, ``None`` after the last. With ``coalesce > 1``, up to that many
+        chunks that are ready already come as one (it never waits for more)."""
+        c = self._inner.next_chunk(coalesce)
         return None if c is None else Chunk(c[0], c[1], c[2])
 
     def __iter__(self) -> Iterator[Chunk]:
