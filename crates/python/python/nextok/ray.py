@@ -447,6 +447,7 @@ def build_app(
     imbalance: int = 4,
     max_queued_requests: int | None = None,
     runtime_env: dict[str, Any] | None = None,
+    ingress_on_head: bool = True,
     **engine_config: Any,
 ):
     """A Ray Serve application: ``num_replicas`` replicas of the engine on ``model`` (or
@@ -455,8 +456,9 @@ def build_app(
     (and Ray ``resources``, to place replicas on chosen nodes), behind one ingress. ``router`` is ``"prefix"`` (``PrefixAffinityRouter``) or ``"ray"``
     (Ray Serve's default, power of two choices). Each replica takes at most its engine's
     ``max_num_seqs`` requests at once; ``max_queued_requests`` more may wait for one (default:
-    as many again), past that the client gets 429 with ``Retry-After``. Other keywords set the
-    engine (``max_num_seqs``, ``kv_budget_bytes``, ...), as for ``nextok.LLM``."""
+    as many again), past that the client gets 429 with ``Retry-After``. The ingress runs on the
+    head node (``ingress_on_head``), beside the HTTP proxy: a worker node lost takes replicas
+    with it, never the requests' bookkeeping. Other keywords set the engine (``max_num_seqs``, ``kv_budget_bytes``, ...), as for ``nextok.LLM``."""
     max_num_seqs = int(engine_config.get("max_num_seqs", 64))
     options: dict[str, Any] = {
         "max_ongoing_requests": max_num_seqs,
@@ -487,7 +489,12 @@ def build_app(
     replica = serve.deployment(NextokReplica, name="NextokReplica").options(**options)
     ingress = serve.deployment(NextokIngress, name="NextokIngress").options(
         max_ongoing_requests=max(1000, 4 * max_num_seqs),
-        ray_actor_options={"num_cpus": 0, **({"runtime_env": runtime_env} if runtime_env else {})},
+        ray_actor_options={
+            "num_cpus": 0,
+            # Ray's marker of the head node
+            **({"resources": {"node:__internal_head__": 0.001}} if ingress_on_head else {}),
+            **({"runtime_env": runtime_env} if runtime_env else {}),
+        },
     )
     service_config = {"api_keys": list(api_keys)}
     return ingress.bind(replica.bind(model, model_id, engine_config, service_config))
@@ -532,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ray.init(address=a.address)
     else:
         ray.init(_node_ip_address="127.0.0.1", include_dashboard=False)
-    serve.start(http_options={"host": a.host, "port": a.port})
+    serve.start(proxy_location="HeadOnly", http_options={"host": a.host, "port": a.port})
     engine = {} if a.max_num_seqs is None else {"max_num_seqs": a.max_num_seqs}
     n: int | str = a.num_replicas if a.num_replicas == "auto" else int(a.num_replicas)
     serve.run(
