@@ -16,6 +16,8 @@ Serve's HTTP proxy on an ephemeral 127.0.0.1 port, and a single `nextok serve` b
   equal to its uninterrupted run (from `nextok serve`), none lost or duplicated;
 - the worker node killed (its process group, SIGKILL): Ray brings its replica back on the
   head node and requests keep being served meanwhile;
+- autoscaling (the application deployed again, 1 to 2 replicas): under load a second replica
+  comes, and no more;
 - every replica full (the application deployed again with one replica running 2 requests):
   the client gets `nextok serve`'s 429 with `Retry-After`.
 
@@ -199,7 +201,9 @@ def replicas():
         filters=[("class_name", "=", f"ServeReplica:{APP}:NextokReplica"), ("state", "=", "ALIVE")],
         limit=100,
     )
-    return [(a.pid, a.node_id, a.name) for a in acts]
+    # (an actor of a node just lost may still be listed alive for a while)
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    return [(a.pid, a.node_id, a.name) for a in acts if a.node_id in alive]
 
 
 def setup():
@@ -282,9 +286,12 @@ def test_32_concurrent_requests_equal_a_single_server_and_their_traces_replay():
     for i in range(32):
         assert ray_out[i][0] == one_out[i][0], (i, ray_out[i][0], one_out[i][0])
     # the traces, fetched through Ray from the replica that stored each, replay
-    def replay(i, tid):
+    def fetch(i, tid):
         status, _, text = http(BASE, "GET", "/v1/traces/" + tid)
         assert status == 200, (i, status, text[:300])
+        return i, text
+
+    def replay(i, text):
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             f.write(text)
         rep = subprocess.run([BIN, "replay", f.name, "--model", MODEL], capture_output=True, text=True, timeout=300)
@@ -292,8 +299,11 @@ def test_32_concurrent_requests_equal_a_single_server_and_their_traces_replay():
         assert rep.returncode == 0, (i, rep.stderr[-2000:])
         return 1
 
+    # fetched 8 at a time: each goes to the replica that stored it, whatever else is routed
+    with cf.ThreadPoolExecutor(max_workers=8) as pool:
+        traces = list(pool.map(lambda x: fetch(*x), [(i, t) for i, (_, t) in enumerate(ray_out) if t], timeout=900))
     with cf.ThreadPoolExecutor(max_workers=2) as pool:
-        replayed = sum(pool.map(lambda x: replay(*x), [(i, t) for i, (_, t) in enumerate(ray_out) if t], timeout=900))
+        replayed = sum(pool.map(lambda x: replay(*x), traces, timeout=900))
     assert replayed == 24, replayed
     print(f"  32 requests equal; {replayed} traces replayed", file=sys.stderr)
 
@@ -449,6 +459,45 @@ def test_every_replica_full_answers_429_with_retry_after():
     print(f"  {len(refused)} of 8 refused with 429", file=sys.stderr)
 
 
+def test_autoscaling_adds_a_replica_under_load_within_its_bounds():
+    # the application again, autoscaled: 1 to 2 replicas, 2 ongoing requests each as the target
+    serve.run(
+        nray.build_app(MODEL, num_replicas="auto", num_cpus=1, resources={"nextok_replica": 1},
+                       api_keys=[KEY, OTHER_KEY], max_num_seqs=8,
+                       autoscaling={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
+                                    "upscale_delay_s": 1, "downscale_delay_s": 600, "look_back_period_s": 2}),
+        name=APP, route_prefix="/", blocking=False,
+    )
+    wait_for("one replica", lambda: len(replicas()) == 1 and http(BASE, "GET", "/health", key=None)[0] == 200, START_SECONDS)
+    stop = threading.Event()
+    failures = []
+
+    def load(i):
+        # long streams, one after another, until the test has seen what it waits for
+        while not stop.is_set():
+            path, b = "/v1/completions", {"prompt": f"Count to {i}:", "max_tokens": 200, "ignore_eos": True,
+                                          "stream": True, "seed": i}
+            try:
+                stream_events(BASE, path, b, timeout=300)
+            except Exception as e:
+                failures.append(repr(e))
+                return
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for("a second replica", lambda: len(replicas()) == 2, 180)
+        time.sleep(5)
+        assert len(replicas()) == 2, "more replicas than max_replicas"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=600)
+    assert not failures, failures[:3]
+    print("  1 -> 2 replicas under 8 streams", file=sys.stderr)
+
+
 TESTS = [
     test_replicas_spread_over_both_nodes,
     test_the_openai_suite_through_ray,
@@ -456,7 +505,8 @@ TESTS = [
     test_each_replicas_engine_metrics_are_in_rays_metrics,
     test_a_replica_killed_mid_stream_loses_nothing,
     test_the_worker_node_killed_its_replica_comes_back_on_the_head,
-    # (last: it deploys the application again, small)
+    # (these deploy the application again: autoscaled, then small)
+    test_autoscaling_adds_a_replica_under_load_within_its_bounds,
     test_every_replica_full_answers_429_with_retry_after,
 ]
 

@@ -50,7 +50,7 @@ except ImportError as e:  # the extra is not installed
     raise ImportError("nextok.ray needs Ray Serve: pip install 'nextok[ray]' (or 'ray[serve]')") from e
 from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import BackPressureError
-from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -124,12 +124,15 @@ def _rank(key: str, replica: str) -> int:
     return int.from_bytes(h, "little")
 
 
-class PrefixAffinityRouter(FIFOMixin, RequestRouter):
+class PrefixAffinityRouter(RequestRouter):
     """Sends a request to the replica its prompt prefix hashes to (rendezvous hashing over the
     running replicas, so a replica added or lost moves only its own keys), unless that replica
     holds more than ``imbalance`` requests beyond the least loaded, or is full: then the least
     loaded (the base router's choice among all). Requests without a key go to the least
-    loaded."""
+    loaded. A request pinned to a replica (a trace it stores) goes there.
+
+    Requests are matched to the replica chosen for them (Ray's default out-of-order routing;
+    a FIFO mixin would hand a replica chosen for one request to the oldest waiting one)."""
 
     def initialize_state(self, imbalance: int = 4, **kwargs: Any) -> None:
         self._imbalance = int(imbalance)
