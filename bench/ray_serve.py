@@ -124,7 +124,8 @@ def one(port, prompt, seed):
         ev = json.loads(line[6:])
         if ev.get("usage"):
             usage = ev["usage"]
-        if ttft is None and any(ch.get("text") for ch in ev.get("choices", [])):
+        # the first token's chunk (its text may be held back, as a partial character)
+        if ttft is None and ev.get("choices"):
             ttft = time.perf_counter() - t0
     c.close()
     return ttft, usage["prompt_tokens"], usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
