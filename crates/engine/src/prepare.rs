@@ -54,6 +54,19 @@ pub struct Prepared {
     pub speculative: Option<crate::speculative::SpecOptions>,
     /// The tokens each sequence resumes from (see [`GenerateRequest::resume`]), checked.
     pub resume: Option<Vec<Vec<u32>>>,
+    /// A resumed request's sequence states, committed on the submitting thread and taken by
+    /// the scheduler when it admits the request.
+    pub(crate) resumed_states: ResumedStates,
+}
+
+/// The sequence states of a resumed request, computed once at preparation (empty otherwise).
+#[derive(Default)]
+pub(crate) struct ResumedStates(Mutex<Vec<Option<ResumedSeq>>>);
+
+impl std::fmt::Debug for ResumedStates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ResumedStates")
+    }
 }
 
 impl Prepared {
@@ -63,6 +76,22 @@ impl Prepared {
             .as_ref()
             .and_then(|r| r.get(seq))
             .map_or(&[], Vec::as_slice)
+    }
+
+    /// Sequence `seq`'s state to start from: the one committed at preparation for a resumed
+    /// request (taken once), else a fresh one.
+    pub(crate) fn take_state(&self, seq: usize, ctx: usize) -> Result<ResumedSeq> {
+        let kept = self
+            .resumed_states
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(seq)
+            .and_then(Option::take);
+        match kept {
+            Some(s) => Ok(s),
+            None => self.resumed_state(seq, ctx),
+        }
     }
 
     /// Sequence `seq`'s sampler state and text stream after the tokens it resumes from,
@@ -373,7 +402,7 @@ impl ModelShared {
                 }
             }
         }
-        let prepared = Prepared {
+        let mut prepared = Prepared {
             info: RequestInfo {
                 id,
                 prompt_ids,
@@ -395,13 +424,16 @@ impl ModelShared {
             ledger_step: req.ledger_step,
             speculative: req.speculative,
             resume: req.resume.clone(),
+            resumed_states: ResumedStates::default(),
         };
-        // every resumed sequence's tokens are committed once here, on the submitting thread,
-        // so that a token the sequence could not have selected is the request's error
+        // every resumed sequence's tokens are committed here, once, on the submitting thread
+        // (a token the sequence could not have selected is the request's error); the scheduler
+        // takes the states when it admits the request
         if prepared.resume.is_some() {
-            for i in 0..req.n {
-                prepared.resumed_state(i, ctx)?;
-            }
+            let states = (0..req.n)
+                .map(|i| prepared.resumed_state(i, ctx).map(Some))
+                .collect::<Result<Vec<_>>>()?;
+            prepared.resumed_states = ResumedStates(Mutex::new(states));
         }
         Ok(prepared)
     }

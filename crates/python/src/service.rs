@@ -46,6 +46,18 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime, Failure> {
 /// A whole answer: status, headers, body.
 type Raw = (u16, Vec<(String, String)>, Vec<u8>);
 
+/// A response's headers as `(name, value)` pairs (a value that is not UTF-8, lossily).
+fn header_pairs(h: &axum::http::HeaderMap) -> Vec<(String, String)> {
+    h.iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
 /// The most header pairs a request may carry, and the most bytes of one header.
 const MAX_HEADERS: usize = 100;
 const MAX_HEADER_BYTES: usize = 16 << 10;
@@ -205,16 +217,7 @@ impl PyService {
             .detach(|| rt.block_on(router.oneshot(req)))
             .map_err(|e| Failure::new("EngineError", e.to_string()))?;
         let status = resp.status().as_u16();
-        let headers = resp
-            .headers()
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.as_str().to_string(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
+        let headers = header_pairs(resp.headers());
         let mut started = None;
         let mut early = Vec::new();
         for e in rx.try_iter() {
@@ -445,16 +448,7 @@ pub fn refusal(kind: &str, message: &str) -> PyResult<Raw> {
     let r = nextok_server::ApiError::from_engine(&EngineError::new(k, message), |f| f.to_string())
         .into_response();
     let status = r.status().as_u16();
-    let headers = r
-        .headers()
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_string(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
+    let headers = header_pairs(r.headers());
     let rt = runtime()?;
     let body = rt
         .block_on(r.into_body().collect())

@@ -309,7 +309,7 @@ impl Scheduler {
         // every sequence's state first: a failure leaves nothing of the request running
         let mut states = Vec::with_capacity(info.seeds.len());
         for i in 0..info.seeds.len() {
-            match r.prepared.resumed_state(i, ctx) {
+            match r.prepared.take_state(i, ctx) {
                 Ok(s) => states.push(s),
                 Err(e) => {
                     self.fail(&r, e);
@@ -373,8 +373,6 @@ impl Scheduler {
             let mut feed_buf =
                 Vec::with_capacity(1 + r.prepared.speculative.map_or(0, |o| o.max_draft));
             feed_buf.extend(feed);
-            let mut history = prompt.clone();
-            history.extend_from_slice(resumed);
             self.running.push(Seq {
                 req: r.clone(),
                 index: i,
@@ -401,7 +399,7 @@ impl Scheduler {
                         _ => Box::new(o.ngram),
                     },
                     adapt: Adaptive::new(o.max_draft),
-                    history: history.clone(),
+                    history: prompt.iter().chain(resumed).copied().collect(),
                     draft: Vec::with_capacity(o.max_draft),
                 }),
                 drafted: 0,
@@ -414,19 +412,7 @@ impl Scheduler {
             .get(&info.id)
             .is_some_and(|p| p.remaining == 0);
         if done {
-            if let Some(p) = self.progress.get(&info.id) {
-                let now = Instant::now();
-                let _ = r.tx.send(Event::Done {
-                    usage: p.usage,
-                    timing: crate::request::Timing {
-                        queued: p.admitted.saturating_duration_since(r.submitted),
-                        time_to_first_token: Default::default(),
-                        total: now.saturating_duration_since(r.submitted),
-                        forward_passes: 0,
-                    },
-                });
-            }
-            self.release(&r);
+            self.end(&r, Instant::now());
         }
         self.publish();
     }

@@ -13,6 +13,28 @@ use crate::queue::ReqCtx;
 use crate::request::{Event, Timing};
 
 impl Scheduler {
+    /// Ends request `req`, all of whose sequences have finished: its `Done` event (usage and
+    /// timing), then its blocks released.
+    pub(super) fn end(&mut self, req: &Arc<ReqCtx>, now: Instant) {
+        if let Some(p) = self.progress.get(&req.prepared.info.id) {
+            let sub = req.submitted;
+            let timing = Timing {
+                queued: p.admitted.saturating_duration_since(sub),
+                time_to_first_token: p
+                    .first_token
+                    .map(|t| t.saturating_duration_since(sub))
+                    .unwrap_or_default(),
+                total: now.saturating_duration_since(sub),
+                forward_passes: p.passes,
+            };
+            let _ = req.tx.send(Event::Done {
+                usage: p.usage,
+                timing,
+            });
+        }
+        self.release(req);
+    }
+
     /// Sends the events of the steps [`Scheduler::sample`] left in the sequences, fails the
     /// requests whose step failed, removes finished sequences and ends the requests they
     /// complete; then publishes the counters and trims the prefix cache to the KV budget.
@@ -104,26 +126,9 @@ impl Scheduler {
                 }
                 None => false,
             };
-            if !done {
-                continue;
+            if done {
+                self.end(&req, now);
             }
-            if let Some(p) = self.progress.get(&id) {
-                let sub = req.submitted;
-                let timing = Timing {
-                    queued: p.admitted.saturating_duration_since(sub),
-                    time_to_first_token: p
-                        .first_token
-                        .map(|t| t.saturating_duration_since(sub))
-                        .unwrap_or_default(),
-                    total: now.saturating_duration_since(sub),
-                    forward_passes: p.passes,
-                };
-                let _ = req.tx.send(Event::Done {
-                    usage: p.usage,
-                    timing,
-                });
-            }
-            self.release(&req);
         }
         self.publish();
         self.prefix.trim(&self.inner.pool, self.inner.budget_blocks);
