@@ -15,8 +15,9 @@
 //!   since `u` up to 255 could saturate `vpmaddubsw`).
 //! * **K-quants** (Q4_K, Q5_K, Q6_K): one register holds two 32-value groups of one super-block
 //!   (`vpmaddubsw`, then `vpmaddwd` by the groups' scales); the two halves are added at the end
-//!   of the super-block, which leaves every lane sum exact. VNNI would not save an instruction
-//!   here (the per-group scale still needs a multiply), so both AVX-512 levels run this code.
+//!   of the super-block, which leaves every lane sum exact. With VNNI, tiles of several
+//!   activation rows fuse the scale multiply and the add (`vpdpwssd`); the float part of a
+//!   (row, activation) pair is one register (see `kq45`).
 //! * **Q4_1, F16, BF16, F32** and single weight rows run the AVX2 code (Q4_1's row pairs were
 //!   not faster than its AVX2 tiles).
 //!
@@ -73,8 +74,9 @@ mod fallback {
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::avx2k::{h2f, hsum8, kq45_add, kq45_result, ld};
+    use super::super::avx2k::{h2f, hsum8, kq45_result, ld};
     use super::super::{avx2, Acts, Chunk, MatFormat, QMatrix};
+    use crate::kernels::array;
 
     /// The dots of weight rows `r0..r0 + nr` with activation rows `b0..b0 + n` (`1 ≤ nr, n ≤ 4`,
     /// `b0 % 4 == 0`): `res[ri][bi]`, without VNNI.
@@ -191,7 +193,7 @@ mod imp {
                     MatFormat::Q5_1 => go!(Q5_1),
                     MatFormat::Q8_0 => go!(Q8_0),
                     MatFormat::Q4_K | MatFormat::Q5_K | MatFormat::Q6_K => {
-                        if let Some(res) = super::kq::dot_tile(w, r0, nr, a, b0, n) {
+                        if let Some(res) = kq::dot_tile(w, r0, nr, a, b0, n) {
                             return res;
                         }
                     }
@@ -379,6 +381,327 @@ mod imp {
         };
     }
 
+    /// The tile shapes of the K-quant kernels: `$f::<[$c,] R, N>` for `(nr, n)`, else `None`.
+    macro_rules! kq_shapes {
+        ($nr:expr, $n:expr, $w:expr, $r0:expr, $a:expr, $b0:expr, $f:ident $(, $c:expr)?) => {
+            match ($nr, $n) {
+                (1, 1) => $f::<$($c,)? 1, 1>($w, $r0, $a, $b0),
+                (1, 2) => $f::<$($c,)? 1, 2>($w, $r0, $a, $b0),
+                (1, 3) => $f::<$($c,)? 1, 3>($w, $r0, $a, $b0),
+                (1, 4) => $f::<$($c,)? 1, 4>($w, $r0, $a, $b0),
+                (2, 1) => $f::<$($c,)? 2, 1>($w, $r0, $a, $b0),
+                (2, 2) => $f::<$($c,)? 2, 2>($w, $r0, $a, $b0),
+                (2, 3) => $f::<$($c,)? 2, 3>($w, $r0, $a, $b0),
+                (2, 4) => $f::<$($c,)? 2, 4>($w, $r0, $a, $b0),
+                (4, 1) => $f::<$($c,)? 4, 1>($w, $r0, $a, $b0),
+                _ => return None,
+            }
+        };
+    }
+
+    /// The K-quant kernels, compiled once per AVX-512 level (`$feat`); the enclosing module
+    /// supplies `madd_acc(acc, s, p)`, `acc + vpmaddwd(s, p)`.
+    macro_rules! kq_kernels {
+        ($feat:tt) => {
+            mod kq {
+                use super::*;
+
+                /// The K-quant dots of a 1×n, 2×n or 4×1 tile, `None` for other shapes.
+                #[target_feature(enable = $feat)]
+                pub(super) fn dot_tile(
+                    w: &QMatrix,
+                    r0: usize,
+                    nr: usize,
+                    a: &Acts<'_>,
+                    b0: usize,
+                    n: usize,
+                ) -> Option<[[f32; 4]; 4]> {
+                    Some(match w.format {
+                        MatFormat::Q4_K => kq_shapes!(nr, n, w, r0, a, b0, kq45, false),
+                        MatFormat::Q5_K => kq_shapes!(nr, n, w, r0, a, b0, kq45, true),
+                        MatFormat::Q6_K => kq_shapes!(nr, n, w, r0, a, b0, q6k),
+                        _ => return None,
+                    })
+                }
+
+                /// `acc + vpmaddwd(s, p)`: [`madd_acc`] in tiles of several activation rows;
+                /// with one, whose few accumulator chains would wait on a fused instruction's
+                /// latency, a separate multiply and add (measured 16 % faster there).
+                #[target_feature(enable = $feat)]
+                #[inline]
+                fn acc_tile<const N: usize>(acc: __m512i, s: __m512i, p: __m512i) -> __m512i {
+                    if N > 1 {
+                        madd_acc(acc, s, p)
+                    } else {
+                        _mm512_add_epi32(acc, _mm512_madd_epi16(s, p))
+                    }
+                }
+
+                /// The low and high 256 bits of `x` added (exact `i32` lanes).
+                #[target_feature(enable = $feat)]
+                #[inline]
+                fn fold(x: __m512i) -> __m256i {
+                    _mm256_add_epi32(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64::<1>(x))
+                }
+
+                /// Q4_K (`K5 = false`) and Q5_K (`K5 = true`) × Q8_K for weight rows `r0..r0 + R` and
+                /// activation rows `b0..b0 + N`: groups `2j` (low half) and `2j + 1` (high half) of
+                /// a super-block in one register. Bounds as in the AVX2 kernel: `vpmaddubsw` pairs
+                /// below `2 · 31 · 127`, every lane below `8 · 63 · 4 · 31 · 127 < 2^24`.
+                ///
+                /// The float part of each (row, activation) pair lives in one register: lanes 0–7 are
+                /// `acc`, lanes 8–11 Q4_K's `accm` (lane 8 Q5_K's `summs`), and one fused multiply-add
+                /// per super-block updates them all, each lane computing exactly the operation the
+                /// [module docs](super::super) name for it (`−(d_a · dmin_w)` is `d_a · (−dmin_w)`).
+                /// The per-row and per-activation parts of that step are computed once per super-block.
+                #[target_feature(enable = $feat)]
+                #[inline(never)]
+                fn kq45<const K5: bool, const R: usize, const N: usize>(
+                    w: &QMatrix,
+                    r0: usize,
+                    a: &Acts<'_>,
+                    b0: usize,
+                ) -> [[f32; 4]; 4] {
+                    let nb = w.nb;
+                    let per = if K5 { 5 } else { 4 };
+                    assert!(a.knb == nb && b0 + N <= a.n && r0 + R <= w.rows);
+                    assert!(w.qs.len() >= w.rows * w.qchunks && w.qchunks >= per * nb);
+                    assert!(w.sc.len() >= w.rows * nb);
+                    assert!(
+                        w.d.len() >= w.rows * w.nbp && w.m.len() >= w.rows * w.nbp && w.nbp >= nb
+                    );
+                    assert!(a.kq.len() >= a.n * nb * 8 && a.kd.len() >= a.n * nb);
+                    assert!(a.kbs.len() >= a.n * nb);
+                    let mask = _mm512_set1_epi8(0x0F);
+                    let one = _mm512_set1_epi8(1);
+                    // Nibble shift per half: low nibbles for group 2j, high for 2j + 1.
+                    let nsh = halves16(0, 4);
+                    // High-bit shift per half: bit 2j for group 2j, 2j + 1 for 2j + 1 (then 2 per j).
+                    let hsh = halves16(0, 1);
+                    // Lanes 0–7 take `d_w`, lanes 8–11 (Q5_K: lane 8) `−dmin_w`, the others zero.
+                    let didx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+                    let dmask: __mmask16 = if K5 { 0x01FF } else { 0x0FFF };
+                    let negm = _mm_castsi128_ps(_mm_setr_epi32(0, i32::MIN, 0, 0));
+                    // Row and activation bases (all in bounds by the checks above).
+                    let qs: [*const Chunk; R] = array(|ri| w.qs[(r0 + ri) * w.qchunks..].as_ptr());
+                    let scp: [*const [u8; 16]; R] = array(|ri| w.sc[(r0 + ri) * nb..].as_ptr());
+                    let dp: [*const u16; R] = array(|ri| w.d[(r0 + ri) * w.nbp..].as_ptr());
+                    let mp: [*const u16; R] = array(|ri| w.m[(r0 + ri) * w.nbp..].as_ptr());
+                    let kq: [*const Chunk; N] = array(|bi| a.kq[(b0 + bi) * nb * 8..].as_ptr());
+                    let kd: [*const f32; N] = array(|bi| a.kd[(b0 + bi) * nb..].as_ptr());
+                    let kbs: [*const [i16; 16]; N] = array(|bi| a.kbs[(b0 + bi) * nb..].as_ptr());
+                    let mut acc = [[_mm512_setzero_ps(); N]; R];
+                    for k in 0..nb {
+                        let mut sumi = [[_mm512_setzero_si512(); N]; R];
+                        let mut sc16 = [_mm512_setzero_si512(); R];
+                        let mut hb = [_mm512_setzero_si512(); R];
+                        // SAFETY (every access below): `k < nb`, `j < 4`, `ri < R`, `bi < N`, and the
+                        // bases cover `nb` super-blocks of their row (checked above).
+                        for ri in 0..R {
+                            let s8 = unsafe { _mm_loadu_si128(scp[ri].add(k).cast()) };
+                            sc16[ri] = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(s8));
+                            if K5 {
+                                let h =
+                                    _mm512_broadcast_i64x4(ld(unsafe { &*qs[ri].add(5 * k + 4) }));
+                                hb[ri] = _mm512_srlv_epi16(h, hsh);
+                            }
+                        }
+                        for j in 0..4 {
+                            // Scale `2j` in the low half, `2j + 1` in the high half.
+                            let sidx = _mm512_add_epi16(hsh, _mm512_set1_epi16(2 * j as i16));
+                            let mut wv = [_mm512_setzero_si512(); R];
+                            let mut sv = [_mm512_setzero_si512(); R];
+                            for ri in 0..R {
+                                let c = _mm512_broadcast_i64x4(ld(unsafe {
+                                    &*qs[ri].add(per * k + j)
+                                }));
+                                wv[ri] = _mm512_and_si512(_mm512_srlv_epi16(c, nsh), mask);
+                                if K5 {
+                                    let h = _mm512_and_si512(hb[ri], one);
+                                    wv[ri] = _mm512_or_si512(wv[ri], _mm512_slli_epi16::<4>(h));
+                                    hb[ri] = _mm512_srli_epi16::<2>(hb[ri]);
+                                }
+                                sv[ri] = _mm512_permutexvar_epi16(sidx, sc16[ri]);
+                            }
+                            for bi in 0..N {
+                                let y =
+                                    unsafe { _mm512_loadu_si512(kq[bi].add(8 * k + 2 * j).cast()) };
+                                for ri in 0..R {
+                                    let p = _mm512_maddubs_epi16(wv[ri], y);
+                                    sumi[ri][bi] = acc_tile::<N>(sumi[ri][bi], sv[ri], p);
+                                }
+                            }
+                        }
+                        // The float step: per row `[d_w ×8, −dmin_w ×4]` and the mins, per activation
+                        // `d_a` and its 32-value sums, then one multiply and one fused multiply-add.
+                        let mut dv = [_mm512_setzero_ps(); R];
+                        let mut mins = [_mm_setzero_si128(); R];
+                        for ri in 0..R {
+                            let (d, m) = unsafe { (*dp[ri].add(k), *mp[ri].add(k)) };
+                            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                                (d as u32 | (m as u32) << 16) as i32,
+                            ));
+                            let dm = _mm512_castps128_ps512(_mm_xor_ps(dm, negm));
+                            dv[ri] = _mm512_maskz_permutexvar_ps(dmask, didx, dm);
+                            let sc = unsafe { &*scp[ri].add(k) };
+                            mins[ri] = _mm_cvtepu8_epi16(unsafe {
+                                _mm_loadl_epi64(sc[8..].as_ptr().cast())
+                            });
+                        }
+                        for bi in 0..N {
+                            let da = _mm512_set1_ps(unsafe { *kd[bi].add(k) });
+                            let bs = unsafe { &*kbs[bi].add(k) };
+                            let (b_lo, b_hi) = unsafe {
+                                (
+                                    _mm_loadu_si128(bs.as_ptr().cast()),
+                                    _mm_loadu_si128(bs.as_ptr().add(8).cast()),
+                                )
+                            };
+                            let bsh = _mm_hadd_epi16(b_lo, b_hi);
+                            for ri in 0..R {
+                                let prod = _mm_madd_epi16(mins[ri], bsh);
+                                let prod = if K5 {
+                                    let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+                                    _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s))
+                                } else {
+                                    prod
+                                };
+                                let x = _mm512_inserti32x4::<2>(
+                                    _mm512_zextsi256_si512(fold(sumi[ri][bi])),
+                                    prod,
+                                );
+                                acc[ri][bi] = _mm512_fmadd_ps(
+                                    _mm512_mul_ps(da, dv[ri]),
+                                    _mm512_cvtepi32_ps(x),
+                                    acc[ri][bi],
+                                );
+                            }
+                        }
+                    }
+                    let mut res = [[0f32; 4]; 4];
+                    for ri in 0..R {
+                        for bi in 0..N {
+                            let lo = _mm512_castps512_ps256(acc[ri][bi]);
+                            let hi = _mm512_extractf32x4_ps::<2>(acc[ri][bi]);
+                            res[ri][bi] = kq45_result::<K5>(lo, hi, _mm_cvtss_f32(hi));
+                        }
+                    }
+                    res
+                }
+
+                /// Q6_K × Q8_K for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`: groups
+                /// `g` and `g + 1` of a super-block in one register. Bounds as in the AVX2 kernel.
+                #[target_feature(enable = $feat)]
+                #[inline(never)]
+                fn q6k<const R: usize, const N: usize>(
+                    w: &QMatrix,
+                    r0: usize,
+                    a: &Acts<'_>,
+                    b0: usize,
+                ) -> [[f32; 4]; 4] {
+                    let nb = w.nb;
+                    assert!(a.knb == nb && b0 + N <= a.n && r0 + R <= w.rows);
+                    assert!(w.qs.len() >= w.rows * w.qchunks && w.qchunks >= 6 * nb);
+                    assert!(
+                        w.sc.len() >= w.rows * nb && w.d.len() >= w.rows * w.nbp && w.nbp >= nb
+                    );
+                    assert!(a.kq.len() >= a.n * nb * 8 && a.kd.len() >= a.n * nb);
+                    let m4 = _mm512_set1_epi8(0x0F);
+                    let m3 = _mm512_set1_epi8(3);
+                    let m32 = _mm512_set1_epi8(32);
+                    // High-bit pair shifts: groups 4h + 0 / 4h + 1 take bits 0–1 / 2–3 of `qh`,
+                    // groups 4h + 2 / 4h + 3 bits 4–5 / 6–7.
+                    let s01 = halves16(0, 2);
+                    let s23 = _mm512_add_epi16(s01, _mm512_set1_epi16(4));
+                    // Scale indices of groups `g`, `g + 1`: one per 16-value quarter, `2g + quarter`.
+                    let qidx = _mm512_setr_epi64(
+                        0,
+                        0,
+                        0x0001_0001_0001_0001,
+                        0x0001_0001_0001_0001,
+                        0x0002_0002_0002_0002,
+                        0x0002_0002_0002_0002,
+                        0x0003_0003_0003_0003,
+                        0x0003_0003_0003_0003,
+                    );
+                    // Row and activation bases (all in bounds by the checks above).
+                    let qs: [*const Chunk; R] = array(|ri| w.qs[(r0 + ri) * w.qchunks..].as_ptr());
+                    let scp: [*const [u8; 16]; R] = array(|ri| w.sc[(r0 + ri) * nb..].as_ptr());
+                    let dp: [*const u16; R] = array(|ri| w.d[(r0 + ri) * w.nbp..].as_ptr());
+                    let kq: [*const Chunk; N] = array(|bi| a.kq[(b0 + bi) * nb * 8..].as_ptr());
+                    let kd: [*const f32; N] = array(|bi| a.kd[(b0 + bi) * nb..].as_ptr());
+                    let mut acc = [[_mm256_setzero_ps(); N]; R];
+                    for k in 0..nb {
+                        let mut sumi = [[_mm512_setzero_si512(); N]; R];
+                        let mut sc16 = [_mm512_setzero_si512(); R];
+                        // SAFETY (every access below): `k < nb`, `h < 2`, `ri < R`, `bi < N`, and the
+                        // bases cover `nb` super-blocks of their row (checked above).
+                        for ri in 0..R {
+                            let s8 = unsafe { _mm_loadu_si128(scp[ri].add(k).cast()) };
+                            sc16[ri] = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(s8));
+                        }
+                        for h in 0..2 {
+                            let mut q = [[_mm512_setzero_si512(); 2]; R];
+                            let mut sv = [[_mm512_setzero_si512(); 2]; R];
+                            for ri in 0..R {
+                                let base = unsafe { qs[ri].add(6 * k) };
+                                let l = unsafe { _mm512_loadu_si512(base.add(2 * h).cast()) };
+                                let qh = _mm512_broadcast_i64x4(ld(unsafe { &*base.add(4 + h) }));
+                                let h01 = _mm512_and_si512(_mm512_srlv_epi16(qh, s01), m3);
+                                let h23 = _mm512_and_si512(_mm512_srlv_epi16(qh, s23), m3);
+                                q[ri][0] = _mm512_or_si512(
+                                    _mm512_and_si512(l, m4),
+                                    _mm512_slli_epi16::<4>(h01),
+                                );
+                                q[ri][1] = _mm512_or_si512(
+                                    _mm512_and_si512(_mm512_srli_epi16::<4>(l), m4),
+                                    _mm512_slli_epi16::<4>(h23),
+                                );
+                                for t in 0..2 {
+                                    // groups 4h + 2t and 4h + 2t + 1: scales 8h + 4t + quarter
+                                    let g2 = (8 * h + 4 * t) as i16;
+                                    let idx = _mm512_add_epi16(qidx, _mm512_set1_epi16(g2));
+                                    sv[ri][t] = _mm512_permutexvar_epi16(idx, sc16[ri]);
+                                }
+                            }
+                            for bi in 0..N {
+                                for t in 0..2 {
+                                    let g = 4 * h + 2 * t;
+                                    let y =
+                                        unsafe { _mm512_loadu_si512(kq[bi].add(8 * k + g).cast()) };
+                                    let ys = _mm512_maddubs_epi16(m32, y);
+                                    for ri in 0..R {
+                                        let p =
+                                            _mm512_sub_epi16(_mm512_maddubs_epi16(q[ri][t], y), ys);
+                                        sumi[ri][bi] = acc_tile::<N>(sumi[ri][bi], sv[ri][t], p);
+                                    }
+                                }
+                            }
+                        }
+                        for ri in 0..R {
+                            let dw = h2f(unsafe { *dp[ri].add(k) });
+                            for bi in 0..N {
+                                let da = unsafe { *kd[bi].add(k) };
+                                acc[ri][bi] = _mm256_fmadd_ps(
+                                    _mm256_set1_ps(da * dw),
+                                    _mm256_cvtepi32_ps(fold(sumi[ri][bi])),
+                                    acc[ri][bi],
+                                );
+                            }
+                        }
+                    }
+                    let mut res = [[0f32; 4]; 4];
+                    for ri in 0..R {
+                        for bi in 0..N {
+                            res[ri][bi] = hsum8(acc[ri][bi]);
+                        }
+                    }
+                    res
+                }
+            }
+        };
+    }
+
     /// Without VNNI: `vpmaddubsw` + `vpmaddwd`.
     mod bw {
         use super::*;
@@ -422,7 +745,15 @@ mod imp {
             _mm512_sub_epi32(dot_u(u, a), corr)
         }
 
+        /// `acc + vpmaddwd(s, p)` (exact `i32` lanes).
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        #[inline]
+        fn madd_acc(acc: __m512i, s: __m512i, p: __m512i) -> __m512i {
+            _mm512_add_epi32(acc, _mm512_madd_epi16(s, p))
+        }
+
         kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl");
+        kq_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl");
     }
 
     /// With VNNI: `vpdpbusd`.
@@ -467,7 +798,27 @@ mod imp {
             _mm512_dpbusd_epi32(corr, u, a)
         }
 
+        /// `acc + vpmaddwd(s, p)` as one `vpdpwssd` (exact `i32` lanes: no product pair of an
+        /// `i16` scale and a `vpmaddubsw` sum reaches 2^31). Written as assembly: the compiler
+        /// otherwise splits it back into `vpmaddwd` + `vpaddd` for a generic x86-64 target.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        #[inline]
+        fn madd_acc(mut acc: __m512i, s: __m512i, p: __m512i) -> __m512i {
+            // SAFETY: `vpdpwssd` on registers only; the level guarantees AVX-512 VNNI.
+            unsafe {
+                std::arch::asm!(
+                    "vpdpwssd {acc}, {s}, {p}",
+                    acc = inout(zmm_reg) acc,
+                    s = in(zmm_reg) s,
+                    p = in(zmm_reg) p,
+                    options(pure, nomem, nostack, preserves_flags),
+                );
+            }
+            acc
+        }
+
         kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+        kq_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
 
         /// The 32-value formats for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`
         /// on 256-bit vectors: one row's eight lane sums per register, so each block's scale
@@ -600,248 +951,6 @@ mod imp {
                 }
             }
             res
-        }
-    }
-
-    /// The K-quant kernels (one version for both AVX-512 levels).
-    mod kq {
-        use super::*;
-
-        /// The K-quant dots of a 1×n, 2×n or 4×1 tile, `None` for other shapes.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        pub(super) fn dot_tile(
-            w: &QMatrix,
-            r0: usize,
-            nr: usize,
-            a: &Acts<'_>,
-            b0: usize,
-            n: usize,
-        ) -> Option<[[f32; 4]; 4]> {
-            macro_rules! go {
-                ($f:ident $(, $c:expr)?) => {
-                    match (nr, n) {
-                        (1, 1) => $f::<$($c,)? 1, 1>(w, r0, a, b0),
-                        (1, 2) => $f::<$($c,)? 1, 2>(w, r0, a, b0),
-                        (1, 3) => $f::<$($c,)? 1, 3>(w, r0, a, b0),
-                        (1, 4) => $f::<$($c,)? 1, 4>(w, r0, a, b0),
-                        (2, 1) => $f::<$($c,)? 2, 1>(w, r0, a, b0),
-                        (2, 2) => $f::<$($c,)? 2, 2>(w, r0, a, b0),
-                        (2, 3) => $f::<$($c,)? 2, 3>(w, r0, a, b0),
-                        (2, 4) => $f::<$($c,)? 2, 4>(w, r0, a, b0),
-                        (4, 1) => $f::<$($c,)? 4, 1>(w, r0, a, b0),
-                        _ => return None,
-                    }
-                };
-            }
-            Some(match w.format {
-                MatFormat::Q4_K => go!(kq45, false),
-                MatFormat::Q5_K => go!(kq45, true),
-                MatFormat::Q6_K => go!(q6k),
-                _ => return None,
-            })
-        }
-
-        /// Two consecutive chunks (two 32-value groups of a Q8_K super-block) as one register.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        #[inline]
-        fn ld2(c: &[Chunk]) -> __m512i {
-            assert!(c.len() >= 2);
-            // SAFETY: `c` has at least two chunks of 32 bytes each, contiguous.
-            unsafe { _mm512_loadu_si512(c.as_ptr().cast()) }
-        }
-
-        /// The low and high 256 bits of `x` added (exact `i32` lanes).
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        #[inline]
-        fn fold(x: __m512i) -> __m256i {
-            _mm256_add_epi32(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64::<1>(x))
-        }
-
-        /// Q4_K (`K5 = false`) and Q5_K (`K5 = true`) × Q8_K for weight rows `r0..r0 + R` and
-        /// activation rows `b0..b0 + N`: groups `2j` (low half) and `2j + 1` (high half) of
-        /// a super-block in one register. Bounds as in the AVX2 kernel: `vpmaddubsw` pairs
-        /// below `2 · 31 · 127`, every lane below `8 · 63 · 4 · 31 · 127 < 2^24`.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        #[inline(never)]
-        fn kq45<const K5: bool, const R: usize, const N: usize>(
-            w: &QMatrix,
-            r0: usize,
-            a: &Acts<'_>,
-            b0: usize,
-        ) -> [[f32; 4]; 4] {
-            let nb = w.nb;
-            assert!(a.knb == nb && b0 + N <= a.n && r0 + R <= w.rows);
-            let per = if K5 { 5 } else { 4 };
-            let mask = _mm512_set1_epi8(0x0F);
-            let one = _mm512_set1_epi8(1);
-            // Nibble shift per half: low nibbles for group 2j, high for 2j + 1.
-            let nsh = halves16(0, 4);
-            // High-bit shift per half: bit 2j for group 2j, 2j + 1 for 2j + 1 (then 2 per j).
-            let hsh = halves16(0, 1);
-            let mut acc = [[_mm256_setzero_ps(); N]; R];
-            let mut accm = [[_mm_setzero_ps(); N]; R];
-            let mut summs = [[0f32; N]; R];
-            for k in 0..nb {
-                let mut sumi = [[_mm512_setzero_si512(); N]; R];
-                let mut sc16 = [_mm512_setzero_si512(); R];
-                let mut hb = [_mm512_setzero_si512(); R];
-                for ri in 0..R {
-                    let r = r0 + ri;
-                    let sc = &w.sc[r * nb + k];
-                    // SAFETY: `sc` is 16 readable bytes.
-                    let s8 = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
-                    sc16[ri] = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(s8));
-                    if K5 {
-                        let h = _mm512_broadcast_i64x4(ld(&w.qs[r * w.qchunks + 5 * k + 4]));
-                        hb[ri] = _mm512_srlv_epi16(h, hsh);
-                    }
-                }
-                for j in 0..4 {
-                    // Scale `2j` in the low half, `2j + 1` in the high half.
-                    let sidx = _mm512_add_epi16(hsh, _mm512_set1_epi16(2 * j as i16));
-                    let mut wv = [_mm512_setzero_si512(); R];
-                    let mut sv = [_mm512_setzero_si512(); R];
-                    for ri in 0..R {
-                        let c =
-                            _mm512_broadcast_i64x4(ld(&w.qs[(r0 + ri) * w.qchunks + per * k + j]));
-                        wv[ri] = _mm512_and_si512(_mm512_srlv_epi16(c, nsh), mask);
-                        if K5 {
-                            let h = _mm512_and_si512(hb[ri], one);
-                            wv[ri] = _mm512_or_si512(wv[ri], _mm512_slli_epi16::<4>(h));
-                            hb[ri] = _mm512_srli_epi16::<2>(hb[ri]);
-                        }
-                        sv[ri] = _mm512_permutexvar_epi16(sidx, sc16[ri]);
-                    }
-                    for bi in 0..N {
-                        let blk = (b0 + bi) * nb + k;
-                        let y = ld2(&a.kq[blk * 8 + 2 * j..blk * 8 + 2 * j + 2]);
-                        for ri in 0..R {
-                            let p = _mm512_madd_epi16(sv[ri], _mm512_maddubs_epi16(wv[ri], y));
-                            sumi[ri][bi] = _mm512_add_epi32(sumi[ri][bi], p);
-                        }
-                    }
-                }
-                for ri in 0..R {
-                    for bi in 0..N {
-                        let blk = (b0 + bi) * nb + k;
-                        let isum = fold(sumi[ri][bi]);
-                        let (acc, accm) = (&mut acc[ri][bi], &mut accm[ri][bi]);
-                        let summs = &mut summs[ri][bi];
-                        kq45_add::<K5>(w, r0 + ri, k, a, blk, isum, acc, accm, summs);
-                    }
-                }
-            }
-            let mut res = [[0f32; 4]; 4];
-            for ri in 0..R {
-                for bi in 0..N {
-                    res[ri][bi] = kq45_result::<K5>(acc[ri][bi], accm[ri][bi], summs[ri][bi]);
-                }
-            }
-            res
-        }
-
-        /// Q6_K × Q8_K for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`: groups
-        /// `g` and `g + 1` of a super-block in one register. Bounds as in the AVX2 kernel.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        #[inline(never)]
-        fn q6k<const R: usize, const N: usize>(
-            w: &QMatrix,
-            r0: usize,
-            a: &Acts<'_>,
-            b0: usize,
-        ) -> [[f32; 4]; 4] {
-            let nb = w.nb;
-            assert!(a.knb == nb && b0 + N <= a.n && r0 + R <= w.rows);
-            let m4 = _mm512_set1_epi8(0x0F);
-            let m3 = _mm512_set1_epi8(3);
-            let m32 = _mm512_set1_epi8(32);
-            // High-bit pair shifts: groups 4h + 0 / 4h + 1 take bits 0–1 / 2–3 of `qh`,
-            // groups 4h + 2 / 4h + 3 bits 4–5 / 6–7.
-            let s01 = halves16(0, 2);
-            let s23 = _mm512_add_epi16(s01, _mm512_set1_epi16(4));
-            // Scale indices of groups `g`, `g + 1`: one per 16-value quarter, `2g + quarter`.
-            let qidx = _mm512_setr_epi64(
-                0,
-                0,
-                0x0001_0001_0001_0001,
-                0x0001_0001_0001_0001,
-                0x0002_0002_0002_0002,
-                0x0002_0002_0002_0002,
-                0x0003_0003_0003_0003,
-                0x0003_0003_0003_0003,
-            );
-            let mut acc = [[_mm256_setzero_ps(); N]; R];
-            for k in 0..nb {
-                let mut sumi = [[_mm512_setzero_si512(); N]; R];
-                let mut sc16 = [_mm512_setzero_si512(); R];
-                for ri in 0..R {
-                    let sc = &w.sc[(r0 + ri) * nb + k];
-                    // SAFETY: `sc` is 16 readable bytes.
-                    let s8 = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
-                    sc16[ri] = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(s8));
-                }
-                for h in 0..2 {
-                    let mut q = [[_mm512_setzero_si512(); 2]; R];
-                    let mut sv = [[_mm512_setzero_si512(); 2]; R];
-                    for ri in 0..R {
-                        let base = (r0 + ri) * w.qchunks + 6 * k;
-                        let l = pair(&w.qs[base + 2 * h], &w.qs[base + 2 * h + 1]);
-                        let qh = _mm512_broadcast_i64x4(ld(&w.qs[base + 4 + h]));
-                        let h01 = _mm512_and_si512(_mm512_srlv_epi16(qh, s01), m3);
-                        let h23 = _mm512_and_si512(_mm512_srlv_epi16(qh, s23), m3);
-                        q[ri][0] =
-                            _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16::<4>(h01));
-                        q[ri][1] = _mm512_or_si512(
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(l), m4),
-                            _mm512_slli_epi16::<4>(h23),
-                        );
-                        for t in 0..2 {
-                            // groups 4h + 2t and 4h + 2t + 1: scales 8h + 4t + quarter
-                            let g2 = (8 * h + 4 * t) as i16;
-                            let idx = _mm512_add_epi16(qidx, _mm512_set1_epi16(g2));
-                            sv[ri][t] = _mm512_permutexvar_epi16(idx, sc16[ri]);
-                        }
-                    }
-                    for bi in 0..N {
-                        let blk = (b0 + bi) * nb + k;
-                        for t in 0..2 {
-                            let g = 4 * h + 2 * t;
-                            let y = ld2(&a.kq[blk * 8 + g..blk * 8 + g + 2]);
-                            let ys = _mm512_maddubs_epi16(m32, y);
-                            for ri in 0..R {
-                                let p = _mm512_sub_epi16(_mm512_maddubs_epi16(q[ri][t], y), ys);
-                                let p = _mm512_madd_epi16(sv[ri][t], p);
-                                sumi[ri][bi] = _mm512_add_epi32(sumi[ri][bi], p);
-                            }
-                        }
-                    }
-                }
-                for ri in 0..R {
-                    let dw = h2f(w.d[(r0 + ri) * w.nbp + k]);
-                    for bi in 0..N {
-                        let da = a.kd[(b0 + bi) * nb + k];
-                        acc[ri][bi] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(da * dw),
-                            _mm256_cvtepi32_ps(fold(sumi[ri][bi])),
-                            acc[ri][bi],
-                        );
-                    }
-                }
-            }
-            let mut res = [[0f32; 4]; 4];
-            for ri in 0..R {
-                for bi in 0..N {
-                    res[ri][bi] = hsum8(acc[ri][bi]);
-                }
-            }
-            res
-        }
-
-        /// One chunk in the low half, the next in the high half.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        #[inline]
-        fn pair(lo: &Chunk, hi: &Chunk) -> __m512i {
-            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld(lo)), ld(hi))
         }
     }
 }
