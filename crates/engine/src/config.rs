@@ -38,6 +38,10 @@ pub struct EngineConfig {
     /// sequences take blocks as they grow, and when the next pass would not fit the request
     /// holding the most blocks is preempted (its cache recomputed when it resumes). A request
     /// whose prompt and `max_tokens` (every sequence's) could never fit is refused at submission.
+    ///
+    /// The memory guard ([`nextok_model::memory`]): a budget larger than the memory left beside
+    /// the loaded model is refused when the engine starts, naming both sizes; the default
+    /// ([`DEFAULT_KV_BUDGET_BYTES`]) is lowered to 90 % of what is left instead.
     pub kv_budget_bytes: usize,
     /// Requests that may wait for admission; past that,
     /// [`ErrorKind::QueueFull`](crate::ErrorKind::QueueFull).
@@ -64,6 +68,10 @@ pub struct EngineConfig {
     pub kv_cache_type: nextok_model::KvCacheType,
 }
 
+/// The default KV cache budget: 4 GiB, or 90 % of the memory left beside the model when that is
+/// less.
+pub const DEFAULT_KV_BUDGET_BYTES: usize = 4 << 30;
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
@@ -71,7 +79,7 @@ impl Default for EngineConfig {
             max_batch_tokens: 512,
             prefill_chunk_tokens: PREFILL_CHUNK_TOKENS,
             itl_target_ms: ITL_TARGET_MS,
-            kv_budget_bytes: 4 << 30,
+            kv_budget_bytes: DEFAULT_KV_BUDGET_BYTES,
             max_waiting: 1024,
             prefix_cache_entries: 32,
             parse_special_in_messages: false,

@@ -153,6 +153,26 @@ impl Engine {
         geometry
             .check()
             .map_err(|m| EngineError::invalid("kv_cache_type", m))?;
+        // The memory guard: the budget must fit in what is left beside the loaded model. The
+        // default budget shrinks to 90 % of that; a budget the caller set is refused.
+        let mut config = config;
+        if let Some((room, source)) = nextok_model::memory::available() {
+            let room = usize::try_from(room).unwrap_or(usize::MAX);
+            if config.kv_budget_bytes > room {
+                if config.kv_budget_bytes == crate::config::DEFAULT_KV_BUDGET_BYTES {
+                    config.kv_budget_bytes = room / 10 * 9;
+                } else {
+                    return Err(EngineError::invalid(
+                        "kv_budget_bytes",
+                        format!(
+                            "{} of KV cache would not fit: {} is available beside the model ({source})",
+                            nextok_model::memory::show(config.kv_budget_bytes as u64),
+                            nextok_model::memory::show(room as u64),
+                        ),
+                    ));
+                }
+            }
+        }
         let budget_blocks = config.kv_budget_bytes / geometry.block_bytes().max(1);
         if budget_blocks == 0 {
             return Err(EngineError::invalid(

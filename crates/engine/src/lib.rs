@@ -55,7 +55,9 @@ pub mod trace;
 /// metadata (`0.1.0+g84e8bd9c1d2e`) when built from a checkout. A trace header records it.
 pub const VERSION: &str = env!("NEXTOK_VERSION");
 
-pub use config::{EngineConfig, ITL_TARGET_MS, ITL_TARGET_MS_MAX, PREFILL_CHUNK_TOKENS};
+pub use config::{
+    EngineConfig, DEFAULT_KV_BUDGET_BYTES, ITL_TARGET_MS, ITL_TARGET_MS_MAX, PREFILL_CHUNK_TOKENS,
+};
 pub use engine::{Completion, Engine, EngineStats, Recv, RequestHandle, SequenceOutput};
 pub use error::{EngineError, ErrorKind, Result};
 pub use nextok_constraint::ConstraintSpec;

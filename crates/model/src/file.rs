@@ -3,13 +3,18 @@
 //! [`GgufFile::open`] reads the metadata and the tensor descriptions with the vocabulary
 //! crate's parser ([`nextok_vocab::gguf`]), which checks every size against the file's length
 //! before anything is allocated from it. The same parsed metadata then serves the weights, the
-//! vocabulary, the tokenizer and the chat template; each tensor's bytes are read when its loader
-//! asks for them.
+//! vocabulary, the tokenizer and the chat template. Tensor data is mapped, not read: a loader
+//! takes a tensor's bytes from the mapping, repacks them into its own planes, and then
+//! [`GgufFile::release`]s them, so the mapped pages leave the process's resident memory as the
+//! repacked copy replaces them, and nothing is copied or zeroed on the way (the pages stay in
+//! the system's file cache). Like llama.cpp and candle, this assumes that nobody truncates the
+//! file while a model loads from it (a mapping of a shrunk file faults).
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+
+use memmap2::{Mmap, UncheckedAdvice};
 
 use nextok_vocab::gguf::{ggml_type_size, Gguf, GgufTensors, TensorInfo, Value};
 
@@ -88,14 +93,14 @@ pub mod ggml_type {
     }
 }
 
-/// A GGUF file: its metadata and tensor descriptions (parsed once), and the open file for
+/// A GGUF file: its metadata and tensor descriptions (parsed once), and the file mapped for
 /// reading tensor data.
 pub struct GgufFile {
     path: PathBuf,
     meta: Gguf,
     tensors: GgufTensors,
     index: HashMap<String, usize>,
-    file: File,
+    map: Mmap,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -133,17 +138,22 @@ impl GgufFile {
                 )));
             }
         }
-        let file = File::open(path).map_err(|e| {
-            ModelError::new(format!("{}: cannot open: {e}", path.display()))
+        let io_err = |what: &str, e: std::io::Error| {
+            ModelError::new(format!("{}: cannot {what}: {e}", path.display()))
                 .with_kind(ModelErrorKind::Io)
                 .with_source(e)
-        })?;
+        };
+        let file = File::open(path).map_err(|e| io_err("open", e))?;
+        // SAFETY: a read-only private mapping; the bytes are only read, and every tensor's range
+        // was checked against the file's length when its description was parsed (see the
+        // module docs for a file truncated meanwhile).
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| io_err("map", e))?;
         Ok(GgufFile {
             path: path.to_path_buf(),
             meta,
             tensors,
             index,
-            file,
+            map,
         })
     }
 
@@ -160,6 +170,11 @@ impl GgufFile {
     /// The metadata value of `key`.
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.meta.get(key)
+    }
+
+    /// The tensor descriptions, in the file's order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors.infos
     }
 
     /// Number of tensors the file describes.
@@ -182,8 +197,8 @@ impl GgufFile {
         })
     }
 
-    /// The raw bytes of tensor `t` (its size was checked against the file at open).
-    pub fn bytes(&self, t: &TensorInfo) -> Result<Vec<u8>> {
+    /// The byte range of tensor `t` in the file.
+    fn range(&self, t: &TensorInfo) -> Result<std::ops::Range<usize>> {
         let (block, size) = ggml_type_size(t.ggml_type).ok_or_else(|| {
             format_err(format!(
                 "tensor `{}`: unknown format {}",
@@ -192,18 +207,42 @@ impl GgufFile {
             ))
         })?;
         let elems: u64 = t.dims.iter().product();
-        let n = usize::try_from(elems / block * size)
-            .map_err(|_| format_err(format!("tensor `{}`: too large", t.name)))?;
-        let mut out = vec![0u8; n];
-        let mut f = &self.file;
-        f.seek(SeekFrom::Start(self.tensors.data_offset + t.offset))
-            .and_then(|_| f.read_exact(&mut out))
-            .map_err(|e| {
-                ModelError::new(format!("tensor `{}`: cannot read: {e}", t.name))
-                    .with_kind(ModelErrorKind::Io)
-                    .with_source(e)
-            })?;
-        Ok(out)
+        let too_large = || format_err(format!("tensor `{}`: outside the file", t.name));
+        let n = usize::try_from(elems / block * size).map_err(|_| too_large())?;
+        let start = self
+            .tensors
+            .data_offset
+            .checked_add(t.offset)
+            .and_then(|s| usize::try_from(s).ok())
+            .ok_or_else(too_large)?;
+        let end = start.checked_add(n).ok_or_else(too_large)?;
+        if end > self.map.len() {
+            return Err(too_large());
+        }
+        Ok(start..end)
+    }
+
+    /// The raw bytes of tensor `t`, from the mapping (its size was checked against the file at
+    /// open, and is again here).
+    pub fn bytes(&self, t: &TensorInfo) -> Result<&[u8]> {
+        Ok(&self.map[self.range(t)?])
+    }
+
+    /// Drops the mapped pages that lie wholly inside tensor `t` from this process's resident
+    /// memory (after its loader has copied what it needs); reading them again maps them again.
+    pub fn release(&self, t: &TensorInfo) {
+        let Ok(r) = self.range(t) else { return };
+        let page = 4096;
+        let (start, end) = (r.start.div_ceil(page) * page, r.end / page * page);
+        if start < end {
+            // SAFETY: a read-only private mapping that nothing writes: dropping its pages only
+            // makes a later read fault them in again from the file, with the same bytes. No
+            // reference into the range outlives this call in the loader (it has repacked them).
+            let _ = unsafe {
+                self.map
+                    .unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
     }
 
     /// Tensor `name` as `f32` values (F32, F16 or BF16 tensors read directly, any other format
@@ -220,7 +259,7 @@ impl GgufFile {
         let v = to_f32(
             name,
             t.ggml_type,
-            &b,
+            b,
             t.dims.iter().map(|&d| d as usize).collect(),
         )?;
         if v.iter().any(|x| !x.is_finite()) {

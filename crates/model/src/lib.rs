@@ -42,6 +42,7 @@ pub mod fetch;
 pub mod file;
 pub mod kernels;
 pub mod kv;
+pub mod memory;
 pub mod numerics;
 mod open;
 pub mod scripted;
@@ -157,7 +158,16 @@ pub fn sha256_file(path: &Path) -> Result<String> {
             .with_source(e)
     })?;
     let mut h = Sha256::new();
-    std::io::copy(&mut f, &mut h)?;
+    // large reads: a system call per 8 KiB (`io::copy`'s buffer) cost more than the hashing
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match std::io::Read::read(&mut f, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => h.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     Ok(hex(&h.finalize()))
 }
 
@@ -200,7 +210,16 @@ impl Model {
     /// once on standard error, naming them.
     pub fn load(path: &Path, requant: Requant) -> Result<Model> {
         let f = file::GgufFile::open(path)?;
-        let weights = Arc::new(ModelWeights::from_file(&f, requant)?);
+        // the file's digest (for traces) on another thread while the weights are repacked
+        let (weights, sha256) = std::thread::scope(|s| {
+            let digest = s.spawn(|| sha256_file(path));
+            let weights = ModelWeights::from_file(&f, requant);
+            let digest = digest
+                .join()
+                .unwrap_or_else(|_| Err(ModelError::new("hashing the model file failed")));
+            (weights, digest)
+        });
+        let (weights, sha256) = (Arc::new(weights?), sha256?);
         if let Some(line) = converted_note(&weights.converted) {
             eprintln!("nextok: {}: {line}", path.display());
         }
@@ -221,7 +240,7 @@ impl Model {
             vocab,
             encoder,
             chat_template,
-            sha256: sha256_file(path)?,
+            sha256,
             path: path.to_path_buf(),
         })
     }

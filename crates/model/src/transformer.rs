@@ -285,11 +285,13 @@ impl MatrixLoader<'_> {
         let ty = t.ggml_type;
         let (fmt, kept) = runtime_format(ty, fc, self.requant);
         if kept {
-            return QMatrix::from_ggml(fmt, fr, fc, &bytes).map_err(kernel_err);
+            let m = QMatrix::from_ggml(fmt, fr, fc, bytes).map_err(kernel_err);
+            self.f.release(t);
+            return m;
         }
         // no kernel for this format (or a re-quantisation was asked for): dequantise, then Q8_0
-        let values = crate::file::to_f32(name, ty, &bytes, vec![fc, fr])?;
-        drop(bytes);
+        let values = crate::file::to_f32(name, ty, bytes, vec![fc, fr])?;
+        self.f.release(t);
         let asked = self.requant == Requant::Q8_0
             && MatFormat::from_ggml_type(ty).is_some_and(|f| fc.is_multiple_of(f.cols_multiple()));
         if !asked {
@@ -301,6 +303,30 @@ impl MatrixLoader<'_> {
         }
         QMatrix::quantize_q8_0(fr, fc, &values).map_err(kernel_err)
     }
+}
+
+/// Bytes the weights of `f` will hold once loaded, an upper estimate from the tensor
+/// descriptions alone: a matrix kept in its format as many as the file's bytes plus 1/32 (the
+/// repacked scale planes are at most that much larger), one converted to Q8_0 34 bytes per 32
+/// values, and any other tensor 4 bytes a value.
+pub fn resident_estimate(f: &GgufFile, requant: Requant) -> u64 {
+    let mut total = 0u64;
+    for t in f.tensors() {
+        let elems: u64 = t.dims.iter().product();
+        let bytes = nextok_vocab::gguf::ggml_type_size(t.ggml_type)
+            .map_or(elems.saturating_mul(4), |(block, size)| {
+                (elems / block.max(1)).saturating_mul(size)
+            });
+        let add = match t.dims.as_slice() {
+            &[c, _] => match runtime_format(t.ggml_type, c as usize, requant) {
+                (_, true) => bytes.saturating_add(bytes / 32),
+                (_, false) => (elems / 32).saturating_mul(34),
+            },
+            _ => elems.saturating_mul(4),
+        };
+        total = total.saturating_add(add);
+    }
+    total
 }
 
 /// The format a matrix of GGML type `ty` with `cols` columns runs in, and whether that is the
@@ -344,32 +370,43 @@ pub(crate) fn matrix_names(f: &GgufFile, n_layer: usize) -> Vec<String> {
 }
 
 impl ModelWeights {
+    /// Calls `f` on every matrix: the embedding, the output (when not tied), then each layer's.
+    fn each_matrix(&self, mut f: impl FnMut(&QMatrix)) {
+        f(&self.embed);
+        if let Some(o) = &self.output {
+            f(o);
+        }
+        for l in &self.layers {
+            match &l.qkv {
+                Qkv::Separate(m) => m.iter().for_each(&mut f),
+                Qkv::Fused(m) => f(m),
+            }
+            f(&l.wo);
+            match &l.gate_up {
+                GateUp::Separate(m) => m.iter().for_each(&mut f),
+                GateUp::Fused(m) => f(m),
+            }
+            f(&l.w_down);
+        }
+    }
+
     /// The formats of every matrix as loaded (after re-quantisation and conversions), each once:
     /// what the model's numerics depend on ([`crate::numerics::identifier`]).
     pub fn matrix_formats(&self) -> Vec<MatFormat> {
         let mut out: Vec<MatFormat> = Vec::new();
-        let mut add = |m: &QMatrix| {
+        self.each_matrix(|m| {
             if !out.contains(&m.format()) {
                 out.push(m.format());
             }
-        };
-        add(&self.embed);
-        if let Some(o) = &self.output {
-            add(o);
-        }
-        for l in &self.layers {
-            match &l.qkv {
-                Qkv::Separate(m) => m.iter().for_each(&mut add),
-                Qkv::Fused(m) => add(m),
-            }
-            add(&l.wo);
-            match &l.gate_up {
-                GateUp::Separate(m) => m.iter().for_each(&mut add),
-                GateUp::Fused(m) => add(m),
-            }
-            add(&l.w_down);
-        }
+        });
         out
+    }
+
+    /// Bytes of memory the loaded matrices hold (quants and scales as repacked).
+    pub fn matrix_bytes(&self) -> usize {
+        let mut total = 0usize;
+        self.each_matrix(|m| total = total.saturating_add(m.bytes()));
+        total
     }
 
     /// Loads a GGUF file of a supported family (`general.architecture`: see [`Arch`]).
@@ -382,6 +419,14 @@ impl ModelWeights {
     pub fn from_file(f: &GgufFile, requant: Requant) -> Result<ModelWeights> {
         let arch = Arch::of(f)?;
         let mut cfg = arch.config(f)?;
+        let need = resident_estimate(f, requant);
+        crate::memory::check(need, "the weights").map_err(|line| {
+            ModelError::new(format!(
+                "{}: {line}; a smaller quantisation of the model, or a machine with more memory, is needed",
+                f.path().display()
+            ))
+            .with_kind(ModelErrorKind::Capacity)
+        })?;
         let (d, qd, kvd, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let mut ml = MatrixLoader {
             f,
