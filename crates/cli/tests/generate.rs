@@ -823,3 +823,34 @@ fn the_sampler_replays_alone_on_a_trace_with_its_logits() {
         text(&o.stderr)
     );
 }
+
+/// The memory guard, as a user meets it: with less memory than the weights need
+/// (`NEXTOK_MEMORY_LIMIT` caps what nextok may assume), loading is refused in one line naming
+/// both sizes, before anything is allocated for the weights; with enough, the same run answers.
+#[test]
+fn a_model_that_does_not_fit_is_refused_at_load_in_one_line() {
+    let Some(m) = model() else { return };
+    let run = |limit: &str| {
+        Command::new(env!("CARGO_BIN_EXE_nextok"))
+            .args(["generate", "Hi", "--max-tokens", "2", "--temperature", "0"])
+            .arg("--model")
+            .arg(&m)
+            .env("NEXTOK_MEMORY_LIMIT", limit)
+            .output()
+            .unwrap()
+    };
+    let o = run("64M");
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("the weights need"))
+        .unwrap_or_else(|| panic!("no memory line in: {err}"));
+    assert!(
+        line.contains("MiB of memory, and 64.0 MiB is available (NEXTOK_MEMORY_LIMIT)"),
+        "{line}"
+    );
+    assert!(line.contains("SmolLM2"), "names the file: {line}");
+    let o = run("8G");
+    assert!(o.status.success(), "{}", text(&o.stderr));
+}

@@ -212,6 +212,13 @@ impl Engine {
         })
     }
 
+    /// The KV cache budget in bytes, as the engine runs with it (after the memory guard; whole
+    /// blocks).
+    pub fn kv_budget_bytes(&self) -> usize {
+        let (blocks, block) = self.kv_budget();
+        blocks.saturating_mul(block)
+    }
+
     /// The KV cache budget in blocks, and the bytes of one block.
     pub(crate) fn kv_budget(&self) -> (usize, usize) {
         (
