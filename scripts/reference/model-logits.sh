@@ -12,13 +12,17 @@
 #   llama.cpp, the ten highest raw logits after every position, a 16-token greedy continuation;
 # * testdata/reference/gemma-3-270m.llamacpp.json — the real Gemma 3 270M Q4_K_M file
 #   (scripts/fetch-testdata.sh): the prompts of testdata/reference/gemma-prompts.json tokenized
-#   by llama.cpp, the ten highest raw logits after every position, a 16-token greedy continuation.
+#   by llama.cpp, the ten highest raw logits after every position, a 16-token greedy continuation;
+# * with --large, testdata/reference/qwen2.5-coder.llamacpp.json — the real Qwen2.5-Coder 0.5B
+#   and 1.5B Instruct Q4_K_M files (`scripts/fetch-testdata.sh --large`): the prompts of
+#   testdata/reference/qwen-prompts.json the same way, and how far llama.cpp's own logits move
+#   between its two attention paths (`flash_attn_delta`, the bound the tests allow).
 #
 # llama.cpp runs through llama-cpp-python (pinned below), built from source by pip into a
 # virtual environment in the nextok cache (<cache>/peers, the one bench/peers/llama_sampler.sh
 # uses). Not run in CI: the tests compare against the committed files.
 #
-#   scripts/reference/model-logits.sh
+#   scripts/reference/model-logits.sh [--large]
 set -euo pipefail
 
 LLAMA_CPP_PYTHON_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
@@ -28,8 +32,10 @@ say() { echo "$ME: $*" >&2; }
 set -E
 trap 'rc=$?; echo "$ME: error: line $LINENO: exit $rc from: $BASH_COMMAND" >&2; exit $rc' ERR
 
+LARGE=0
 case "${1:-}" in
-  -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --large) LARGE=1 ;;
   "") ;;
   *) die "unknown argument: $1 (see --help)" ;;
 esac
@@ -50,7 +56,11 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import llama_cpp, num
 fi
 
 say "fetching the test data (scripts/fetch-testdata.sh)"
-NEXTOK_TESTDATA="$DEST" bash "$REPO/scripts/fetch-testdata.sh" >&2
+if [ "$LARGE" = 1 ]; then
+  NEXTOK_TESTDATA="$DEST" bash "$REPO/scripts/fetch-testdata.sh" --large >&2
+else
+  NEXTOK_TESTDATA="$DEST" bash "$REPO/scripts/fetch-testdata.sh" >&2
+fi
 
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
@@ -80,4 +90,13 @@ say "running llama.cpp with a q8_0 KV cache on SmolLM2 and Gemma 3 270M"
   "$REPO/testdata/reference/kv-q8_0.llamacpp.json" "$LLAMA_CPP_PYTHON_VERSION" \
   "$DEST/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf=$REPO/testdata/reference/gemma-prompts.json" \
   "$DEST/gemma3/gemma-3-270m-q4_k_m.gguf=$REPO/testdata/reference/gemma-prompts.json"
+if [ "$LARGE" = 1 ]; then
+  say "running llama.cpp on Qwen2.5-Coder 0.5B and 1.5B"
+  QWEN="$DEST/qwen2.5-coder"
+  "$VENV/bin/python" "$REPO/scripts/reference/model-logits.py" --flash-attn-delta \
+    "$REPO/testdata/reference/qwen2.5-coder.llamacpp.json" "$LLAMA_CPP_PYTHON_VERSION" \
+    "$QWEN/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf=$REPO/testdata/reference/qwen-prompts.json" \
+    "$QWEN/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf=$REPO/testdata/reference/qwen-prompts.json"
+  say "wrote testdata/reference/qwen2.5-coder.llamacpp.json"
+fi
 say "wrote testdata/reference/families.llamacpp.json, families-vocab.llamacpp.json, gemma-3-270m.llamacpp.json and kv-q8_0.llamacpp.json"

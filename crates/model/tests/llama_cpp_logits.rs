@@ -13,7 +13,9 @@
 //!   the same), the ten highest raw logits after every position, a 16-token greedy
 //!   continuation;
 //! * the real Gemma 3 270M Q4_K_M file: six prompts as llama.cpp tokenized them, the ten
-//!   highest raw logits after every position, and a 16-token greedy continuation.
+//!   highest raw logits after every position, and a 16-token greedy continuation;
+//! * the real Qwen2.5-Coder 0.5B and 1.5B Instruct Q4_K_M files (`fetch-testdata.sh --large`):
+//!   the same for six prompts, with the bound the quantised tiny models use.
 //!
 //! The largest logit difference is printed and bounded; where a greedy continuation departs
 //! from llama.cpp's, the step must be a near tie in nextok's own logits (a top-2 margin below
@@ -360,5 +362,75 @@ fn gemma_3_270m_matches_llama_cpp() {
                 .unwrap_or_default()
         );
         assert_close(text, &c, 2.5);
+    }
+}
+
+/// The real Qwen2.5-Coder 0.5B (Q5_0/Q8_0/Q4_K/Q6_K) and 1.5B (Q4_K/Q6_K) Instruct files as
+/// shipped: llama.cpp's token ids, its raw logits within the bound of the quantised tiny models
+/// (0.25, or how far llama.cpp's own logits move between its two attention paths on the same
+/// prompts, recorded per file as `flash_attn_delta`), greedy continuations equal except at a
+/// near tie. `scripts/test.sh` fetches them (`fetch-testdata.sh --large`, 1.6 GB); elsewhere,
+/// without them, the test says so and checks nothing.
+#[test]
+fn qwen2_5_coder_files_match_llama_cpp() {
+    const BOUND: f32 = 0.25;
+    let r = reference("qwen2.5-coder.llamacpp.json");
+    let models = r["models"].as_array().unwrap();
+    let files = [
+        nextok_testdata::QWEN25_CODER_05B,
+        nextok_testdata::QWEN25_CODER_15B,
+    ];
+    assert_eq!(models.len(), files.len());
+    for rel in files {
+        let Some(path) = nextok_testdata::require(rel) else {
+            continue;
+        };
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        let entry = models
+            .iter()
+            .find(|m| m["file"].as_str() == Some(name.as_str()))
+            .unwrap_or_else(|| panic!("no reference for {name}"));
+        let w = Arc::new(ModelWeights::load(&path, Requant::Keep).unwrap());
+        assert!(
+            w.converted.is_empty(),
+            "{name}: matrices converted: {:?}",
+            w.converted
+        );
+        assert_eq!(
+            nextok_model::sha256_file(&path).unwrap(),
+            entry["sha256"].as_str().unwrap(),
+            "{name}: not the file llama.cpp ran"
+        );
+        let encoder = {
+            let f = nextok_model::file::GgufFile::open(&path).unwrap();
+            nextok_vocab::encode::Encoder::from_gguf(f.meta(), "qwen2").unwrap()
+        };
+        let llama_own = entry["flash_attn_delta"].as_f64().unwrap() as f32;
+        let bound = BOUND.max(llama_own);
+        let (mut file_max, mut greedy) = (0f32, (0, 0));
+        for p in entry["prompts"].as_array().unwrap() {
+            let text = p["text"].as_str().unwrap();
+            assert_eq!(
+                encoder.encode(text, true).unwrap(),
+                ids(&p["ids"]),
+                "{name} {text:?}: token ids"
+            );
+            let c = check(&w, p);
+            file_max = file_max.max(c.max_delta);
+            greedy.0 += c.greedy_prefix;
+            greedy.1 += c.greedy_len;
+            if let Some(m) = c.margin_at_departure {
+                eprintln!(
+                    "{name} {text:?}: greedy departs after {} tokens at a top-2 margin of {m:.3}",
+                    c.greedy_prefix
+                );
+            }
+            assert_close(&name, &c, bound);
+        }
+        eprintln!(
+            "{name}: max |Δlogit| {file_max:.3} (bound {bound:.3}: llama.cpp's own with flash \
+             attention {llama_own:.3}); greedy {}/{} match",
+            greedy.0, greedy.1
+        );
     }
 }
