@@ -117,7 +117,7 @@ pub fn fetch_model(m: &NamedModel) -> Result<PathBuf> {
     let dir = cache_dir()?;
     let path = dir.join(m.file);
     if path.exists() {
-        let got = crate::sha256_file(&path)?;
+        let got = crate::digest::file_digest(&path)?;
         if got == m.sha256 {
             return Ok(path);
         }

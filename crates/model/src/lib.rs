@@ -37,6 +37,7 @@ mod isa;
 pub mod arch;
 pub mod beam;
 pub mod chat;
+pub mod digest;
 mod error;
 pub mod fetch;
 pub mod file;
@@ -52,9 +53,8 @@ pub mod transformer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-
 pub use arch::{Arch, ArchConfig};
+pub use digest::{file_digest, sha256_file};
 pub use error::{ModelError, ModelErrorKind, Result};
 pub use kv::{KvCacheType, KvGeometry, KvPool, SeqKv};
 pub use open::{load_model, model_path};
@@ -150,27 +150,6 @@ pub fn simd_features() -> String {
 /// computed for every position at load.
 pub const MAX_CONTEXT: usize = 1 << 20;
 
-/// SHA-256 of a file, hex.
-pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).map_err(|e| {
-        ModelError::new(format!("{}: cannot open: {e}", path.display()))
-            .with_kind(ModelErrorKind::Io)
-            .with_source(e)
-    })?;
-    let mut h = Sha256::new();
-    // large reads: a system call per 8 KiB (`io::copy`'s buffer) cost more than the hashing
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        match std::io::Read::read(&mut f, &mut buf) {
-            Ok(0) => break,
-            Ok(n) => h.update(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(hex(&h.finalize()))
-}
-
 /// The one line the loader says about the matrices it converted: their count, and for each
 /// format in the file's order of first appearance, how many and the first tensor
 /// (`None` when nothing was converted).
@@ -210,9 +189,10 @@ impl Model {
     /// once on standard error, naming them.
     pub fn load(path: &Path, requant: Requant) -> Result<Model> {
         let f = file::GgufFile::open(path)?;
-        // the file's digest (for traces) on another thread while the weights are repacked
+        // the file's digest (for traces): remembered, or computed on another thread while the
+        // weights are repacked
         let (weights, sha256) = std::thread::scope(|s| {
-            let digest = s.spawn(|| sha256_file(path));
+            let digest = s.spawn(|| digest::file_digest(path));
             let weights = ModelWeights::from_file(&f, requant);
             let digest = digest
                 .join()

@@ -40,6 +40,7 @@
 //! rounded to `f16`, the tanh approximation evaluated in `f32` and rounded to `f16`.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -52,6 +53,7 @@ use crate::kernels::attn::{self, dot};
 use crate::kernels::{self, Activations, Level, MatFormat, QMatrix};
 use crate::kv::{KvGeometry, KvPool, KvRun, SeqKv, BLOCK_POSITIONS};
 use crate::LogitsSource;
+use nextok_vocab::gguf::TensorInfo;
 
 /// What to do with the quantised matrices at load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -253,9 +255,36 @@ struct MatrixLoader<'f> {
     f: &'f GgufFile,
     requant: Requant,
     converted: Vec<Converted>,
+    /// Matrices repacked ahead, in parallel ([`MatrixLoader::repack_ahead`]), taken by
+    /// [`MatrixLoader::load`] after its checks.
+    ready: HashMap<String, Result<Repacked>>,
 }
 
+/// A matrix in its runtime format, and the conversion it went through if any.
+type Repacked = (QMatrix, Option<Converted>);
+
 impl MatrixLoader<'_> {
+    /// Repacks the two-dimensional matrices among `names` on every core (the rayon pool), each
+    /// from the file's mapping, whose pages are released as each copy is made. Errors are kept
+    /// for [`MatrixLoader::load`] to report in load order, after its own checks.
+    fn repack_ahead(&mut self, names: &[String]) {
+        use rayon::prelude::*;
+        let (f, requant) = (self.f, self.requant);
+        self.ready = names
+            .par_iter()
+            .filter_map(|name| {
+                let t = f.info(name)?;
+                let &[c, r] = t.dims.as_slice() else {
+                    return None;
+                };
+                Some((
+                    name.clone(),
+                    repack(f, requant, name, t, c as usize, r as usize),
+                ))
+            })
+            .collect();
+    }
+
     /// Matrix `name` as `[rows, cols]` (GGUF dims `[cols, rows]`); `rows`/`cols` of `None`
     /// are taken from the file, given ones are checked.
     fn load(&mut self, name: &str, rows: Option<usize>, cols: Option<usize>) -> Result<QMatrix> {
@@ -276,33 +305,53 @@ impl MatrixLoader<'_> {
                 cols.map_or("?".to_string(), |c| c.to_string()),
             )));
         }
-        let kernel_err = |e: kernels::KernelError| {
-            ModelError::new(format!("tensor `{name}`: {e}"))
-                .with_kind(ModelErrorKind::Format)
-                .with_source(e)
+        let (m, conv) = match self.ready.remove(name) {
+            Some(r) => r?,
+            None => repack(self.f, self.requant, name, t, fc, fr)?,
         };
-        let bytes = self.f.bytes(t)?;
-        let ty = t.ggml_type;
-        let (fmt, kept) = runtime_format(ty, fc, self.requant);
-        if kept {
-            let m = QMatrix::from_ggml(fmt, fr, fc, bytes).map_err(kernel_err);
-            self.f.release(t);
-            return m;
-        }
-        // no kernel for this format (or a re-quantisation was asked for): dequantise, then Q8_0
-        let values = crate::file::to_f32(name, ty, bytes, vec![fc, fr])?;
-        self.f.release(t);
-        let asked = self.requant == Requant::Q8_0
-            && MatFormat::from_ggml_type(ty).is_some_and(|f| fc.is_multiple_of(f.cols_multiple()));
-        if !asked {
-            self.converted.push(Converted {
-                tensor: name.to_string(),
-                from: ggml_type::name(ty),
-                to: "Q8_0".into(),
-            });
-        }
-        QMatrix::quantize_q8_0(fr, fc, &values).map_err(kernel_err)
+        self.converted.extend(conv);
+        Ok(m)
     }
+}
+
+/// Tensor `t` (`name`, `fr` rows of `fc` values) in its runtime format: kept where a kernel
+/// exists, else dequantised and quantised to Q8_0. The file's pages of the tensor are released
+/// once the copy is made.
+fn repack(
+    f: &GgufFile,
+    requant: Requant,
+    name: &str,
+    t: &TensorInfo,
+    fc: usize,
+    fr: usize,
+) -> Result<Repacked> {
+    let kernel_err = |e: kernels::KernelError| {
+        ModelError::new(format!("tensor `{name}`: {e}"))
+            .with_kind(ModelErrorKind::Format)
+            .with_source(e)
+    };
+    let bytes = f.bytes(t)?;
+    let ty = t.ggml_type;
+    let (fmt, kept) = runtime_format(ty, fc, requant);
+    if kept {
+        let m = QMatrix::from_ggml(fmt, fr, fc, bytes).map_err(kernel_err);
+        f.release(t);
+        return Ok((m?, None));
+    }
+    // no kernel for this format (or a re-quantisation was asked for): dequantise, then Q8_0
+    let values = crate::file::to_f32(name, ty, bytes, vec![fc, fr])?;
+    f.release(t);
+    let asked = requant == Requant::Q8_0
+        && MatFormat::from_ggml_type(ty).is_some_and(|f| fc.is_multiple_of(f.cols_multiple()));
+    let conv = (!asked).then(|| Converted {
+        tensor: name.to_string(),
+        from: ggml_type::name(ty),
+        to: "Q8_0".into(),
+    });
+    Ok((
+        QMatrix::quantize_q8_0(fr, fc, &values).map_err(kernel_err)?,
+        conv,
+    ))
 }
 
 /// Bytes the weights of `f` will hold once loaded, an upper estimate from the tensor
@@ -432,7 +481,9 @@ impl ModelWeights {
             f,
             requant,
             converted: Vec::new(),
+            ready: HashMap::new(),
         };
+        ml.repack_ahead(&matrix_names(f, cfg.n_layer));
         let embed = ml.load("token_embd.weight", None, Some(d))?;
         let norm = f.vector("output_norm.weight", d)?;
         let output = match f.info("output.weight") {
