@@ -4,8 +4,9 @@
 //!   crate, with the file's own normalizer, pre-tokenizer, model and added tokens.
 //! * From GGUF metadata ([`Encoder::from_gguf`]), giving the ids llama.cpp gives for the same
 //!   file (its `llama_tokenize` with special tokens parsed):
-//!   - `tokenizer.ggml.model = gpt2` (byte-level BPE): a `tokenizer.json` is rebuilt
-//!     ([`tokenizer_json_from_gguf`]) and run by the `tokenizers` crate. Vocabulary from
+//!   - `tokenizer.ggml.model = gpt2` (byte-level BPE): the tokenizer a rebuilt
+//!     `tokenizer.json` describes ([`tokenizer_json_from_gguf`]) is built for the `tokenizers`
+//!     crate, its vocabulary and merges directly rather than through the JSON. Vocabulary from
 //!     `tokenizer.ggml.tokens`, merges from `…merges` (split at the first space after the first
 //!     byte, as llama.cpp does). Control (type 3) and unknown (2) tokens become special added
 //!     tokens, user-defined (4) tokens plain added tokens (matched in any text). The
@@ -128,10 +129,11 @@ impl Encoder {
                 plain: std::sync::OnceLock::new(),
             });
         }
-        let json = tokenizer_json_from_gguf(g, label)?;
-        let text = serde_json::to_string(&json)
-            .map_err(|e| VocabError::new(VocabErrorKind::Parse, label, e.to_string()))?;
-        Encoder::from_tokenizer_json(text.as_bytes(), label)
+        Ok(Encoder {
+            inner: Inner::Hf(Box::new(tokenizer_from_gguf(g, label)?)),
+            label: label.to_string(),
+            plain: std::sync::OnceLock::new(),
+        })
     }
 
     /// The token ids of `text`. With `add_special_tokens` the tokenizer's post-processor adds
@@ -607,8 +609,91 @@ fn token_count(g: &Gguf, label: &str) -> Result<usize> {
 }
 
 /// The `tokenizer.json` (as JSON) equivalent to a byte-level BPE (`gpt2`) GGUF vocabulary
-/// (see the module documentation).
+/// (see the module documentation); [`Encoder::from_gguf`] builds the same tokenizer without
+/// the JSON.
 pub fn tokenizer_json_from_gguf(g: &Gguf, label: &str) -> Result<Json> {
+    let p = bpe_from_gguf(g, label)?;
+    let mut json = p.skeleton;
+    let vocab: Map<String, Json> = p
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
+    json["model"]["vocab"] = Json::Object(vocab);
+    json["model"]["merges"] = p.merges.iter().map(|(a, b)| json!([a, b])).collect();
+    json["added_tokens"] = p
+        .added
+        .iter()
+        .map(|&(i, special)| {
+            json!({
+                "id": i, "content": p.tokens[i], "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": special
+            })
+        })
+        .collect();
+    Ok(json)
+}
+
+/// What a byte-level BPE GGUF vocabulary gives a tokenizer: the `tokenizer.json` without its
+/// vocabulary, merges and added tokens (pre-tokenizer, decoder, post-processor), and those.
+struct BpeFromGguf<'g> {
+    skeleton: Json,
+    tokens: &'g [String],
+    merges: Vec<(&'g str, &'g str)>,
+    /// Added tokens: id, and whether special.
+    added: Vec<(usize, bool)>,
+    ignore_merges: bool,
+}
+
+/// The tokenizer [`tokenizer_json_from_gguf`] describes, built directly: the small parts
+/// through their JSON, the vocabulary and merges through the BPE builder, the added tokens as
+/// the JSON loader adds them (after the model, so each keeps its vocabulary id). The JSON of a
+/// 150,000-token vocabulary held about 200 MB while it was built and parsed.
+fn tokenizer_from_gguf(g: &Gguf, label: &str) -> Result<tokenizers::Tokenizer> {
+    let parse = |e: String| {
+        VocabError::new(
+            VocabErrorKind::Parse,
+            label,
+            format!("the tokenizers library cannot load it: {e}"),
+        )
+    };
+    let p = bpe_from_gguf(g, label)?;
+    let mut tok = tokenizers::Tokenizer::from_bytes(p.skeleton.to_string().as_bytes())
+        .map_err(|e| parse(e.to_string()))?;
+    let mut vocab = tokenizers::models::bpe::Vocab::default();
+    vocab.reserve(p.tokens.len());
+    for (i, t) in p.tokens.iter().enumerate() {
+        vocab.insert(t.clone(), i as u32);
+    }
+    let merges = p
+        .merges
+        .iter()
+        .map(|&(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    let bpe = tokenizers::models::bpe::BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(p.ignore_merges)
+        .build()
+        .map_err(|e| parse(e.to_string()))?;
+    tok.with_model(bpe);
+    let added: Vec<tokenizers::AddedToken> = p
+        .added
+        .iter()
+        .map(|&(i, special)| {
+            tokenizers::AddedToken::from(p.tokens[i].clone(), special)
+                .single_word(false)
+                .lstrip(false)
+                .rstrip(false)
+                .normalized(false)
+        })
+        .collect();
+    tok.add_tokens(&added);
+    Ok(tok)
+}
+
+/// The parts of a byte-level BPE GGUF vocabulary, every key checked (see [`BpeFromGguf`]).
+fn bpe_from_gguf<'g>(g: &'g Gguf, label: &str) -> Result<BpeFromGguf<'g>> {
     let err = |kind, key: &str, msg: String| VocabError::new(kind, label, msg).with_field(key);
     let model = model_of(g, label)?;
     if model != "gpt2" {
@@ -685,20 +770,12 @@ pub fn tokenizer_json_from_gguf(g: &Gguf, label: &str) -> Result<Json> {
                 format!("merge {m:?} is not two tokens separated by a space"),
             )
         })?;
-        merge_pairs.push(json!([a, b]));
+        merge_pairs.push((a, b));
     }
-    let mut vocab = Map::with_capacity(n);
-    let mut added = Vec::new();
-    for (i, t) in tokens.iter().enumerate() {
-        vocab.insert(t.clone(), json!(i));
-        let ty = types[i];
-        if matches!(ty, 2..=4) && !t.is_empty() {
-            added.push(json!({
-                "id": i, "content": t, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": ty != 4
-            }));
-        }
-    }
+    let added = (0..n)
+        .filter(|&i| matches!(types[i], 2..=4) && !tokens[i].is_empty())
+        .map(|i| (i, types[i] != 4))
+        .collect();
     let flags = Flags::read(g, label, n, false)?;
     let bos = flags
         .add_bos
@@ -743,11 +820,11 @@ pub fn tokenizer_json_from_gguf(g: &Gguf, label: &str) -> Result<Json> {
             "special_tokens": special_tokens
         })
     };
-    Ok(json!({
+    let skeleton = json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
-        "added_tokens": added,
+        "added_tokens": [],
         "normalizer": null,
         "pre_tokenizer": pre_tokenizer,
         "post_processor": post_processor,
@@ -755,9 +832,16 @@ pub fn tokenizer_json_from_gguf(g: &Gguf, label: &str) -> Result<Json> {
         "model": {
             "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
             "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-            "ignore_merges": bpe_pre.ignore_merges, "vocab": vocab, "merges": merge_pairs
+            "ignore_merges": bpe_pre.ignore_merges, "vocab": {}, "merges": []
         }
-    }))
+    });
+    Ok(BpeFromGguf {
+        skeleton,
+        tokens,
+        merges: merge_pairs,
+        added,
+        ignore_merges: bpe_pre.ignore_merges,
+    })
 }
 
 #[cfg(test)]

@@ -446,6 +446,21 @@ fn smollm2_gguf_vocabulary() {
         Vocabulary::from_tokenizer_json(&json, "smollm2.json", &LoadOptions::default()).unwrap();
     assert_eq!(vj.bytes_digest(), v.bytes_digest());
     assert_eq!(vj.info, v.info);
+    // ... and the same ids as the encoder built from the metadata without the JSON
+    let enc_json = Encoder::from_tokenizer_json(&json, "smollm2.json").unwrap();
+    for text in TEXTS
+        .iter()
+        .copied()
+        .chain(["<|im_start|>user\nHi<|im_end|>", "2024 Hello world"])
+    {
+        for special in [false, true] {
+            assert_eq!(
+                enc.encode(text, special).unwrap(),
+                enc_json.encode(text, special).unwrap(),
+                "{text:?} (add_special_tokens {special})"
+            );
+        }
+    }
 
     eprintln!(
         "smollm2 GGUF: metadata read in {:.1} ms (debug build); {} tokens checked ({} valid UTF-8, {} partial UTF-8, {} never-UTF-8 bytes), {} special, EOS {:?}; {} merges consistent; {} texts / {} tokens round-tripped",
