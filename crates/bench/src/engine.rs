@@ -260,7 +260,21 @@ struct Quant {
     decode_1800_over_50_spread: [f64; 2],
     /// What the step at 1,800 reads beyond the step at 50, and how fast.
     decode_1800_cache: DeepCache,
+    /// What a single-stream decode step reads of the weights ([`Roofline`]).
+    roofline: Roofline,
     levels: Vec<Level>,
+}
+
+/// What a single-stream decode step reads of the weights: every matrix it multiplies (each
+/// layer's and the output; an untied embedding gives one row, not counted).
+#[derive(Serialize, Clone, Copy)]
+struct Roofline {
+    /// Bytes in nextok's layout (its repacked scale planes included).
+    nextok_bytes: u64,
+    /// Bytes of the same tensors in the file llama.cpp runs (its repacked copies are as large).
+    file_bytes: u64,
+    /// Multiply-adds (one per weight).
+    macs: u64,
 }
 
 /// The KV cache a decode step at position 1,800 reads beyond one at position 50 (only
@@ -367,6 +381,9 @@ struct Report {
     /// GB/s a plain read of a 256 MiB buffer reached before the run: on one thread, and on
     /// `threads` (the fastest of eight passes).
     memory_read_gbs: [f64; 2],
+    /// The int8 multiply-add peak measured before the run on `threads` threads: the
+    /// instruction and G multiply-adds a second (`None` without AVX2).
+    int8_peak: Option<(String, f64)>,
     quants: Vec<Quant>,
     llama_cpp: Option<LlamaCppReport>,
 }
@@ -651,6 +668,10 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         "bench engine: a plain read of memory: {:.1} GB/s on one thread, {:.1} on {threads}",
         memory_read_gbs[0], memory_read_gbs[1]
     );
+    let int8_peak = crate::peak::int8_madd_gmacs(threads).map(|(i, g)| (i.to_string(), g));
+    if let Some((i, g)) = &int8_peak {
+        eprintln!("bench engine: int8 multiply-add peak: {g:.0} G/s on {threads} threads ({i})");
+    }
     let mut paired = Vec::new();
     let levels: Vec<usize> = if args.concurrency.is_empty() {
         vec![1, 4, 16, 64]
@@ -677,6 +698,16 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         ("q8_0", Requant::Q8_0, true),
     ] {
         let model = Arc::new(crate::load_model(&path, requant)?);
+        let (nextok_bytes, macs) = model.weights.decode_step_reads();
+        let peer_file = match &peer {
+            Some((_, q8_file)) if q8 => q8_file.as_path(),
+            _ => path.as_path(),
+        };
+        let roofline = Roofline {
+            nextok_bytes: nextok_bytes as u64,
+            file_bytes: file_decode_step_bytes(peer_file)?,
+            macs: macs as u64,
+        };
         let mut ids = Vec::new();
         while ids.len() < 2000 {
             ids.extend(model.encode_prompt(TEXT).map_err(|e| e.to_string())?);
@@ -836,6 +867,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             decode_1800_over_50: deep_ratio,
             decode_1800_over_50_spread: deep_spread,
             decode_1800_cache: deep_cache,
+            roofline,
             quant: quant.to_string(),
             baseline_requests: nb,
             baseline_tokens: base_tokens,
@@ -895,6 +927,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         prefill_chunk_tokens: config.prefill_chunk_tokens,
         itl_target_ms: config.itl_target_ms,
         memory_read_gbs,
+        int8_peak,
         quants,
         llama_cpp: peer.as_ref().map(|(_, q8_file)| LlamaCppReport {
             build_commit,
@@ -1028,5 +1061,97 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             );
         }
     }
+    print_roofline(&report);
     Ok(())
+}
+
+/// Bytes of the tensors a single-stream decode step multiplies, in the file at `path`: every
+/// matrix but an untied embedding (see [`Roofline`]).
+fn file_decode_step_bytes(path: &std::path::Path) -> Result<u64, String> {
+    let f = nextok_model::file::GgufFile::open(path).map_err(|e| e.to_string())?;
+    let untied = f.info("output.weight").is_some();
+    let mut total = 0u64;
+    for t in f.tensors() {
+        if t.dims.len() != 2 || (untied && t.name == "token_embd.weight") {
+            continue;
+        }
+        // the mapped range: its length, no page read
+        total += f.bytes(t).map_err(|e| e.to_string())?.len() as u64;
+    }
+    Ok(total)
+}
+
+/// The roofline of single-stream decode (the weights read once a token, against the plain read
+/// of memory measured in the same run), and the batched pass against the int8 peak.
+fn print_roofline(report: &Report) {
+    let bw = report.memory_read_gbs[1];
+    let paired = |quant: &str, row: &str| {
+        report.llama_cpp.as_ref().and_then(|l| {
+            l.rows
+                .iter()
+                .find(|r| r.quant == quant && r.row == row)
+                .map(|r| (r.nextok_tokens_per_s, r.llama_cpp_tokens_per_s))
+        })
+    };
+    outln!(
+        "\nroofline of single-stream decode: a step reads the weights once; at the plain read of memory measured here ({bw:.1} GB/s on {} threads) that allows bandwidth / bytes tokens/s{}",
+        report.threads,
+        if report.llama_cpp.is_some() {
+            "; tokens/s are the paired medians above"
+        } else {
+            ""
+        }
+    );
+    outln!("| weights | bytes a step reads: nextok / llama.cpp | tokens/s allowed: nextok / llama.cpp | decode tokens/s: nextok / llama.cpp | fraction of the roofline: nextok / llama.cpp |");
+    outln!("|---|---|---|---|---|");
+    let dash = "—".to_string();
+    for q in &report.quants {
+        let r = q.roofline;
+        let allow = |b: u64| bw * 1e9 / b as f64;
+        let (n_tps, l_tps) = match paired(&q.quant, "decode") {
+            Some((n, l)) => (n, Some(l)),
+            None => (q.decode_tokens_per_s, None),
+        };
+        outln!(
+            "| {} | {:.3} / {} GB | {:.1} / {} | {:.1} / {} | {:.2} / {} |",
+            q.quant,
+            r.nextok_bytes as f64 / 1e9,
+            format!("{:.3}", r.file_bytes as f64 / 1e9),
+            allow(r.nextok_bytes),
+            format!("{:.1}", allow(r.file_bytes)),
+            n_tps,
+            l_tps.map_or(dash.clone(), |l| format!("{l:.1}")),
+            n_tps / allow(r.nextok_bytes),
+            l_tps.map_or(dash.clone(), |l| format!("{:.2}", l / allow(r.file_bytes))),
+        );
+    }
+    let Some((instr, peak)) = &report.int8_peak else {
+        outln!("\nbatched decode: no int8 multiply-add peak on this CPU (no AVX2)");
+        return;
+    };
+    outln!(
+        "\nbatched decode: 16 streams read the weights once a pass, so the pass is bound by multiply-adds; the int8 multiply-add peak measured here: {peak:.0} G/s on {} threads ({instr})",
+        report.threads
+    );
+    outln!("| weights | 16 streams / 1 stream: nextok / llama.cpp | nextok's 16-stream decode: G multiply-adds/s | of the int8 peak |");
+    outln!("|---|---|---:|---:|");
+    for q in &report.quants {
+        let (n16, n1, l) = match (paired(&q.quant, "16 streams"), paired(&q.quant, "decode")) {
+            (Some((n16, l16)), Some((n1, l1))) => (n16, n1, Some(l16 / l1)),
+            _ => (
+                q.decode_16_streams_tokens_per_s,
+                q.decode_tokens_per_s,
+                None,
+            ),
+        };
+        let gmacs = n16 * q.roofline.macs as f64 / 1e9;
+        outln!(
+            "| {} | {:.2} / {} | {:.0} | {:.2} |",
+            q.quant,
+            n16 / n1,
+            l.map_or(dash.clone(), |l| format!("{l:.2}")),
+            gmacs,
+            gmacs / peak
+        );
+    }
 }

@@ -40,6 +40,7 @@ pub mod fixtures;
 mod llama_peer;
 mod llama_tools;
 mod memory;
+mod peak;
 mod sampler;
 mod speculative;
 

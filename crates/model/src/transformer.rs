@@ -458,6 +458,22 @@ impl ModelWeights {
         total
     }
 
+    /// What one single-stream decode step reads of the weights: the bytes of every matrix it
+    /// multiplies (each layer's and the output, the embedding when it is the output too; an
+    /// untied embedding gives one row, not counted), and their multiply-adds (one per weight).
+    pub fn decode_step_reads(&self) -> (usize, usize) {
+        let (mut bytes, mut macs) = (0usize, 0usize);
+        self.each_matrix(|m| {
+            bytes = bytes.saturating_add(m.bytes());
+            macs = macs.saturating_add(m.rows().saturating_mul(m.cols()));
+        });
+        if self.output.is_some() {
+            bytes -= self.embed.bytes();
+            macs -= self.embed.rows() * self.embed.cols();
+        }
+        (bytes, macs)
+    }
+
     /// Loads a GGUF file of a supported family (`general.architecture`: see [`Arch`]).
     pub fn load(path: &Path, requant: Requant) -> Result<ModelWeights> {
         let f = GgufFile::open(path)?;

@@ -526,3 +526,28 @@ fn gemma3_reads_the_optional_keys_llama_cpp_reads() {
         .to_string();
     assert!(m.contains("gemma3.final_logit_softcapping"), "{m}");
 }
+
+/// What a decode step reads: one multiply-add per weight of every matrix it multiplies (each
+/// layer's and the output), the bytes of those matrices: all the loaded ones where the output
+/// is the embedding (Qwen 3, Gemma 3), all but the embedding where it has its own.
+#[test]
+fn a_decode_step_reads_every_multiplied_matrix_once() {
+    for tiny in Tiny::all() {
+        let w = tiny.load();
+        let c = &w.config;
+        let (d, qd, kvd) = (c.n_embd, c.q_dim(), c.kv_dim());
+        let per_layer = d * (qd + 2 * kvd) + qd * d + 3 * d * c.n_ff;
+        let (bytes, macs) = w.decode_step_reads();
+        assert_eq!(
+            macs,
+            c.n_layer * per_layer + c.vocab_size * d,
+            "{}",
+            tiny.name()
+        );
+        if matches!(tiny.arch, Arch::Qwen3 | Arch::Gemma3) {
+            assert_eq!(bytes, w.matrix_bytes(), "{}", tiny.name());
+        } else {
+            assert!(bytes < w.matrix_bytes(), "{}", tiny.name());
+        }
+    }
+}
