@@ -108,6 +108,11 @@ pub struct EngineArgs {
     /// that advertise an instruction set that then traps.
     #[arg(long)]
     pub llama_no_repack: bool,
+    /// `--llama-cpp`: measure only the rows paired with llama.cpp (and the roofline), not the
+    /// engine's own levels, baseline and cache rows: for the larger models, where those take
+    /// long.
+    #[arg(long, requires = "llama_cpp")]
+    pub paired_only: bool,
     /// What nextok's KV cache stores (`f16` or `q8_0`; the one-sequence baseline uses the
     /// same), and with `--llama-cpp` llama.cpp's too (`-ctk/-ctv q8_0 -fa on`).
     #[arg(long, default_value = "f16", value_parser = parse_kv_cache)]
@@ -265,6 +270,37 @@ struct Quant {
     levels: Vec<Level>,
 }
 
+impl Quant {
+    /// A quantisation measured only paired with llama.cpp (`--paired-only`): its own rows are
+    /// not measured (NaN, `null` in JSON).
+    fn paired_only(quant: &str, roofline: Roofline) -> Quant {
+        let nan = f64::NAN;
+        Quant {
+            quant: quant.to_string(),
+            baseline_requests: 0,
+            baseline_tokens: 0,
+            baseline_tokens_per_s: nan,
+            prefill_512_tokens_per_s: nan,
+            decode_tokens_per_s: nan,
+            prefill_over_decode: nan,
+            solo_loop_decode_tokens_per_s: nan,
+            engine_over_solo_single_stream: nan,
+            engine_over_solo_spread: [nan; 2],
+            engine_over_solo_pairs: 0,
+            decode_16_streams_tokens_per_s: nan,
+            prefix_repeat_ttft_first_ms: nan,
+            prefix_repeat_ttft_second_ms: nan,
+            decode_at_50_tokens_per_s: nan,
+            decode_at_1800_tokens_per_s: nan,
+            decode_1800_over_50: nan,
+            decode_1800_over_50_spread: [nan; 2],
+            decode_1800_cache: DeepCache::default(),
+            roofline,
+            levels: Vec::new(),
+        }
+    }
+}
+
 /// What a single-stream decode step reads of the weights: every matrix it multiplies (each
 /// layer's and the output; an untied embedding gives one row, not counted).
 #[derive(Serialize, Clone, Copy)]
@@ -280,7 +316,7 @@ struct Roofline {
 /// The KV cache a decode step at position 1,800 reads beyond one at position 50 (only
 /// attention's work grows between the two), and the rate at which those bytes come in: the
 /// extra bytes over the extra time of a step, set beside [`Report::memory_read_gbs`].
-#[derive(Serialize, Clone, Copy)]
+#[derive(Serialize, Clone, Copy, Default)]
 struct DeepCache {
     /// Millions of bytes more a step reads (the mean over the 64 steps of each).
     extra_mb_per_step: f64,
@@ -384,6 +420,8 @@ struct Report {
     /// The int8 multiply-add peak measured before the run on `threads` threads: the
     /// instruction and G multiply-adds a second (`None` without AVX2).
     int8_peak: Option<(String, f64)>,
+    /// `--paired-only`: the quantisations' own rows were not measured.
+    paired_only: bool,
     quants: Vec<Quant>,
     llama_cpp: Option<LlamaCppReport>,
 }
@@ -713,6 +751,26 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             ids.extend(model.encode_prompt(TEXT).map_err(|e| e.to_string())?);
         }
         let engine = Engine::new(model.clone(), config.clone()).map_err(|e| e.to_string())?;
+        if args.paired_only {
+            if let Some((peer, q8_file)) = &peer {
+                let file = if q8 {
+                    q8_file.as_path()
+                } else {
+                    path.as_path()
+                };
+                paired.extend(paired_rows(
+                    quant,
+                    &engine,
+                    &ids,
+                    peer,
+                    file,
+                    pairs,
+                    &mut build_commit,
+                )?);
+            }
+            quants.push(Quant::paired_only(quant, roofline));
+            continue;
+        }
         // baseline: one after another through the one-sequence loop
         let nb = args.baseline_requests.max(1);
         let t0 = Instant::now();
@@ -928,6 +986,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         itl_target_ms: config.itl_target_ms,
         memory_read_gbs,
         int8_peak,
+        paired_only: args.paired_only,
         quants,
         llama_cpp: peer.as_ref().map(|(_, q8_file)| LlamaCppReport {
             build_commit,
@@ -966,7 +1025,7 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         yes(report.cpu.avx512_vnni),
         yes(report.cpu.avx_vnni)
     );
-    for q in &report.quants {
+    for q in report.quants.iter().filter(|_| !report.paired_only) {
         outln!(
             "\n{}: baseline (one at a time, one-sequence loop) {:.1} tokens/s over {} requests; prefill of 512 tokens {:.0} tokens/s = {:.1}x single-stream decode ({:.1} tokens/s; one-sequence loop {:.1}, engine/loop {:.3}, {:.3}–{:.3} over {} back-to-back pairs)",
             q.quant,
