@@ -88,9 +88,10 @@ enum Cmd {
     Serve(Box<serve::ServeArgs>),
 }
 
-/// mimalloc rather than the C library's allocator: its 2 MiB-aligned segments are advised for
-/// transparent huge pages, and a decode step, which streams every weight and the cache, ran
-/// 6–15 % faster for it here (docs/performance.md). Results do not depend on the allocator.
+/// mimalloc rather than the C library's allocator (docs/performance.md). The weights' planes
+/// take their own mappings advised for transparent huge pages (a decode step streams every
+/// weight); mimalloc is built without advising its own arenas (`no_thp`), whose huge pages
+/// also held their freed and partly used ranges. Results do not depend on the allocator.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -189,6 +189,11 @@ impl Model {
     /// once on standard error, naming them.
     pub fn load(path: &Path, requant: Requant) -> Result<Model> {
         let f = file::GgufFile::open(path)?;
+        let g = f.meta();
+        let label = path.display().to_string();
+        // the tokenizer first: what building it holds for a while (its vocabulary and merges
+        // copied from the metadata) is freed before the weights take their memory
+        let encoder = nextok_vocab::encode::Encoder::from_gguf(g, &label)?;
         // the file's digest (for traces): remembered, or computed on another thread while the
         // weights are repacked
         let (weights, sha256) = std::thread::scope(|s| {
@@ -203,14 +208,11 @@ impl Model {
         if let Some(line) = converted_note(&weights.converted) {
             eprintln!("nextok: {}: {line}", path.display());
         }
-        let g = f.meta();
-        let label = path.display().to_string();
         let opts = nextok_vocab::LoadOptions {
             vocab_size: Some(weights.config.vocab_size),
             ..Default::default()
         };
         let vocab = nextok_vocab::Vocabulary::from_gguf(g, &label, &opts)?;
-        let encoder = nextok_vocab::encode::Encoder::from_gguf(g, &label)?;
         let chat_template = g
             .get("tokenizer.chat_template")
             .and_then(|v| v.as_str())

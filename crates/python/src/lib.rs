@@ -71,9 +71,9 @@ fn build_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
 const PRESETS: [&str; 4] = ["reference", "hf", "vllm", "llama.cpp"];
 
 /// The extension module.
-/// The module's own allocations (weights, cache, workspaces) come from mimalloc, as in the
-/// `nextok` binary: huge pages for the memory a decode step streams (Python's objects keep
-/// Python's allocator).
+/// The module's own allocations (cache, workspaces) come from mimalloc, as in the `nextok`
+/// binary; the weights' planes take their own mappings, advised for huge pages (Python's
+/// objects keep Python's allocator).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -109,6 +109,7 @@ mod avx2;
 mod avx2k;
 mod avx512;
 pub mod convert;
+mod plane;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -434,17 +435,17 @@ pub struct QMatrix {
     nbp: usize,
     /// Chunks per row in `qs`.
     qchunks: usize,
-    qs: Vec<Chunk>,
+    qs: plane::ChunkPlane,
     /// `f16` bits of the block scales (`d`), `rows × nbp`; empty for the float formats.
-    d: Vec<u16>,
+    d: plane::Plane<u16>,
     /// Q4_1/Q5_1: `f16` bits of the block minimums; Q4_K/Q5_K: of `dmin`; `rows × nbp`; else
     /// empty.
-    m: Vec<u16>,
+    m: plane::Plane<u16>,
     /// Q5_0/Q5_1: the blocks' high bits, `rows × nb`; else empty.
-    qh: Vec<u32>,
+    qh: plane::Plane<u32>,
     /// Q4_K/Q5_K: the eight 6-bit scales then the eight 6-bit mins of each super-block; Q6_K:
     /// its sixteen `i8` scales; `rows × nb`; else empty.
-    sc: Vec<[u8; 16]>,
+    sc: plane::Plane<[u8; 16]>,
     /// The file's format when it had no kernel and was re-quantised.
     converted_from: Option<GgmlDType>,
 }
@@ -507,26 +508,26 @@ impl QMatrix {
             nb,
             nbp,
             qchunks,
-            qs: vec![Chunk::default(); rows * qchunks],
+            qs: plane::ChunkPlane::zeroed(rows * qchunks),
             d: if format.is_float() {
-                Vec::new()
+                plane::Plane::empty()
             } else {
-                vec![0; rows * nbp]
+                plane::Plane::zeroed(rows * nbp)
             },
             m: if has_min {
-                vec![0; rows * nbp]
+                plane::Plane::zeroed(rows * nbp)
             } else {
-                Vec::new()
+                plane::Plane::empty()
             },
             qh: if matches!(format, MatFormat::Q5_0 | MatFormat::Q5_1) {
-                vec![0; rows * nb]
+                plane::Plane::zeroed(rows * nb)
             } else {
-                Vec::new()
+                plane::Plane::empty()
             },
             sc: if format.is_k() {
-                vec![[0; 16]; rows * nb]
+                plane::Plane::zeroed(rows * nb)
             } else {
-                Vec::new()
+                plane::Plane::empty()
             },
             converted_from: None,
         }
