@@ -752,18 +752,13 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
         }
         let engine = Engine::new(model.clone(), config.clone()).map_err(|e| e.to_string())?;
         if args.paired_only {
-            if let Some((peer, q8_file)) = &peer {
-                let file = if q8 {
-                    q8_file.as_path()
-                } else {
-                    path.as_path()
-                };
+            if let Some((peer, _)) = &peer {
                 paired.extend(paired_rows(
                     quant,
                     &engine,
                     &ids,
                     peer,
-                    file,
+                    peer_file,
                     pairs,
                     &mut build_commit,
                 )?);
@@ -900,18 +895,13 @@ pub fn run(args: &EngineArgs) -> Result<(), String> {
             prefix_ttft.2
         );
         eprintln!("  {quant} single-stream decode: {at50:.1} tokens/s at position 50, {at1800:.1} at 1800");
-        if let Some((peer, q8_file)) = &peer {
-            let file = if q8 {
-                q8_file.as_path()
-            } else {
-                path.as_path()
-            };
+        if let Some((peer, _)) = &peer {
             paired.extend(paired_rows(
                 quant,
                 &engine,
                 &ids,
                 peer,
-                file,
+                peer_file,
                 pairs,
                 &mut build_commit,
             )?);

@@ -15,6 +15,11 @@ use std::path::{Path, PathBuf};
 
 use nextok_vocab::gguf::{write_metadata, Gguf, Value as G};
 
+/// The tests' GGUF helpers: the seeded generator of their tiny models.
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::Rng;
+
 /// What a shape is.
 struct Shape {
     name: &'static str,
@@ -134,19 +139,6 @@ impl Tensor {
 
     fn bytes(&self) -> u64 {
         self.elems() * if self.ggml_type() == 1 { 2 } else { 4 }
-    }
-}
-
-/// SplitMix64 (the generator of the tests' tiny models).
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
     }
 }
 
@@ -291,8 +283,7 @@ fn write(s: &Shape, dir: &Path) -> std::io::Result<PathBuf> {
                     let n = left.min(1 << 20);
                     buf.clear();
                     for _ in 0..n {
-                        let u = (rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
-                        let x = half::f16::from_f32((2.0 * u - 1.0) * a);
+                        let x = half::f16::from_f32(rng.uniform(*a));
                         buf.extend_from_slice(&x.to_le_bytes());
                     }
                     out.write_all(&buf)?;
