@@ -72,7 +72,7 @@ pub fn format_version(f: MatFormat) -> u32 {
         MatFormat::Q5_0 => 1,
         MatFormat::Q5_1 => 1,
         MatFormat::Q8_0 => 1,
-        MatFormat::Q4_K => 1,
+        MatFormat::Q4_K => 2,
         MatFormat::Q5_K => 1,
         MatFormat::Q6_K => 1,
         MatFormat::F16 => 1,

@@ -59,9 +59,6 @@ pub(super) fn dot_tile(
         MatFormat::Q5_1 => {
             go!(b32, Q5_1; (1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 1))
         }
-        MatFormat::Q4_K => {
-            go!(kq45, false; (1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 1))
-        }
         MatFormat::Q5_K => {
             go!(kq45, true; (1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 1))
         }
@@ -72,7 +69,10 @@ pub(super) fn dot_tile(
         MatFormat::F16 => go!(fdot, F16; (1, 1), (1, 2), (2, 1)),
         MatFormat::BF16 => go!(fdot, BF16; (1, 1), (1, 2), (2, 1)),
         // Handled by the AVX2 kernels of `avx2`; the scalar code gives the same bits.
-        MatFormat::Q4_1 | MatFormat::Q8_0 => return scalar::dot_tile(w, r0, nr, a, b0, n),
+        // Q4_K runs in bands (`q4k`); the scalar code gives the same bits.
+        MatFormat::Q4_1 | MatFormat::Q8_0 | MatFormat::Q4_K => {
+            return scalar::dot_tile(w, r0, nr, a, b0, n)
+        }
     }
     let mut res = [[0f32; 4]; 4];
     for ri in 0..nr.min(4) {

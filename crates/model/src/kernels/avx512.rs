@@ -192,13 +192,18 @@ mod imp {
                     MatFormat::Q5_0 => go!(Q5_0),
                     MatFormat::Q5_1 => go!(Q5_1),
                     MatFormat::Q8_0 => go!(Q8_0),
-                    MatFormat::Q4_K | MatFormat::Q5_K | MatFormat::Q6_K => {
+                    MatFormat::Q5_K | MatFormat::Q6_K => {
                         if let Some(res) = kq::dot_tile(w, r0, nr, a, b0, n) {
                             return res;
                         }
                     }
-                    // Q4_1's row pairs measured 0.85–1.0× its AVX2 tiles (see `run_rows`).
-                    MatFormat::Q4_1 | MatFormat::F16 | MatFormat::BF16 | MatFormat::F32 => {}
+                    // Q4_1's row pairs measured 0.85–1.0× its AVX2 tiles (see `run_rows`);
+                    // Q4_K runs in bands (`q4k`).
+                    MatFormat::Q4_1
+                    | MatFormat::Q4_K
+                    | MatFormat::F16
+                    | MatFormat::BF16
+                    | MatFormat::F32 => {}
                 }
                 // the AVX2 code compiled with these registers (`avx2::vl`)
                 avx2::vl::dot_tile(w, r0, nr, a, b0, n)
@@ -417,7 +422,6 @@ mod imp {
                     n: usize,
                 ) -> Option<[[f32; 4]; 4]> {
                     Some(match w.format {
-                        MatFormat::Q4_K => kq_shapes!(nr, n, w, r0, a, b0, kq45, false),
                         MatFormat::Q5_K => kq_shapes!(nr, n, w, r0, a, b0, kq45, true),
                         MatFormat::Q6_K => kq_shapes!(nr, n, w, r0, a, b0, q6k),
                         _ => return None,

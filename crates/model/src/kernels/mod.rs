@@ -12,7 +12,8 @@
 //! |---|---|---|---|
 //! | Q8_0, Q4_0, Q5_0 | Q8_0 | 8 lane sums per 32-block | [Q8_0 family](#q8_0-q4_0-q5_0--q8_0) |
 //! | Q4_1, Q5_1 | Q8_1 | 8 lane sums per 32-block | [Q4_1 family](#q4_1-q5_1--q8_1) |
-//! | Q4_K, Q5_K, Q6_K | Q8_K | 8 scaled lane sums per 256-block | [K-quants](#q4_k-q5_k-q6_k--q8_k) |
+//! | Q4_K | Q8_K | one scaled sum and one min sum per 256-block | bands of 16 rows: `q4k` |
+//! | Q5_K, Q6_K | Q8_K | 8 scaled lane sums per 256-block | [K-quants](#q5_k-q6_k--q8_k) |
 //! | F32, F16, BF16 | the same type | none | [float](#f32-f16-bf16) |
 //!
 //! # Exact semantics
@@ -49,7 +50,10 @@
 //! multiply-add per block in order, `summ = fma(f32(m_w), f32(s_a), summ)`. Result:
 //! `hsum8(acc) + summ`.
 //!
-//! ## Q4_K, Q5_K, Q6_K × Q8_K
+//! ## Q5_K, Q6_K × Q8_K
+//!
+//! (Q4_K has its own layout and order, in bands of sixteen rows: see the `q4k` module. The
+//! text below keeps Q4_K's first order, `q4_k=1`, beside Q5_K's, which shares it.)
 //!
 //! A 256-value super-block `i` has eight 32-value sub-blocks `s` (Q4_K/Q5_K: 6-bit scale `sc_s`
 //! and min `m_s`, unsigned quants `q` in `0..16` / `0..32`) or sixteen 16-value sub-blocks
@@ -110,6 +114,7 @@ mod avx2k;
 mod avx512;
 pub mod convert;
 mod plane;
+mod q4k;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -419,9 +424,10 @@ fn pad8(n: usize) -> usize {
 ///   element `i` of block `2p` in its low nibble and element `i` of block `2p + 1` in its high
 ///   nibble), so one load and a shift and a mask unpack a block in element order; Q5_0/Q5_1
 ///   keep the blocks' 32-bit `qh` words in their own plane;
-/// * the K-quants keep GGML's quant bytes as they are, one super-block after the other (Q4_K:
-///   four chunks of nibbles; Q5_K: those and one chunk of high bits; Q6_K: four chunks of low
-///   nibbles, then two of high bit pairs), with the 6-bit scales and mins unpacked to bytes;
+/// * Q4_K is kept in bands of sixteen rows, interleaved (the `q4k` module's layout);
+/// * Q5_K and Q6_K keep GGML's quant bytes as they are, one super-block after the other (Q5_K:
+///   four chunks of nibbles and one chunk of high bits; Q6_K: four chunks of low nibbles, then
+///   two of high bit pairs), with Q5_K's 6-bit scales and mins unpacked to bytes;
 /// * F16, BF16 and F32 keep the values in chunks.
 #[derive(Clone, Debug)]
 pub struct QMatrix {
@@ -443,8 +449,9 @@ pub struct QMatrix {
     m: plane::Plane<u16>,
     /// Q5_0/Q5_1: the blocks' high bits, `rows × nb`; else empty.
     qh: plane::Plane<u32>,
-    /// Q4_K/Q5_K: the eight 6-bit scales then the eight 6-bit mins of each super-block; Q6_K:
-    /// its sixteen `i8` scales; `rows × nb`; else empty.
+    /// Q5_K: the eight 6-bit scales then the eight 6-bit mins of each super-block; Q6_K: its
+    /// sixteen `i8` scales; `rows × nb`; Q4_K: its scales and mins in the band layout (`q4k`);
+    /// else empty.
     sc: plane::Plane<[u8; 16]>,
     /// The file's format when it had no kernel and was re-quantised.
     converted_from: Option<GgmlDType>,
@@ -487,6 +494,12 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 impl QMatrix {
     fn empty(format: MatFormat, rows: usize, cols: usize) -> QMatrix {
         let nb = cols / format.cols_multiple();
+        // Q4_K's planes hold whole bands of rows (see `q4k`)
+        let prows = if format == MatFormat::Q4_K {
+            q4k::padded_rows(rows)
+        } else {
+            rows
+        };
         let nbp = pad8(nb);
         let qchunks = match format {
             MatFormat::Q4_0 | MatFormat::Q4_1 | MatFormat::Q5_0 | MatFormat::Q5_1 => nb.div_ceil(2),
@@ -508,24 +521,24 @@ impl QMatrix {
             nb,
             nbp,
             qchunks,
-            qs: plane::ChunkPlane::zeroed(rows * qchunks),
+            qs: plane::ChunkPlane::zeroed(prows * qchunks),
             d: if format.is_float() {
                 plane::Plane::empty()
             } else {
-                plane::Plane::zeroed(rows * nbp)
+                plane::Plane::zeroed(prows * nbp)
             },
             m: if has_min {
-                plane::Plane::zeroed(rows * nbp)
+                plane::Plane::zeroed(prows * nbp)
             } else {
                 plane::Plane::empty()
             },
             qh: if matches!(format, MatFormat::Q5_0 | MatFormat::Q5_1) {
-                plane::Plane::zeroed(rows * nb)
+                plane::Plane::zeroed(prows * nb)
             } else {
                 plane::Plane::empty()
             },
             sc: if format.is_k() {
-                plane::Plane::zeroed(rows * nb)
+                plane::Plane::zeroed(prows * nb)
             } else {
                 plane::Plane::empty()
             },
@@ -619,7 +632,8 @@ impl QMatrix {
                 self.qh[r * self.nb + k] = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
                 nibbles(self, &blk[8..24]);
             }
-            MatFormat::Q4_K | MatFormat::Q5_K => {
+            MatFormat::Q4_K => q4k::put_block(self, r, k, blk),
+            MatFormat::Q5_K => {
                 self.d[r * nbp + k] = rd16(blk, 0);
                 self.m[r * nbp + k] = rd16(blk, 2);
                 let scales = &blk[4..16];
@@ -629,12 +643,8 @@ impl QMatrix {
                     sc[j] = s;
                     sc[8 + j] = m;
                 }
-                if self.format == MatFormat::Q4_K {
-                    chunks(self, 4 * k, &blk[16..144]);
-                } else {
-                    chunks(self, 5 * k, &blk[48..176]);
-                    chunks(self, 5 * k + 4, &blk[16..48]);
-                }
+                chunks(self, 5 * k, &blk[48..176]);
+                chunks(self, 5 * k + 4, &blk[16..48]);
             }
             MatFormat::Q6_K => {
                 chunks(self, 6 * k, &blk[0..192]);
@@ -792,10 +802,7 @@ impl QMatrix {
         let base = r * self.qchunks;
         let (g, l) = (e / 32, e % 32);
         match self.format {
-            MatFormat::Q4_K => {
-                let b = self.qs[base + 4 * k + g / 2].0[l];
-                ((b >> (4 * (g & 1))) & 0x0F) as i32
-            }
+            MatFormat::Q4_K => q4k::quant(self, r, k, e),
             MatFormat::Q5_K => {
                 let b = self.qs[base + 5 * k + g / 2].0[l];
                 let h = self.qs[base + 5 * k + 4].0[l];
@@ -850,7 +857,19 @@ impl QMatrix {
                     *o = self.fval(r, e);
                 }
             }
-            MatFormat::Q4_K | MatFormat::Q5_K => {
+            MatFormat::Q4_K => {
+                for k in 0..self.nb {
+                    let d = q4k::scale_f32(self, r, k, 0);
+                    let dmin = q4k::scale_f32(self, r, k, 1);
+                    for e in 0..QK_K {
+                        let g = e / 32;
+                        let d1 = d * q4k::scale(self, r, k, g) as f32;
+                        let m1 = dmin * q4k::min(self, r, k, g) as f32;
+                        out[k * QK_K + e] = d1 * q4k::quant(self, r, k, e) as f32 - m1;
+                    }
+                }
+            }
+            MatFormat::Q5_K => {
                 for k in 0..self.nb {
                     let d = h2f(self.d[r * self.nbp + k]);
                     let dmin = h2f(self.m[r * self.nbp + k]);
@@ -1314,7 +1333,13 @@ pub fn matmul_many_with(
                 expected,
             });
         }
-        starts[i + 1] = starts[i] + if a.n == 0 { 0 } else { w.rows };
+        // whole bands of rows (Q4_K's unit, see `q4k`), so that every task starts on one
+        starts[i + 1] = starts[i]
+            + if a.n == 0 {
+                0
+            } else {
+                q4k::padded_rows(w.rows)
+            };
     }
     let total = starts[parts.len()];
     if total == 0 {
@@ -1346,18 +1371,23 @@ pub fn matmul_many_with(
     let mats = &mats;
     let run = |t: usize| {
         // this task's share of the rows of all the matrices, one after the other
-        let (g0, g1) = (total * t / tasks, total * (t + 1) / tasks);
+        let band = |x: usize| x / q4k::BAND * q4k::BAND;
+        let (g0, g1) = (band(total * t / tasks), band(total * (t + 1) / tasks));
         for i in 0..starts.len() - 1 {
             let (s0, s1) = (starts[i].max(g0), starts[i + 1].min(g1));
-            if s0 >= s1 {
-                continue;
-            }
             let (Some(w), Some(a)) = (mats[i], &views[i]) else {
                 continue;
             };
+            let (r0, r1) = (
+                s0.saturating_sub(starts[i]),
+                s1.saturating_sub(starts[i]).min(w.rows),
+            );
+            if r0 >= r1 {
+                continue;
+            }
             // SAFETY: `ptrs[i]` points to `a.n · w.rows` elements borrowed mutably by this call;
             // this task writes only `out[b · rows + r]` for `r` in its own range.
-            unsafe { run_rows(level, w, a, s0 - starts[i], s1 - starts[i], ptrs[i].get()) };
+            unsafe { run_rows(level, w, a, r0, r1, ptrs[i].get()) };
         }
     };
     crate::team::for_each(tasks, &run);
@@ -1377,9 +1407,14 @@ const TILE_BYTES: usize = 16 * 1024;
 /// Computes rows `r0..r1` of the weight matrix against every activation row.
 ///
 /// # Safety
-/// `out` must be valid for writes of `a.n · w.rows` elements, `a.cols == w.cols`, `r1 ≤ w.rows`,
+/// `out` must be valid for writes of `a.n · w.rows` elements, `a.cols == w.cols`, `r1 ≤ w.rows`
+/// (`r0` a multiple of 16 for Q4_K),
 /// `a` must be prepared for `w.format`, and `level` must be runnable on this CPU.
 unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize, out: *mut f32) {
+    if w.format == MatFormat::Q4_K {
+        // SAFETY: the caller's guarantees; `r0` is a whole number of bands (`matmul_many_with`).
+        return unsafe { q4k::run_rows(level, w, a, r0, r1, out) };
+    }
     let row_bytes = w.bytes() / w.rows.max(1);
     let tile = (TILE_BYTES / row_bytes.max(1)).max(1);
     // 256-bit VNNI tiles (see the tile rules below), decided once per range
@@ -1429,7 +1464,7 @@ unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize
                 _ if wide => 2,
                 (1, MatFormat::Q4_1) => 4,
                 (1, MatFormat::Q8_0 | MatFormat::Q6_K) => 1,
-                (1, MatFormat::Q4_0 | MatFormat::Q5_0 | MatFormat::Q5_1 | MatFormat::Q4_K) => 4,
+                (1, MatFormat::Q4_0 | MatFormat::Q5_0 | MatFormat::Q5_1) => 4,
                 (1, _) => 2,
                 _ if a.n <= ONE_ROW_TILES_UP_TO => 1,
                 _ => 2,

@@ -325,7 +325,15 @@ fn exact_weight(w: &QMatrix, r: usize, e: usize) -> (f64, f64) {
             let v = w.fval(r, e) as f64;
             (v, v.abs())
         }
-        MatFormat::Q4_K | MatFormat::Q5_K | MatFormat::Q6_K => {
+        MatFormat::Q4_K => {
+            let (k, i) = (e / QK_K, e % QK_K);
+            let a = q4k::scale_f32(w, r, k, 0) as f64
+                * q4k::scale(w, r, k, i / 32) as f64
+                * q4k::quant(w, r, k, i) as f64;
+            let b = q4k::scale_f32(w, r, k, 1) as f64 * q4k::min(w, r, k, i / 32) as f64;
+            (a - b, a.abs() + b.abs())
+        }
+        MatFormat::Q5_K | MatFormat::Q6_K => {
             let (k, i) = (e / QK_K, e % QK_K);
             let d = h(w.d[r * w.nbp + k]);
             let sc = &w.sc[r * w.nb + k];
@@ -454,6 +462,8 @@ fn every_simd_level_agrees_with_scalar_bitwise() {
         (9, 576, 512),
         (300, 64, 512),
         (9, 768, 70),
+        // Q4_K: more activation rows than one block of them meets at once (`q4k::run_rows`)
+        (40, 4096, 70),
     ];
     for format in ALL_FORMATS {
         for &(rows, cols, n) in shapes {
