@@ -71,7 +71,7 @@ pub fn format_version(f: MatFormat) -> u32 {
         MatFormat::Q4_1 => 1,
         MatFormat::Q5_0 => 1,
         MatFormat::Q5_1 => 1,
-        MatFormat::Q8_0 => 1,
+        MatFormat::Q8_0 => 2,
         MatFormat::Q4_K => 2,
         MatFormat::Q5_K => 1,
         MatFormat::Q6_K => 1,

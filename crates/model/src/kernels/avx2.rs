@@ -241,9 +241,6 @@ macro_rules! avx2_kernels {
                 MatFormat::Q4_1 => {
                     tile_shapes!(q4_1, (nr, n), (w, r0, a, b0); (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 1), (2, 2), (2, 3), (2, 4))
                 }
-                MatFormat::Q8_0 => {
-                    tile_shapes!(q8_0, (nr, n), (w, r0, a, b0); (1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (2, 1), (2, 2), (2, 3), (2, 4))
-                }
                 _ => return super::super::avx2k::dot_tile(w, r0, nr, a, b0, n),
             }
             let mut res = [[0f32; 4]; 4];
@@ -420,54 +417,6 @@ macro_rules! avx2_kernels {
                 base += 8;
             }
             finish(&acc, Some(&summ))
-        }
-
-        /// Q8_0 × Q8_0 for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`.
-        ///
-        /// Sign trick: `maddubs(|w| as u8, sign(a, w))`. `|w| ≤ 128` (a weight of −128 becomes the
-        /// unsigned byte 128) and `|sign(a, w)| ≤ 127`, so a pair sums to at most
-        /// `2 · 128 · 127 = 32512 ≤ 32767`: `maddubs` never saturates, even for −128 weights.
-        #[target_feature(enable = $feat)]
-        fn q8_0<const R: usize, const N: usize>(
-            w: &QMatrix,
-            r0: usize,
-            a: &Acts<'_>,
-            b0: usize,
-        ) -> [[f32; 4]; 4] {
-            let nb = w.nb;
-            let t = tile::<R, N>(w, r0, a, b0);
-            let ones = _mm256_set1_epi16(1);
-            let mut acc = [[_mm256_setzero_ps(); N]; R];
-            let mut sc = [[[0f32; 8]; N]; R];
-            let mut base = 0;
-            while base < nb {
-                // SAFETY: `base < nb ≤ nbp` and `nbp % 8 == 0`, so `base + 8 ≤ nbp`.
-                unsafe { scales(&t, base, &mut sc) };
-                let kend = (nb - base).min(8);
-                for kk in 0..kend {
-                    let k = base + kk;
-                    // SAFETY: `k < nb = qchunks`, the length of each `t.wq[ri]`; aligned.
-                    let x: [__m256i; R] = crate::kernels::array(|ri| unsafe {
-                        _mm256_load_si256(t.wq[ri].as_ptr().add(k).cast())
-                    });
-                    let ax: [__m256i; R] = crate::kernels::array(|ri| _mm256_sign_epi8(x[ri], x[ri]));
-                    for bi in 0..N {
-                        // SAFETY: `k < nb`, the length of `t.aq[bi]`; chunks are aligned.
-                        let av = unsafe { _mm256_load_si256(t.aq[bi].as_ptr().add(k).cast()) };
-                        for ri in 0..R {
-                            let sy = _mm256_sign_epi8(av, x[ri]);
-                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[ri], sy), ones);
-                            acc[ri][bi] = _mm256_fmadd_ps(
-                                _mm256_set1_ps(sc[ri][bi][kk]),
-                                _mm256_cvtepi32_ps(p),
-                                acc[ri][bi],
-                            );
-                        }
-                    }
-                }
-                base += 8;
-            }
-            finish(&acc, None)
         }
     };
 }

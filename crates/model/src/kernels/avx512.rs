@@ -135,7 +135,6 @@ mod imp {
                 MatFormat::Q4_1 if n > 1 => narrow!(Q4_1),
                 MatFormat::Q5_0 => narrow!(Q5_0),
                 MatFormat::Q5_1 => narrow!(Q5_1),
-                MatFormat::Q8_0 => narrow!(Q8_0),
                 _ => {}
             }
         }
@@ -191,16 +190,16 @@ mod imp {
                     MatFormat::Q4_0 => go!(Q4_0),
                     MatFormat::Q5_0 => go!(Q5_0),
                     MatFormat::Q5_1 => go!(Q5_1),
-                    MatFormat::Q8_0 => go!(Q8_0),
                     MatFormat::Q5_K | MatFormat::Q6_K => {
                         if let Some(res) = kq::dot_tile(w, r0, nr, a, b0, n) {
                             return res;
                         }
                     }
                     // Q4_1's row pairs measured 0.85–1.0× its AVX2 tiles (see `run_rows`);
-                    // Q4_K runs in bands (`q4k`).
+                    // Q4_K and Q8_0 run in bands (`band`).
                     MatFormat::Q4_1
                     | MatFormat::Q4_K
+                    | MatFormat::Q8_0
                     | MatFormat::F16
                     | MatFormat::BF16
                     | MatFormat::F32 => {}

@@ -10,7 +10,8 @@
 //!
 //! | weights ([`MatFormat`]) | activations | integer part | float part |
 //! |---|---|---|---|
-//! | Q8_0, Q4_0, Q5_0 | Q8_0 | 8 lane sums per 32-block | [Q8_0 family](#q8_0-q4_0-q5_0--q8_0) |
+//! | Q8_0 | Q8_0 | one sum per 32-block | bands of 16 rows: `q80` |
+//! | Q4_0, Q5_0 | Q8_0 | 8 lane sums per 32-block | [Q8_0 family](#q8_0-q4_0-q5_0--q8_0) |
 //! | Q4_1, Q5_1 | Q8_1 | 8 lane sums per 32-block | [Q4_1 family](#q4_1-q5_1--q8_1) |
 //! | Q4_K | Q8_K | one scaled sum and one min sum per 256-block | bands of 16 rows: `q4k` |
 //! | Q5_K, Q6_K | Q8_K | 8 scaled lane sums per 256-block | [K-quants](#q5_k-q6_k--q8_k) |
@@ -32,6 +33,9 @@
 //! `hsum8(x)` is llama.cpp's `hsum_float_8`: `((x4 + x0) + (x6 + x2)) + ((x5 + x1) + (x7 + x3))`.
 //!
 //! ## Q8_0, Q4_0, Q5_0 × Q8_0
+//!
+//! (Q8_0 weights have their own layout and order, in bands of sixteen rows: see the `q80`
+//! module; the text below keeps their first order, `q8_0=1`, beside Q4_0's and Q5_0's.)
 //!
 //! Weight quants `w_i` per 32-value block `k`: the `i8` (Q8_0), `nibble − 8` (Q4_0),
 //! `(nibble | high_bit << 4) − 16` (Q5_0); element `i < 16` is the low nibble of byte `i` and
@@ -112,9 +116,11 @@ pub mod attn;
 mod avx2;
 mod avx2k;
 mod avx512;
+mod band;
 pub mod convert;
 mod plane;
 mod q4k;
+mod q80;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -419,7 +425,7 @@ fn pad8(n: usize) -> usize {
 /// `rows` are output features, `cols` input features (`cols` a multiple of 32, of 256 for the
 /// K-quants). Internally the quants and the `f16` scales live in separate planes:
 ///
-/// * Q8_0 keeps one 32-byte chunk per block;
+/// * Q8_0 is kept in bands of sixteen rows, interleaved (the `q80` module's layout);
 /// * Q4_0, Q4_1, Q5_0 and Q5_1 pack blocks `2p` and `2p + 1` into one chunk (byte `i` holds
 ///   element `i` of block `2p` in its low nibble and element `i` of block `2p + 1` in its high
 ///   nibble), so one load and a shift and a mask unpack a block in element order; Q5_0/Q5_1
@@ -494,9 +500,9 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 impl QMatrix {
     fn empty(format: MatFormat, rows: usize, cols: usize) -> QMatrix {
         let nb = cols / format.cols_multiple();
-        // Q4_K's planes hold whole bands of rows (see `q4k`)
-        let prows = if format == MatFormat::Q4_K {
-            q4k::padded_rows(rows)
+        // Q4_K's and Q8_0's planes hold whole bands of rows (see `band`)
+        let prows = if band::banded(format) {
+            band::padded_rows(rows)
         } else {
             rows
         };
@@ -608,10 +614,7 @@ impl QMatrix {
             }
         };
         match self.format {
-            MatFormat::Q8_0 => {
-                self.d[r * nbp + k] = rd16(blk, 0);
-                self.qs[r * qc + k].0.copy_from_slice(&blk[2..34]);
-            }
+            MatFormat::Q8_0 => q80::put_block(self, r, k, blk),
             MatFormat::Q4_0 => {
                 self.d[r * nbp + k] = rd16(blk, 0);
                 nibbles(self, &blk[2..18]);
@@ -738,11 +741,12 @@ impl QMatrix {
                 let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let d = amax / 127.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                w.d[r * w.nbp + k] = f16::from_f32(d).to_bits();
-                let q = &mut w.qs[r * w.qchunks + k].0;
-                for (q, &v) in q.iter_mut().zip(x) {
+                let mut blk = [0u8; Q8_0_BLOCK_BYTES];
+                blk[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+                for (q, &v) in blk[2..].iter_mut().zip(x) {
                     *q = (v * id).round() as i8 as u8;
                 }
+                q80::put_block(&mut w, r, k, &blk);
             }
         }
         Ok(w)
@@ -771,6 +775,17 @@ impl QMatrix {
             + self.sc.len() * 16
     }
 
+    /// The `f16` bits of the scale `d` of 32-value block `k` of row `r` (Q4_0, Q4_1, Q5_0, Q5_1,
+    /// Q8_0).
+    #[inline]
+    fn block_d(&self, r: usize, k: usize) -> u16 {
+        if self.format == MatFormat::Q8_0 {
+            q80::d_bits(self, r, k)
+        } else {
+            self.d[r * self.nbp + k]
+        }
+    }
+
     /// Quant `i` (0..32) of 32-value block `k` of row `r` of a Q4_0/Q4_1/Q5_0/Q5_1/Q8_0
     /// matrix, as the kernels multiply it: `q − 8` (Q4_0), `q` (Q4_1, Q5_1), `q − 16` (Q5_0),
     /// the `i8` (Q8_0).
@@ -786,7 +801,7 @@ impl QMatrix {
         };
         let hb = || ((self.qh[r * self.nb + k] >> i) & 1) as i32;
         match self.format {
-            MatFormat::Q8_0 => self.qs[r * self.qchunks + k].0[i] as i8 as i32,
+            MatFormat::Q8_0 => q80::quant(self, r, k, i),
             MatFormat::Q4_0 => nib() - 8,
             MatFormat::Q4_1 => nib(),
             MatFormat::Q5_0 => (nib() | hb() << 4) - 16,
@@ -895,7 +910,7 @@ impl QMatrix {
             }
             _ => {
                 for k in 0..self.nb {
-                    let d = h2f(self.d[r * self.nbp + k]);
+                    let d = h2f(self.block_d(r, k));
                     let m = match self.format {
                         MatFormat::Q4_1 | MatFormat::Q5_1 => Some(h2f(self.m[r * self.nbp + k])),
                         _ => None,
@@ -986,6 +1001,8 @@ struct Q8Buf {
     q: Vec<Chunk>,
     d: Vec<f32>,
     s: Vec<f32>,
+    /// The exact sum of each block's quants, `n × nb`.
+    qsum: Vec<i32>,
 }
 
 /// Q8_K super-blocks of a batch.
@@ -1038,6 +1055,8 @@ pub(crate) struct Acts<'a> {
     d: &'a [f32],
     /// Q8_1: `f32(f16(s))`, transposed: `s[k · np4 + b]`, zero padded.
     s: &'a [f32],
+    /// Q8_1: the exact sum of each block's quants, `n × nb`.
+    qsum: &'a [i32],
     /// Q8_K: super-blocks per row.
     knb: usize,
     /// Q8_K: `n × knb × 8` chunks of quants.
@@ -1113,6 +1132,7 @@ impl Activations {
             q: &[],
             d: &[],
             s: &[],
+            qsum: &[],
             knb: 0,
             kq: &[],
             kd: &[],
@@ -1125,6 +1145,7 @@ impl Activations {
             ActFormat::Q8 => {
                 let b = self.q8.get(|b| self.to_q8_1(level.effective(), b));
                 (v.nb, v.nbp, v.np4, v.q, v.d, v.s) = (b.nb, b.nbp, b.np4, &b.q, &b.d, &b.s);
+                v.qsum = &b.qsum;
             }
             ActFormat::Q8K => {
                 if !self.cols.is_multiple_of(QK_K) {
@@ -1165,10 +1186,14 @@ impl Activations {
         buf.d.resize(n * buf.nbp, 0.0);
         buf.s.clear();
         buf.s.resize(nb * buf.np4, 0.0);
+        buf.qsum.clear();
+        buf.qsum.resize(n * nb, 0);
         // row by row, on the team when the batch is large (the same bits)
         let (x, np4, nbp) = (&self.x, buf.np4, buf.nbp);
         let s = crate::team::SharedMut::new(&mut buf.s);
         let s = &s;
+        let qsum = crate::team::SharedMut::new(&mut buf.qsum);
+        let qsum = &qsum;
         crate::team::for_rows2(&mut buf.q, nb, &mut buf.d, nbp, cols, &|b0, q, d| {
             for (i, (q, d)) in q
                 .chunks_exact_mut(nb)
@@ -1200,6 +1225,8 @@ impl Activations {
                     // SAFETY: `s` (`nb · np4` values) stays borrowed by this call, and entry
                     // `k · np4 + b` belongs to row `b`, which only this task converts.
                     unsafe { s.slice(k * np4 + b, 1)[0] = f16::from_f32(dk * sum as f32).to_f32() };
+                    // SAFETY: as above, entry `b · nb + k` belongs to row `b`.
+                    unsafe { qsum.slice(b * nb + k, 1)[0] = sum };
                 }
             }
         });
@@ -1338,7 +1365,7 @@ pub fn matmul_many_with(
             + if a.n == 0 {
                 0
             } else {
-                q4k::padded_rows(w.rows)
+                band::padded_rows(w.rows)
             };
     }
     let total = starts[parts.len()];
@@ -1371,7 +1398,7 @@ pub fn matmul_many_with(
     let mats = &mats;
     let run = |t: usize| {
         // this task's share of the rows of all the matrices, one after the other
-        let band = |x: usize| x / q4k::BAND * q4k::BAND;
+        let band = |x: usize| x / band::BAND * band::BAND;
         let (g0, g1) = (band(total * t / tasks), band(total * (t + 1) / tasks));
         for i in 0..starts.len() - 1 {
             let (s0, s1) = (starts[i].max(g0), starts[i + 1].min(g1));
@@ -1411,9 +1438,9 @@ const TILE_BYTES: usize = 16 * 1024;
 /// (`r0` a multiple of 16 for Q4_K),
 /// `a` must be prepared for `w.format`, and `level` must be runnable on this CPU.
 unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize, out: *mut f32) {
-    if w.format == MatFormat::Q4_K {
+    if band::banded(w.format) {
         // SAFETY: the caller's guarantees; `r0` is a whole number of bands (`matmul_many_with`).
-        return unsafe { q4k::run_rows(level, w, a, r0, r1, out) };
+        return unsafe { band::run_rows(level, w, a, r0, r1, out) };
     }
     let row_bytes = w.bytes() / w.rows.max(1);
     let tile = (TILE_BYTES / row_bytes.max(1)).max(1);

@@ -96,6 +96,7 @@ pub(super) fn dot_tile(
 pub(super) fn dot(w: &QMatrix, r: usize, a: &Acts<'_>, b: usize) -> f32 {
     match w.format {
         MatFormat::Q4_K => super::q4k::dot(w, r, a, b),
+        MatFormat::Q8_0 => super::q80::dot(w, r, a, b),
         MatFormat::Q5_K | MatFormat::Q6_K => dot_k(w, r, a, b),
         MatFormat::F16 | MatFormat::BF16 | MatFormat::F32 => dot_float(w, r, a, b),
         _ => dot32(w, r, a, b),

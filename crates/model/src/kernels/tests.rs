@@ -349,7 +349,7 @@ fn exact_weight(w: &QMatrix, r: usize, e: usize) -> (f64, f64) {
         }
         _ => {
             let (k, i) = (e / BLOCK, e % BLOCK);
-            let a = h(w.d[r * w.nbp + k]) * w.quant(r, k, i) as f64;
+            let a = h(w.block_d(r, k)) * w.quant(r, k, i) as f64;
             let b = match w.format {
                 MatFormat::Q4_1 | MatFormat::Q5_1 => h(w.m[r * w.nbp + k]),
                 _ => 0.0,

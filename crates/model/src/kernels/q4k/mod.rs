@@ -44,18 +44,11 @@ mod x86;
 
 use half::f16;
 
+use super::band::BAND;
 use super::{rd16, scale_min_k4, Acts, Level, QMatrix};
-
-/// Rows per band.
-pub(super) const BAND: usize = 16;
 
 /// Bytes of one band's nibbles per super-block.
 const BAND_QS: usize = BAND * 128;
-
-/// `rows` rounded up to whole bands.
-pub(super) fn padded_rows(rows: usize) -> usize {
-    rows.div_ceil(BAND) * BAND
-}
 
 /// Stores GGML Q4_K block `k` of row `r` (`blk`: 144 bytes) in the band layout.
 pub(super) fn put_block(w: &mut QMatrix, r: usize, k: usize, blk: &[u8]) {
@@ -135,7 +128,7 @@ pub(super) fn dot(w: &QMatrix, r: usize, a: &Acts<'_>, b: usize) -> f32 {
 ///
 /// # Safety
 /// `level` must be effective on this CPU, `a` prepared for Q4_K, `band` a band of `w`.
-unsafe fn band_tile(
+pub(super) unsafe fn tile(
     level: Level,
     w: &QMatrix,
     band: usize,
@@ -163,54 +156,4 @@ unsafe fn band_tile(
         }
     }
     res
-}
-
-/// Activation bytes a tile of bands meets at once (the rest of the batch waits, so that the
-/// activations stay in the second-level cache while the bands stream past them).
-const ACT_BLOCK_BYTES: usize = 256 * 1024;
-
-/// Computes rows `r0..r1` (`r0` a multiple of [`BAND`]) against every activation row: the bands
-/// of the range meet blocks of activation rows, four at a time.
-///
-/// # Safety
-/// As [`super::run_rows`]: `out` valid for `a.n · w.rows` writes, this range written by no one
-/// else, `a` prepared for Q4_K, `level` effective.
-pub(super) unsafe fn run_rows(
-    level: Level,
-    w: &QMatrix,
-    a: &Acts<'_>,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-) {
-    assert!(
-        r0.is_multiple_of(BAND) && r1 <= w.rows,
-        "a range of whole bands"
-    );
-    let block = (ACT_BLOCK_BYTES / w.cols.max(1)).max(4) / 4 * 4;
-    let mut a0 = 0;
-    while a0 < a.n {
-        let a1 = (a0 + block).min(a.n);
-        for band in r0 / BAND..r1.div_ceil(BAND) {
-            let mut b0 = a0;
-            while b0 < a1 {
-                let n = (a1 - b0).min(4);
-                // SAFETY: the caller's guarantees.
-                let res = unsafe { band_tile(level, w, band, a, b0, n) };
-                for (bi, res) in res.iter().take(n).enumerate() {
-                    for (t, v) in res.iter().enumerate() {
-                        let r = BAND * band + t;
-                        if r >= r1 {
-                            break;
-                        }
-                        // SAFETY: `b0 + bi < a.n`, `r < r1 ≤ w.rows`: in bounds, and only this
-                        // task writes rows `r0..r1`.
-                        unsafe { *out.add((b0 + bi) * w.rows + r) = *v };
-                    }
-                }
-                b0 += 4;
-            }
-        }
-        a0 = a1;
-    }
 }
