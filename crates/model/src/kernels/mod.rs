@@ -1452,6 +1452,8 @@ unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize
         let mut b0 = 0;
         while b0 < a.n {
             let nb = (a.n - b0).min(4);
+            // (Q4_K and Q8_0 run in bands, `band`, and never reach these tiles; the notes below
+            // keep what was measured when they did.)
             // Register tiles of several weight rows × `nb` activation rows (measured on Zen 3,
             // whole forward passes of the default model, alternating):
             // * one activation row: four Q4_1 rows at once hide the FMA latency; Q8_0 is
@@ -1483,14 +1485,13 @@ unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize
                 && match w.format {
                     MatFormat::Q4_0 | MatFormat::Q5_0 | MatFormat::Q5_1 => true,
                     MatFormat::Q4_1 => a.n > 1 && narrow,
-                    MatFormat::Q8_0 => a.n > ONE_ROW_TILES_UP_TO || (a.n > 1 && narrow),
                     _ => false,
                 };
             let nr = match (nb, w.format) {
                 _ if wide && (nb == 1 || a.n > ONE_ROW_TILES_UP_TO || narrow) => 4,
                 _ if wide => 2,
                 (1, MatFormat::Q4_1) => 4,
-                (1, MatFormat::Q8_0 | MatFormat::Q6_K) => 1,
+                (1, MatFormat::Q6_K) => 1,
                 (1, MatFormat::Q4_0 | MatFormat::Q5_0 | MatFormat::Q5_1) => 4,
                 (1, _) => 2,
                 _ if a.n <= ONE_ROW_TILES_UP_TO => 1,
