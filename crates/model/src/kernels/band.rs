@@ -23,6 +23,49 @@ pub(super) fn padded_rows(rows: usize) -> usize {
     rows.div_ceil(BAND) * BAND
 }
 
+/// A band tile by the format's scalar `dot` (row `r`, activation row `b`): `res[bi][t]` for row
+/// `16 · band + t` and activation row `b0 + bi`, `bi < n`; padding rows give zero.
+pub(super) fn scalar_tile(
+    w: &QMatrix,
+    band: usize,
+    n: usize,
+    b0: usize,
+    dot: impl Fn(usize, usize) -> f32,
+) -> [[f32; BAND]; 4] {
+    let mut res = [[0f32; BAND]; 4];
+    for (bi, res) in res.iter_mut().enumerate().take(n) {
+        for (t, v) in res.iter_mut().enumerate() {
+            if BAND * band + t < w.rows {
+                *v = dot(BAND * band + t, b0 + bi);
+            }
+        }
+    }
+    res
+}
+
+/// A band tile from its two halves of eight rows (the AVX2 kernels' register width).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn join_halves(mut half: impl FnMut(usize) -> [[f32; 8]; 4]) -> [[f32; BAND]; 4] {
+    let mut res = [[0f32; BAND]; 4];
+    for h in 0..2 {
+        let r = half(h);
+        for (res, r) in res.iter_mut().zip(&r) {
+            res[8 * h..8 * h + 8].copy_from_slice(r);
+        }
+    }
+    res
+}
+
+/// The four bytes at `p` as one `i32`, for a broadcast to every lane.
+///
+/// # Safety
+/// `p..p + 4` must be readable.
+#[inline(always)]
+pub(super) unsafe fn quad(p: *const u8) -> i32 {
+    // SAFETY: the caller's guarantee; any alignment.
+    unsafe { p.cast::<i32>().read_unaligned() }
+}
+
 /// Activation bytes a tile of bands meets at once (the rest of the batch waits, so that the
 /// activations stay in the second-level cache while the bands stream past them).
 const ACT_BLOCK_BYTES: usize = 256 * 1024;

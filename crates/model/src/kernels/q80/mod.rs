@@ -85,13 +85,5 @@ pub(super) unsafe fn tile(
         }
     }
     let _ = level;
-    let mut res = [[0f32; BAND]; 4];
-    for (bi, res) in res.iter_mut().enumerate().take(n) {
-        for (t, v) in res.iter_mut().enumerate() {
-            if BAND * band + t < w.rows {
-                *v = dot(w, BAND * band + t, a, b0 + bi);
-            }
-        }
-    }
-    res
+    super::band::scalar_tile(w, band, n, b0, |r, b| dot(w, r, a, b))
 }

@@ -16,20 +16,11 @@
 use std::arch::x86_64::*;
 
 use super::BAND;
+use crate::kernels::band::{join_halves, quad};
 use crate::kernels::{array, Acts, QMatrix};
 
 /// Bytes of one band's quants per block.
 const BAND_QS: usize = BAND * 32;
-
-/// The four bytes at `p` as one `i32`, for a broadcast.
-///
-/// # Safety
-/// `p..p + 4` must be readable.
-#[inline(always)]
-unsafe fn quad(p: *const u8) -> i32 {
-    // SAFETY: the caller's guarantee; any alignment.
-    unsafe { p.cast::<i32>().read_unaligned() }
-}
 
 /// The pointers one band kernel reads, checked once.
 struct Band<const N: usize> {
@@ -94,19 +85,12 @@ pub(super) unsafe fn band_avx2(
     b0: usize,
     n: usize,
 ) -> [[f32; BAND]; 4] {
-    let mut res = [[0f32; BAND]; 4];
-    for half in 0..2 {
-        let r = match n {
-            1 => avx2::<1>(w, band, half, a, b0),
-            2 => avx2::<2>(w, band, half, a, b0),
-            3 => avx2::<3>(w, band, half, a, b0),
-            _ => avx2::<4>(w, band, half, a, b0),
-        };
-        for bi in 0..4 {
-            res[bi][8 * half..8 * half + 8].copy_from_slice(&r[bi]);
-        }
-    }
-    res
+    join_halves(|half| match n {
+        1 => avx2::<1>(w, band, half, a, b0),
+        2 => avx2::<2>(w, band, half, a, b0),
+        3 => avx2::<3>(w, band, half, a, b0),
+        _ => avx2::<4>(w, band, half, a, b0),
+    })
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
