@@ -67,10 +67,10 @@ pub fn kv_version(t: KvCacheType) -> u32 {
 /// quantisation it multiplies, the kernel's reduction order).
 pub fn format_version(f: MatFormat) -> u32 {
     match f {
-        MatFormat::Q4_0 => 1,
-        MatFormat::Q4_1 => 1,
-        MatFormat::Q5_0 => 1,
-        MatFormat::Q5_1 => 1,
+        MatFormat::Q4_0 => 2,
+        MatFormat::Q4_1 => 2,
+        MatFormat::Q5_0 => 2,
+        MatFormat::Q5_1 => 2,
         MatFormat::Q8_0 => 2,
         MatFormat::Q4_K => 2,
         MatFormat::Q5_K => 1,

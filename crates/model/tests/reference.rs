@@ -90,6 +90,10 @@ struct PromptCheck {
     name: String,
     /// Our top-5 set after the prompt equals the reference's.
     top5_equal: bool,
+    /// The sets differ only at a near tie on the reference's fifth place: every token in one
+    /// set and not the other has a reference logit within [`MAX_DELTA`] of the reference's
+    /// fifth.
+    top5_near_tie: bool,
     /// How many of our top-5 are in the reference's top-5.
     top5_overlap: usize,
     /// The reference's top-1 is one of our top-2.
@@ -146,9 +150,27 @@ fn check_prompts(requant: Requant) -> Option<Vec<PromptCheck>> {
             forced_agree += usize::from(argmax(&row) == t);
             row = forced.decode_one(t).unwrap();
         }
+        let top20: Vec<(u32, f32)> = p["top20"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e[0].as_u64().unwrap() as u32, e[1].as_f64().unwrap() as f32))
+            .collect();
+        let fifth = top20[4].1;
+        let near = |t: &u32| {
+            top20
+                .iter()
+                .any(|&(id, z)| id == *t && (z - fifth).abs() <= MAX_DELTA)
+        };
+        let top5_near_tie = ours
+            .iter()
+            .filter(|t| !want.contains(t))
+            .chain(want.iter().filter(|t| !ours.contains(t)))
+            .all(near);
         let c = PromptCheck {
             name: name.clone(),
             top5_equal: ours == want_sorted,
+            top5_near_tie,
             top5_overlap: ours.iter().filter(|t| want.contains(t)).count(),
             top1_in_top2: ranked[..2].contains(&want[0]),
             max_delta,
@@ -170,10 +192,15 @@ fn check_prompts(requant: Requant) -> Option<Vec<PromptCheck>> {
     Some(out)
 }
 
-/// The file's own quantisation: the top-5 sets equal, logits within a few tenths, and the
+/// How far a logit may be from the reference's (the file's own quantisation).
+const MAX_DELTA: f32 = 0.75;
+
+/// The file's own quantisation: the top-5 sets equal (or different only at a near tie on the
+/// fifth place: `story`'s fifth and sixth are 0.20 apart in the reference and swap places since
+/// the numerics `q4_1=2`), logits within [`MAX_DELTA`], and the
 /// first 16 greedy tokens match except for `story`, whose first step is a near tie in the
 /// reference itself (504 at 26.669 vs 49 at 26.659): there the reference's tokens are fed and
-/// our argmax must agree at 28 or more of the 32 steps (30 measured).
+/// our argmax must agree at 28 or more of the 32 steps (31 measured).
 #[test]
 fn logits_and_greedy_match_reference_q4_1() {
     let Some(res) = check_prompts(Requant::Keep) else {
@@ -185,9 +212,13 @@ fn logits_and_greedy_match_reference_q4_1() {
         "q4_1: {first16}/48 of the first 16 greedy tokens, {full32}/96 of 32, match in full prefix"
     );
     for c in &res {
-        assert!(c.top5_equal, "{}: top-5 set differs", c.name);
         assert!(
-            c.max_delta < 0.75,
+            c.top5_equal || c.top5_near_tie,
+            "{}: top-5 set differs beyond a near tie",
+            c.name
+        );
+        assert!(
+            c.max_delta < MAX_DELTA,
             "{}: logits off by {}",
             c.name,
             c.max_delta

@@ -1,5 +1,5 @@
 //! Matrices kept in bands of sixteen interleaved rows (Q4_K: [`super::q4k`], Q8_0:
-//! [`super::q80`]) and the loop that runs them.
+//! [`super::q80`], Q4_0, Q4_1, Q5_0 and Q5_1: [`super::legacy`]) and the loop that runs them.
 //!
 //! In a band, each 64-byte unit holds four consecutive quants of each of sixteen rows, so that
 //! every 32-bit lane of a 512-bit register belongs to one row: a multiply-add against four
@@ -8,14 +8,22 @@
 //! layout and a tile of one band × up to four activation rows; this module walks a range of
 //! bands against the batch.
 
-use super::{q4k, q80, Acts, Level, MatFormat, QMatrix};
+use super::{legacy, q4k, q80, Acts, Level, MatFormat, QMatrix};
 
 /// Rows per band.
 pub(super) const BAND: usize = 16;
 
 /// Whether matrices of `format` are kept in bands.
 pub(super) fn banded(format: MatFormat) -> bool {
-    matches!(format, MatFormat::Q4_K | MatFormat::Q8_0)
+    matches!(
+        format,
+        MatFormat::Q4_K
+            | MatFormat::Q8_0
+            | MatFormat::Q4_0
+            | MatFormat::Q4_1
+            | MatFormat::Q5_0
+            | MatFormat::Q5_1
+    )
 }
 
 /// `rows` rounded up to whole bands.
@@ -101,6 +109,9 @@ pub(super) unsafe fn run_rows(
                     match w.format {
                         MatFormat::Q4_K => q4k::tile(level, w, band, a, b0, n),
                         MatFormat::Q8_0 => q80::tile(level, w, band, a, b0, n),
+                        MatFormat::Q4_0 | MatFormat::Q4_1 | MatFormat::Q5_0 | MatFormat::Q5_1 => {
+                            legacy::tile(level, w, band, a, b0, n)
+                        }
                         f => unreachable!("{f:?} is not kept in bands"),
                     }
                 };

@@ -11,8 +11,8 @@
 //! | weights ([`MatFormat`]) | activations | integer part | float part |
 //! |---|---|---|---|
 //! | Q8_0 | Q8_0 | one sum per 32-block | bands of 16 rows: `q80` |
-//! | Q4_0, Q5_0 | Q8_0 | 8 lane sums per 32-block | [Q8_0 family](#q8_0-q4_0-q5_0--q8_0) |
-//! | Q4_1, Q5_1 | Q8_1 | 8 lane sums per 32-block | [Q4_1 family](#q4_1-q5_1--q8_1) |
+//! | Q4_0, Q5_0 | Q8_0 | one sum per 32-block | bands of 16 rows: `legacy` |
+//! | Q4_1, Q5_1 | Q8_1 | one sum per 32-block | bands of 16 rows: `legacy` |
 //! | Q4_K | Q8_K | one scaled sum and one min sum per 256-block | bands of 16 rows: `q4k` |
 //! | Q5_K, Q6_K | Q8_K | 8 scaled lane sums per 256-block | [K-quants](#q5_k-q6_k--q8_k) |
 //! | F32, F16, BF16 | the same type | none | [float](#f32-f16-bf16) |
@@ -34,8 +34,9 @@
 //!
 //! ## Q8_0, Q4_0, Q5_0 × Q8_0
 //!
-//! (Q8_0 weights have their own layout and order, in bands of sixteen rows: see the `q80`
-//! module; the text below keeps their first order, `q8_0=1`, beside Q4_0's and Q5_0's.)
+//! (These formats now have their own layout and order, in bands of sixteen rows: see the `q80`
+//! and `legacy` modules; the text below keeps their first order, `q8_0=1`, `q4_0=1`, `q5_0=1`,
+//! `q4_1=1`, `q5_1=1`.)
 //!
 //! Weight quants `w_i` per 32-value block `k`: the `i8` (Q8_0), `nibble − 8` (Q4_0),
 //! `(nibble | high_bit << 4) − 16` (Q5_0); element `i < 16` is the low nibble of byte `i` and
@@ -118,6 +119,7 @@ mod avx2k;
 mod avx512;
 mod band;
 pub mod convert;
+mod legacy;
 mod plane;
 mod q4k;
 mod q80;
@@ -426,10 +428,8 @@ fn pad8(n: usize) -> usize {
 /// K-quants). Internally the quants and the `f16` scales live in separate planes:
 ///
 /// * Q8_0 is kept in bands of sixteen rows, interleaved (the `q80` module's layout);
-/// * Q4_0, Q4_1, Q5_0 and Q5_1 pack blocks `2p` and `2p + 1` into one chunk (byte `i` holds
-///   element `i` of block `2p` in its low nibble and element `i` of block `2p + 1` in its high
-///   nibble), so one load and a shift and a mask unpack a block in element order; Q5_0/Q5_1
-///   keep the blocks' 32-bit `qh` words in their own plane;
+/// * Q4_0, Q4_1, Q5_0 and Q5_1 are kept in bands of sixteen rows, interleaved (the `legacy`
+///   module's layout; Q5_0/Q5_1's high bits as 64-bit byte masks in `qh`);
 /// * Q4_K is kept in bands of sixteen rows, interleaved (the `q4k` module's layout);
 /// * Q5_K and Q6_K keep GGML's quant bytes as they are, one super-block after the other (Q5_K:
 ///   four chunks of nibbles and one chunk of high bits; Q6_K: four chunks of low nibbles, then
@@ -453,7 +453,8 @@ pub struct QMatrix {
     /// Q4_1/Q5_1: `f16` bits of the block minimums; Q4_K/Q5_K: of `dmin`; `rows × nbp`; else
     /// empty.
     m: plane::Plane<u16>,
-    /// Q5_0/Q5_1: the blocks' high bits, `rows × nb`; else empty.
+    /// Q5_0/Q5_1: the blocks' high bits as byte masks in the band layout (`legacy`), `rows × nb`
+    /// words; else empty.
     qh: plane::Plane<u32>,
     /// Q5_K: the eight 6-bit scales then the eight 6-bit mins of each super-block; Q6_K: its
     /// sixteen `i8` scales; `rows × nb`; Q4_K: its scales and mins in the band layout (`q4k`);
@@ -600,14 +601,6 @@ impl QMatrix {
     /// Stores GGML block `k` of row `r` (`blk` has the format's block size).
     fn put_block(&mut self, r: usize, k: usize, blk: &[u8]) {
         let (nbp, qc) = (self.nbp, self.qchunks);
-        let nibbles = |w: &mut QMatrix, nib: &[u8]| {
-            let chunk = &mut w.qs[r * qc + k / 2].0;
-            let shift = if k.is_multiple_of(2) { 0 } else { 4 };
-            for i in 0..16 {
-                chunk[i] |= (nib[i] & 0x0F) << shift;
-                chunk[i + 16] |= (nib[i] >> 4) << shift;
-            }
-        };
         let chunks = |w: &mut QMatrix, first: usize, src: &[u8]| {
             for (j, s) in src.chunks_exact(32).enumerate() {
                 w.qs[r * qc + first + j].0.copy_from_slice(s);
@@ -615,25 +608,8 @@ impl QMatrix {
         };
         match self.format {
             MatFormat::Q8_0 => q80::put_block(self, r, k, blk),
-            MatFormat::Q4_0 => {
-                self.d[r * nbp + k] = rd16(blk, 0);
-                nibbles(self, &blk[2..18]);
-            }
-            MatFormat::Q4_1 => {
-                self.d[r * nbp + k] = rd16(blk, 0);
-                self.m[r * nbp + k] = rd16(blk, 2);
-                nibbles(self, &blk[4..20]);
-            }
-            MatFormat::Q5_0 => {
-                self.d[r * nbp + k] = rd16(blk, 0);
-                self.qh[r * self.nb + k] = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                nibbles(self, &blk[6..22]);
-            }
-            MatFormat::Q5_1 => {
-                self.d[r * nbp + k] = rd16(blk, 0);
-                self.m[r * nbp + k] = rd16(blk, 2);
-                self.qh[r * self.nb + k] = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
-                nibbles(self, &blk[8..24]);
+            MatFormat::Q4_0 | MatFormat::Q4_1 | MatFormat::Q5_0 | MatFormat::Q5_1 => {
+                legacy::put_block(self, r, k, blk)
             }
             MatFormat::Q4_K => q4k::put_block(self, r, k, blk),
             MatFormat::Q5_K => {
@@ -782,7 +758,7 @@ impl QMatrix {
         if self.format == MatFormat::Q8_0 {
             q80::d_bits(self, r, k)
         } else {
-            self.d[r * self.nbp + k]
+            legacy::d_bits(self, r, k)
         }
     }
 
@@ -791,23 +767,19 @@ impl QMatrix {
     /// the `i8` (Q8_0).
     #[inline]
     fn quant(&self, r: usize, k: usize, i: usize) -> i32 {
-        let nib = || {
-            let b = self.qs[r * self.qchunks + k / 2].0[i];
-            (if k.is_multiple_of(2) {
-                b & 0x0F
-            } else {
-                b >> 4
-            }) as i32
-        };
-        let hb = || ((self.qh[r * self.nb + k] >> i) & 1) as i32;
         match self.format {
             MatFormat::Q8_0 => q80::quant(self, r, k, i),
-            MatFormat::Q4_0 => nib() - 8,
-            MatFormat::Q4_1 => nib(),
-            MatFormat::Q5_0 => (nib() | hb() << 4) - 16,
-            MatFormat::Q5_1 => nib() | hb() << 4,
+            MatFormat::Q4_0 | MatFormat::Q4_1 | MatFormat::Q5_0 | MatFormat::Q5_1 => {
+                legacy::quant(self, r, k, i)
+            }
             _ => unreachable!("not a 32-value block format"),
         }
+    }
+
+    /// The `f16` bits of the minimum `m` of 32-value block `k` of row `r` (Q4_1, Q5_1).
+    #[inline]
+    fn block_m(&self, r: usize, k: usize) -> u16 {
+        legacy::m_bits(self, r, k)
     }
 
     /// Quant `e` (0..256) of super-block `k` of row `r` of a K-quant matrix, unsigned
@@ -912,7 +884,7 @@ impl QMatrix {
                 for k in 0..self.nb {
                     let d = h2f(self.block_d(r, k));
                     let m = match self.format {
-                        MatFormat::Q4_1 | MatFormat::Q5_1 => Some(h2f(self.m[r * self.nbp + k])),
+                        MatFormat::Q4_1 | MatFormat::Q5_1 => Some(h2f(self.block_m(r, k))),
                         _ => None,
                     };
                     for i in 0..BLOCK {

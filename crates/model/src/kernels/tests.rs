@@ -351,7 +351,7 @@ fn exact_weight(w: &QMatrix, r: usize, e: usize) -> (f64, f64) {
             let (k, i) = (e / BLOCK, e % BLOCK);
             let a = h(w.block_d(r, k)) * w.quant(r, k, i) as f64;
             let b = match w.format {
-                MatFormat::Q4_1 | MatFormat::Q5_1 => h(w.m[r * w.nbp + k]),
+                MatFormat::Q4_1 | MatFormat::Q5_1 => h(w.block_m(r, k)),
                 _ => 0.0,
             };
             (a + b, a.abs() + b.abs())
@@ -419,7 +419,7 @@ fn every_format_agrees_with_f64_reference() {
                     let mut serr = 0f64;
                     if matches!(format, MatFormat::Q4_1 | MatFormat::Q5_1) {
                         for k in 0..cols / BLOCK {
-                            let m = f16::from_bits(w.m[r * w.nbp + k]).to_f32() as f64;
+                            let m = f16::from_bits(w.block_m(r, k)).to_f32() as f64;
                             let sum: f64 = av[k * BLOCK..(k + 1) * BLOCK].iter().sum();
                             serr += m.abs() * (v.s[k * v.np4 + b] as f64 - sum).abs();
                         }
