@@ -74,7 +74,7 @@ pub fn format_version(f: MatFormat) -> u32 {
         MatFormat::Q8_0 => 2,
         MatFormat::Q4_K => 2,
         MatFormat::Q5_K => 1,
-        MatFormat::Q6_K => 1,
+        MatFormat::Q6_K => 2,
         MatFormat::F16 => 1,
         MatFormat::BF16 => 1,
         MatFormat::F32 => 1,

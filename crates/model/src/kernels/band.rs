@@ -1,5 +1,5 @@
 //! Matrices kept in bands of sixteen interleaved rows (Q4_K: [`super::q4k`], Q8_0:
-//! [`super::q80`], Q4_0, Q4_1, Q5_0 and Q5_1: [`super::legacy`]) and the loop that runs them.
+//! [`super::q80`], Q6_K: [`super::q6k`], Q4_0, Q4_1, Q5_0 and Q5_1: [`super::legacy`]) and the loop that runs them.
 //!
 //! In a band, each 64-byte unit holds four consecutive quants of each of sixteen rows, so that
 //! every 32-bit lane of a 512-bit register belongs to one row: a multiply-add against four
@@ -8,7 +8,7 @@
 //! layout and a tile of one band × up to four activation rows; this module walks a range of
 //! bands against the batch.
 
-use super::{legacy, q4k, q80, Acts, Level, MatFormat, QMatrix};
+use super::{legacy, q4k, q6k, q80, Acts, Level, MatFormat, QMatrix};
 
 /// Rows per band.
 pub(super) const BAND: usize = 16;
@@ -18,6 +18,7 @@ pub(super) fn banded(format: MatFormat) -> bool {
     matches!(
         format,
         MatFormat::Q4_K
+            | MatFormat::Q6_K
             | MatFormat::Q8_0
             | MatFormat::Q4_0
             | MatFormat::Q4_1
@@ -108,6 +109,7 @@ pub(super) unsafe fn run_rows(
                 let res = unsafe {
                     match w.format {
                         MatFormat::Q4_K => q4k::tile(level, w, band, a, b0, n),
+                        MatFormat::Q6_K => q6k::tile(level, w, band, a, b0, n),
                         MatFormat::Q8_0 => q80::tile(level, w, band, a, b0, n),
                         MatFormat::Q4_0 | MatFormat::Q4_1 | MatFormat::Q5_0 | MatFormat::Q5_1 => {
                             legacy::tile(level, w, band, a, b0, n)

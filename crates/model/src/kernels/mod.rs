@@ -14,7 +14,8 @@
 //! | Q4_0, Q5_0 | Q8_0 | one sum per 32-block | bands of 16 rows: `legacy` |
 //! | Q4_1, Q5_1 | Q8_1 | one sum per 32-block | bands of 16 rows: `legacy` |
 //! | Q4_K | Q8_K | one scaled sum and one min sum per 256-block | bands of 16 rows: `q4k` |
-//! | Q5_K, Q6_K | Q8_K | 8 scaled lane sums per 256-block | [K-quants](#q5_k-q6_k--q8_k) |
+//! | Q6_K | Q8_K | one scaled sum per 256-block | bands of 16 rows: `q6k` |
+//! | Q5_K | Q8_K | 8 scaled lane sums per 256-block | [K-quants](#q5_k-q6_k--q8_k) |
 //! | F32, F16, BF16 | the same type | none | [float](#f32-f16-bf16) |
 //!
 //! # Exact semantics
@@ -57,8 +58,9 @@
 //!
 //! ## Q5_K, Q6_K × Q8_K
 //!
-//! (Q4_K has its own layout and order, in bands of sixteen rows: see the `q4k` module. The
-//! text below keeps Q4_K's first order, `q4_k=1`, beside Q5_K's, which shares it.)
+//! (Q4_K and Q6_K have their own layout and order, in bands of sixteen rows: see the `q4k` and
+//! `q6k` modules. The text below keeps their first orders, `q4_k=1` and `q6_k=1`, beside
+//! Q5_K's, which shares them.)
 //!
 //! A 256-value super-block `i` has eight 32-value sub-blocks `s` (Q4_K/Q5_K: 6-bit scale `sc_s`
 //! and min `m_s`, unsigned quants `q` in `0..16` / `0..32`) or sixteen 16-value sub-blocks
@@ -122,6 +124,7 @@ pub mod convert;
 mod legacy;
 mod plane;
 mod q4k;
+mod q6k;
 mod q80;
 mod scalar;
 #[cfg(test)]
@@ -431,9 +434,9 @@ fn pad8(n: usize) -> usize {
 /// * Q4_0, Q4_1, Q5_0 and Q5_1 are kept in bands of sixteen rows, interleaved (the `legacy`
 ///   module's layout; Q5_0/Q5_1's high bits as 64-bit byte masks in `qh`);
 /// * Q4_K is kept in bands of sixteen rows, interleaved (the `q4k` module's layout);
-/// * Q5_K and Q6_K keep GGML's quant bytes as they are, one super-block after the other (Q5_K:
-///   four chunks of nibbles and one chunk of high bits; Q6_K: four chunks of low nibbles, then
-///   two of high bit pairs), with Q5_K's 6-bit scales and mins unpacked to bytes;
+/// * Q6_K is kept in bands of sixteen rows, interleaved (the `q6k` module's layout);
+/// * Q5_K keeps GGML's quant bytes as they are, one super-block after the other (four chunks
+///   of nibbles and one chunk of high bits), with its 6-bit scales and mins unpacked to bytes;
 /// * F16, BF16 and F32 keep the values in chunks.
 #[derive(Clone, Debug)]
 pub struct QMatrix {
@@ -456,9 +459,8 @@ pub struct QMatrix {
     /// Q5_0/Q5_1: the blocks' high bits as byte masks in the band layout (`legacy`), `rows × nb`
     /// words; else empty.
     qh: plane::Plane<u32>,
-    /// Q5_K: the eight 6-bit scales then the eight 6-bit mins of each super-block; Q6_K: its
-    /// sixteen `i8` scales; `rows × nb`; Q4_K: its scales and mins in the band layout (`q4k`);
-    /// else empty.
+    /// Q5_K: the eight 6-bit scales then the eight 6-bit mins of each super-block, `rows × nb`;
+    /// Q4_K and Q6_K: their scales (and mins) in the band layout (`q4k`, `q6k`); else empty.
     sc: plane::Plane<[u8; 16]>,
     /// The file's format when it had no kernel and was re-quantised.
     converted_from: Option<GgmlDType>,
@@ -625,11 +627,7 @@ impl QMatrix {
                 chunks(self, 5 * k, &blk[48..176]);
                 chunks(self, 5 * k + 4, &blk[16..48]);
             }
-            MatFormat::Q6_K => {
-                chunks(self, 6 * k, &blk[0..192]);
-                self.sc[r * self.nb + k].copy_from_slice(&blk[192..208]);
-                self.d[r * nbp + k] = rd16(blk, 208);
-            }
+            MatFormat::Q6_K => q6k::put_block(self, r, k, blk),
             MatFormat::F16 | MatFormat::BF16 | MatFormat::F32 => {
                 unreachable!("float formats are copied whole")
             }
@@ -795,12 +793,7 @@ impl QMatrix {
                 let h = self.qs[base + 5 * k + 4].0[l];
                 (((b >> (4 * (g & 1))) & 0x0F) | (((h >> g) & 1) << 4)) as i32
             }
-            MatFormat::Q6_K => {
-                let (half, j) = (g / 4, g % 4);
-                let b = self.qs[base + 6 * k + 2 * half + (j & 1)].0[l];
-                let h = self.qs[base + 6 * k + 4 + half].0[l];
-                (((b >> (4 * (j >> 1))) & 0x0F) | (((h >> (2 * j)) & 3) << 4)) as i32
-            }
+            MatFormat::Q6_K => q6k::quant(self, r, k, e),
             _ => unreachable!("not a K-quant format"),
         }
     }
@@ -871,10 +864,9 @@ impl QMatrix {
             }
             MatFormat::Q6_K => {
                 for k in 0..self.nb {
-                    let d = h2f(self.d[r * self.nbp + k]);
-                    let sc = &self.sc[r * self.nb + k];
+                    let d = q6k::d_f32(self, r, k);
                     for e in 0..QK_K {
-                        let s = sc[e / 16] as i8 as f32;
+                        let s = q6k::scale(self, r, k, e / 16) as f32;
                         let q = (self.kquant(r, k, e) - 32) as f32;
                         out[k * QK_K + e] = d * s * q;
                     }

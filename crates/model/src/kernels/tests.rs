@@ -333,19 +333,20 @@ fn exact_weight(w: &QMatrix, r: usize, e: usize) -> (f64, f64) {
             let b = q4k::scale_f32(w, r, k, 1) as f64 * q4k::min(w, r, k, i / 32) as f64;
             (a - b, a.abs() + b.abs())
         }
-        MatFormat::Q5_K | MatFormat::Q6_K => {
+        MatFormat::Q6_K => {
+            let (k, i) = (e / QK_K, e % QK_K);
+            let q = w.kquant(r, k, i) as f64;
+            let v = q6k::d_f32(w, r, k) as f64 * q6k::scale(w, r, k, i / 16) as f64 * (q - 32.0);
+            (v, v.abs())
+        }
+        MatFormat::Q5_K => {
             let (k, i) = (e / QK_K, e % QK_K);
             let d = h(w.d[r * w.nbp + k]);
             let sc = &w.sc[r * w.nb + k];
             let q = w.kquant(r, k, i) as f64;
-            if w.format == MatFormat::Q6_K {
-                let v = d * (sc[i / 16] as i8 as f64) * (q - 32.0);
-                (v, v.abs())
-            } else {
-                let a = d * sc[i / 32] as f64 * q;
-                let b = h(w.m[r * w.nbp + k]) * sc[8 + i / 32] as f64;
-                (a - b, a.abs() + b.abs())
-            }
+            let a = d * sc[i / 32] as f64 * q;
+            let b = h(w.m[r * w.nbp + k]) * sc[8 + i / 32] as f64;
+            (a - b, a.abs() + b.abs())
         }
         _ => {
             let (k, i) = (e / BLOCK, e % BLOCK);
