@@ -300,8 +300,15 @@ fn run_speculative<S: LogitsSource + Send>(
         if base + 1 >= ctx {
             break;
         }
-        // room for the pending token and the draft inside the context
-        let k = adapt.next_len().min(ctx - base - 2);
+        // room for the pending token and the draft inside the context, and no row past the
+        // output limit (the batched engine's rule: docs/semantics.md, "Draft length and the
+        // output limit"; `out.tokens` counts the pending token)
+        let left = sampler.stop().max_tokens.map_or(usize::MAX, |m| {
+            usize::try_from(m)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(out.tokens.len() + 1)
+        });
+        let k = adapt.next_len().min(ctx - base - 2).min(left);
         drafter.draft(&history, k, &mut draft);
         feed.clear();
         feed.push(pending);
