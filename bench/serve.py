@@ -12,7 +12,9 @@ fixed, `ignore_eos` so every request generates exactly that many tokens, tempera
 seed per request; no two requests share a prompt, so neither server's prompt cache helps)
 until `--requests` (default max(2C, 32), so a p99 is not one request) have completed. Reported per level:
 requests/s, output tokens/s (completion tokens from the usage chunk, else counted chunks),
-p50/p99 time to first token and inter-token latency. Both servers run on 127.0.0.1 on free
+p50/p99 time to first token and inter-token latency, and memory: the server's peak resident set
+so far (`VmHWM`), and for nextok the largest KV cache it held (`nextok_kv_bytes_reserved` of
+`/metrics`, polled every 0.25 s) and the peak against the file size plus that KV cache. Both servers run on 127.0.0.1 on free
 ports; every loop is bounded. Each server's standard error goes to a log beside `--out`
 (`<out>.<server>.log`). Progress goes to standard error; any failed request, or a server that
 does not start, makes the exit status non-zero. Standard library only. Not run in CI.
@@ -162,6 +164,62 @@ def one_request(port, i, max_tokens, model_name):
     return tokens, ttft, itl
 
 
+def status_kb(pid, field):
+    """A `/proc/<pid>/status` field in kB (`VmHWM:`, `VmRSS:`), or None without one."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def metric(port, name):
+    """The value of an unlabelled metric on `/metrics`, or None."""
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        c.request("GET", "/metrics")
+        r = c.getresponse()
+        text = r.read().decode(errors="replace")
+        c.close()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == name:
+            try:
+                return float(parts[1])
+            except ValueError:
+                return None
+    return None
+
+
+class KvWatch:
+    """Polls nextok's `nextok_kv_bytes_reserved` every 0.25 s while a level runs; keeps the most."""
+
+    def __init__(self, port):
+        self.port, self.most, self.stop = port, 0.0, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        for _ in range(4 * 3600):  # bounded: at most an hour of polling
+            v = metric(self.port, "nextok_kv_bytes_reserved")
+            if v is not None:
+                self.most = max(self.most, v)
+            if self.stop.wait(0.25):
+                return
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+
 def pct(xs, p):
     if not xs:
         return None
@@ -266,7 +324,8 @@ def main():
     except OSError as e:
         die(f"cannot create {out_dir}: {e}")
     logs = {name: f"{os.path.splitext(a.out)[0]}.{name}.log" for name in ("nextok", "llama.cpp")}
-    report = {"model": a.model, "max_tokens": a.max_tokens, "nextok_args": a.nextok_args,
+    file_bytes = os.path.getsize(a.model)
+    report = {"model": a.model, "model_bytes": file_bytes, "max_tokens": a.max_tokens, "nextok_args": a.nextok_args,
               "llama_args": a.llama_args, "servers": {}}
     servers = [("nextok", lambda: start_nextok(a.nextok, a.model, max(levels), a.nextok_args.split(), logs["nextok"]),
                 None)]
@@ -289,7 +348,18 @@ def main():
             for level in levels:
                 total = max(a.requests, level) if a.requests else max(2 * level, 32)
                 say(f"{name}: {total} requests, {level} at a time, {a.max_tokens} tokens each")
-                row, errors = run_level(port, level, total, a.max_tokens, model_name)
+                if name == "nextok":
+                    with KvWatch(port) as kv:
+                        row, errors = run_level(port, level, total, a.max_tokens, model_name)
+                    kv_most = kv.most
+                else:
+                    row, errors = run_level(port, level, total, a.max_tokens, model_name)
+                    kv_most = None
+                hwm = status_kb(proc.pid, "VmHWM:")
+                row["rss_peak_mb"] = None if hwm is None else round(hwm / 1024, 1)
+                row["kv_peak_mb"] = None if kv_most is None else round(kv_most / 2**20, 1)
+                if hwm is not None and kv_most is not None:
+                    row["rss_over_file_and_kv"] = round(hwm * 1024 / (file_bytes + kv_most), 3)
                 rows.append(row)
                 if errors:
                     failed.append(f"{name} C={level}: {len(errors)} of {total} requests failed, first: {errors[0]}")
@@ -298,7 +368,10 @@ def main():
                 print(f"{name:10} C={level:3} {row['requests_per_s']:7.2f} req/s {row['output_tokens_per_s']:8.1f} tok/s "
                       f"TTFT p50 {row['ttft_p50_s'] or 0:.3f} p99 {row['ttft_p99_s'] or 0:.3f} s  "
                       f"ITL p50 {1000 * (row['itl_p50_s'] or 0):.1f} p99 {1000 * (row['itl_p99_s'] or 0):.1f} ms"
-                      f"  errors {row['errors']}", flush=True)
+                      f"  errors {row['errors']}"
+                      + (f"  peak RSS {row['rss_peak_mb']} MB" if row["rss_peak_mb"] is not None else "")
+                      + (f" (KV {row['kv_peak_mb']} MB; / (file + KV) {row['rss_over_file_and_kv']})"
+                         if "rss_over_file_and_kv" in row else ""), flush=True)
             report["servers"][name] = rows
         finally:
             say(f"{name}: stopping")

@@ -1,5 +1,5 @@
-//! AVX2 + FMA + F16C kernels of the formats beyond Q4_1 and Q8_0 (Q4_0, Q5_0, Q5_1, the
-//! K-quants, F32, F16, BF16), x86-64 only.
+//! AVX2 + FMA + F16C kernels of the formats not kept in bands (Q5_K, F32, F16, BF16), x86-64
+//! only.
 //!
 //! Each kernel computes exactly the operations of [`super::scalar::dot`] for its format (the
 //! order is spelled out in the [module docs](super)), for a register tile of weight rows ×
@@ -12,11 +12,6 @@
 use std::arch::x86_64::*;
 
 use super::{scalar, Acts, Chunk, MatFormat, QMatrix};
-
-/// `b32` variants.
-const Q4_0: u8 = 0;
-const Q5_0: u8 = 1;
-const Q5_1: u8 = 2;
 
 /// `fdot` variants.
 const F32: u8 = 0;
@@ -50,29 +45,20 @@ pub(super) fn dot_tile(
         };
     }
     match w.format {
-        MatFormat::Q4_0 => {
-            go!(b32, Q4_0; (1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 1))
-        }
-        MatFormat::Q5_0 => {
-            go!(b32, Q5_0; (1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 1))
-        }
-        MatFormat::Q5_1 => {
-            go!(b32, Q5_1; (1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 1))
-        }
         MatFormat::Q5_K => {
             go!(kq45, true; (1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 1))
-        }
-        MatFormat::Q6_K => {
-            go!(q6k; (1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 1))
         }
         MatFormat::F32 => go!(fdot, F32; (1, 1), (1, 2), (2, 1)),
         MatFormat::F16 => go!(fdot, F16; (1, 1), (1, 2), (2, 1)),
         MatFormat::BF16 => go!(fdot, BF16; (1, 1), (1, 2), (2, 1)),
-        // Handled by the AVX2 kernels of `avx2`; the scalar code gives the same bits.
-        // Q4_K runs in bands (`q4k`); the scalar code gives the same bits.
-        MatFormat::Q4_1 | MatFormat::Q8_0 | MatFormat::Q4_K => {
-            return scalar::dot_tile(w, r0, nr, a, b0, n)
-        }
+        // The banded formats (`band`) never reach the tiles; the scalar code gives their bits.
+        MatFormat::Q4_0
+        | MatFormat::Q4_1
+        | MatFormat::Q5_0
+        | MatFormat::Q5_1
+        | MatFormat::Q8_0
+        | MatFormat::Q4_K
+        | MatFormat::Q6_K => return scalar::dot_tile(w, r0, nr, a, b0, n),
     }
     let mut res = [[0f32; 4]; 4];
     for ri in 0..nr.min(4) {
@@ -109,110 +95,12 @@ fn reduce8(x: __m256) -> f32 {
     _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
 }
 
-/// Byte `i` is `0xFF` when bit `i` of `x` is set, else `0`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn bytes_from_bits(x: u32) -> __m256i {
-    let shuf = _mm256_set_epi64x(
-        0x0303_0303_0303_0303,
-        0x0202_0202_0202_0202,
-        0x0101_0101_0101_0101,
-        0,
-    );
-    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
-    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
-    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
-}
-
 /// Loads one chunk.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) fn ld(c: &Chunk) -> __m256i {
     // SAFETY: a `Chunk` is 32 readable bytes aligned to 32.
     unsafe { _mm256_load_si256(c.0.as_ptr().cast()) }
-}
-
-/// Q4_0, Q5_0 × Q8_0 and Q5_1 × Q8_1 for weight rows `r0..r0 + R` and activation rows
-/// `b0..b0 + N`.
-///
-/// Q4_0 and Q5_0 quants are signed (`−16..16`): `maddubs(|w|, sign(a, w))` pairs sum to at most
-/// `2 · 16 · 127`. Q5_1 quants are in `0..32`: `maddubs(w, a)` pairs to at most `2 · 31 · 127`.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn b32<const F: u8, const R: usize, const N: usize>(
-    w: &QMatrix,
-    r0: usize,
-    a: &Acts<'_>,
-    b0: usize,
-) -> [[f32; 4]; 4] {
-    let nb = w.nb;
-    assert!(a.nb == nb && b0 + N <= a.n && r0 + R <= w.rows);
-    assert!(F != Q5_1 || (a.np4 >= b0 + N && a.s.len() == nb * a.np4));
-    let mask = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); N]; R];
-    let mut summ = [[0f32; N]; R];
-    for k in 0..nb {
-        let sh = _mm_cvtsi32_si128(((k & 1) * 4) as i32);
-        let mut x = [_mm256_setzero_si256(); R];
-        let mut ax = [_mm256_setzero_si256(); R];
-        let mut dw = [0f32; R];
-        for ri in 0..R {
-            let r = r0 + ri;
-            let nib =
-                _mm256_and_si256(_mm256_srl_epi16(ld(&w.qs[r * w.qchunks + k / 2]), sh), mask);
-            x[ri] = match F {
-                Q4_0 => _mm256_sub_epi8(nib, _mm256_set1_epi8(8)),
-                Q5_0 => {
-                    let hb = bytes_from_bits(w.qh[r * nb + k]);
-                    _mm256_or_si256(nib, _mm256_andnot_si256(hb, _mm256_set1_epi8(0xF0u8 as i8)))
-                }
-                _ => {
-                    let hb = bytes_from_bits(w.qh[r * nb + k]);
-                    _mm256_or_si256(nib, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)))
-                }
-            };
-            ax[ri] = if F == Q5_1 {
-                x[ri]
-            } else {
-                _mm256_sign_epi8(x[ri], x[ri])
-            };
-            dw[ri] = h2f(w.d[r * w.nbp + k]);
-        }
-        for bi in 0..N {
-            let b = b0 + bi;
-            let av = ld(&a.q[b * nb + k]);
-            let da = a.d[b * a.nbp + k];
-            for ri in 0..R {
-                let sy = if F == Q5_1 {
-                    av
-                } else {
-                    _mm256_sign_epi8(av, x[ri])
-                };
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[ri], sy), ones);
-                acc[ri][bi] = _mm256_fmadd_ps(
-                    _mm256_set1_ps(dw[ri] * da),
-                    _mm256_cvtepi32_ps(p),
-                    acc[ri][bi],
-                );
-            }
-        }
-        if F == Q5_1 {
-            for ri in 0..R {
-                let m = h2f(w.m[(r0 + ri) * w.nbp + k]);
-                for bi in 0..N {
-                    summ[ri][bi] = m.mul_add(a.s[k * a.np4 + b0 + bi], summ[ri][bi]);
-                }
-            }
-        }
-    }
-    let mut res = [[0f32; 4]; 4];
-    for ri in 0..R {
-        for bi in 0..N {
-            let h = hsum8(acc[ri][bi]);
-            res[ri][bi] = if F == Q5_1 { h + summ[ri][bi] } else { h };
-        }
-    }
-    res
 }
 
 /// Q4_K (`K5 = false`) and Q5_K (`K5 = true`) × Q8_K for weight rows `r0..r0 + R` and
@@ -352,89 +240,6 @@ pub(super) fn kq45_result<const K5: bool>(acc: __m256, accm: __m128, summs: f32)
         let t = _mm_add_ss(t, _mm_movehdup_ps(t));
         h + _mm_cvtss_f32(t)
     }
-}
-
-/// Q6_K × Q8_K for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`.
-///
-/// `maddubs(q, a) − maddubs(32, a)` with `q` in `0..64`: each pair of the first is below
-/// `2 · 63 · 127`, of the second below `2 · 32 · 127`, their difference (the exact
-/// `Σ (q − 32) · a`) below `2 · 32 · 127`; no `i16` saturates. Scaled by an `i8` scale and summed
-/// over a super-block, every lane stays below `8 · 128 · 4 · 32 · 127 < 2^24`.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn q6k<const R: usize, const N: usize>(
-    w: &QMatrix,
-    r0: usize,
-    a: &Acts<'_>,
-    b0: usize,
-) -> [[f32; 4]; 4] {
-    let nb = w.nb;
-    assert!(a.knb == nb && b0 + N <= a.n && r0 + R <= w.rows);
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m3 = _mm256_set1_epi8(3);
-    let m32 = _mm256_set1_epi8(32);
-    let mut acc = [[_mm256_setzero_ps(); N]; R];
-    for k in 0..nb {
-        let mut sumi = [[_mm256_setzero_si256(); N]; R];
-        for h in 0..2 {
-            let mut q = [[_mm256_setzero_si256(); 4]; R];
-            let mut sv = [[_mm256_setzero_si256(); 4]; R];
-            for ri in 0..R {
-                let sc = &w.sc[(r0 + ri) * nb + k];
-                for kk in 0..4 {
-                    // The scales of the two 16-value halves of group `4h + kk`, as `i16` lanes
-                    // matching `maddubs`' pairs (low 128 bits: elements 0..16).
-                    let g = 4 * h + kk;
-                    sv[ri][kk] = _mm256_set_m128i(
-                        _mm_set1_epi16(sc[2 * g + 1] as i8 as i16),
-                        _mm_set1_epi16(sc[2 * g] as i8 as i16),
-                    );
-                }
-                let base = (r0 + ri) * w.qchunks + 6 * k;
-                let l0 = ld(&w.qs[base + 2 * h]);
-                let l1 = ld(&w.qs[base + 2 * h + 1]);
-                let qh = ld(&w.qs[base + 4 + h]);
-                let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3));
-                let h1 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3));
-                let h2 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3));
-                let h3 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3));
-                q[ri][0] = _mm256_or_si256(_mm256_and_si256(l0, m4), h0);
-                q[ri][1] = _mm256_or_si256(_mm256_and_si256(l1, m4), h1);
-                q[ri][2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), h2);
-                q[ri][3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4), h3);
-            }
-            for bi in 0..N {
-                let blk = (b0 + bi) * nb + k;
-                for kk in 0..4 {
-                    let g = 4 * h + kk;
-                    let y = ld(&a.kq[blk * 8 + g]);
-                    let ys = _mm256_maddubs_epi16(m32, y);
-                    for ri in 0..R {
-                        let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[ri][kk], y), ys);
-                        let p = _mm256_madd_epi16(sv[ri][kk], p);
-                        sumi[ri][bi] = _mm256_add_epi32(sumi[ri][bi], p);
-                    }
-                }
-            }
-        }
-        for ri in 0..R {
-            let dw = h2f(w.d[(r0 + ri) * w.nbp + k]);
-            for bi in 0..N {
-                let da = a.kd[(b0 + bi) * nb + k];
-                acc[ri][bi] = _mm256_fmadd_ps(
-                    _mm256_set1_ps(da * dw),
-                    _mm256_cvtepi32_ps(sumi[ri][bi]),
-                    acc[ri][bi],
-                );
-            }
-        }
-    }
-    let mut res = [[0f32; 4]; 4];
-    for ri in 0..R {
-        for bi in 0..N {
-            res[ri][bi] = hsum8(acc[ri][bi]);
-        }
-    }
-    res
 }
 
 /// Eight values from `p + e` of a row stored as `F` (`f32`, `f16` or `bf16` bits), as `f32`.

@@ -4,22 +4,14 @@
 //! is spelled out in the [module docs](super)); only the exact integer parts are computed
 //! differently:
 //!
-//! * **32-value formats** (Q4_0, Q5_0, Q5_1, Q8_0): one 512-bit register holds block `k`
-//!   of two weight rows (row `2p` in the low 256 bits, row `2p + 1` in the high), against the
-//!   activation block broadcast to both halves, so one instruction stream serves two rows and
-//!   each row keeps its own chain of fused multiply-adds over the blocks, in order. The weight
-//!   quants are taken unsigned, `u = w + o` (`o` = 8 for Q4_0, 16 for Q5_0, 128 for Q8_0, 0 for
-//!   Q5_1), and the lane sum is `Σ u·a − o·Σ a`, both exact. With VNNI the offset part is
-//!   computed once per activation block, negated, and each row's sum is one `vpdpbusd` that
-//!   starts from it; without it `vpmaddubsw` + `vpmaddwd` (Q8_0 keeps the sign trick there,
-//!   since `u` up to 255 could saturate `vpmaddubsw`).
-//! * **K-quants** (Q4_K, Q5_K, Q6_K): one register holds two 32-value groups of one super-block
-//!   (`vpmaddubsw`, then `vpmaddwd` by the groups' scales); the two halves are added at the end
-//!   of the super-block, which leaves every lane sum exact. With VNNI, tiles of several
-//!   activation rows fuse the scale multiply and the add (`vpdpwssd`); the float part of a
-//!   (row, activation) pair is one register (see `kq45`).
-//! * **Q4_1, F16, BF16, F32** and single weight rows run the AVX2 code (Q4_1's row pairs were
-//!   not faster than its AVX2 tiles).
+//! * **Q5_K**: one register holds two 32-value groups of one super-block (`vpmaddubsw`, then
+//!   `vpmaddwd` by the groups' scales); the two halves are added at the end of the
+//!   super-block, which leaves every lane sum exact. With VNNI, tiles of several activation
+//!   rows fuse the scale multiply and the add (`vpdpwssd`); the float part of a (row,
+//!   activation) pair is one register (see `kq45`).
+//! * **F16, BF16, F32** and the tile shapes the K-quant kernels lack run the AVX2 code.
+//!
+//! (The other formats run in bands of sixteen rows: `band` and the format modules.)
 //!
 //! Callers must hold an effective level ([`Level::effective`](super::Level::effective)) of
 //! [`Level::Avx512`](super::Level::Avx512) or above: the CPU has AVX-512 F/BW/VL with AVX2,
@@ -74,8 +66,8 @@ mod fallback {
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::avx2k::{h2f, hsum8, kq45_result, ld};
-    use super::super::{avx2, Acts, Chunk, MatFormat, QMatrix};
+    use super::super::avx2k::{kq45_result, ld};
+    use super::super::{Acts, Chunk, MatFormat, QMatrix};
     use crate::kernels::array;
 
     /// The dots of weight rows `r0..r0 + nr` with activation rows `b0..b0 + n` (`1 ≤ nr, n ≤ 4`,
@@ -112,40 +104,8 @@ mod imp {
         b0: usize,
         n: usize,
     ) -> [[f32; 4]; 4] {
-        // 256-bit tiles where the CPU splits 512-bit operations (see `super::bits_256`)
-        if super::super::bits_256() {
-            macro_rules! narrow {
-                ($c:expr) => {
-                    match (nr, n) {
-                        (2, 1) => return vnni::b32y::<{ $c }, 2, 1>(w, r0, a, b0),
-                        (2, 2) => return vnni::b32y::<{ $c }, 2, 2>(w, r0, a, b0),
-                        (2, 3) => return vnni::b32y::<{ $c }, 2, 3>(w, r0, a, b0),
-                        (2, 4) => return vnni::b32y::<{ $c }, 2, 4>(w, r0, a, b0),
-                        (4, 1) => return vnni::b32y::<{ $c }, 4, 1>(w, r0, a, b0),
-                        (4, 2) => return vnni::b32y::<{ $c }, 4, 2>(w, r0, a, b0),
-                        (4, 3) => return vnni::b32y::<{ $c }, 4, 3>(w, r0, a, b0),
-                        (4, 4) => return vnni::b32y::<{ $c }, 4, 4>(w, r0, a, b0),
-                        _ => {}
-                    }
-                };
-            }
-            match w.format {
-                MatFormat::Q4_0 => narrow!(Q4_0),
-                // one activation row of Q4_1 runs faster on its AVX2 tiles
-                MatFormat::Q4_1 if n > 1 => narrow!(Q4_1),
-                MatFormat::Q5_0 => narrow!(Q5_0),
-                MatFormat::Q5_1 => narrow!(Q5_1),
-                _ => {}
-            }
-        }
         vnni::dot_tile(w, r0, nr, a, b0, n)
     }
-
-    const Q4_0: u8 = 0;
-    const Q4_1: u8 = 1;
-    const Q5_0: u8 = 2;
-    const Q5_1: u8 = 3;
-    const Q8_0: u8 = 4;
 
     /// `lo` in every 16-bit lane of the low 256 bits, `hi` in every lane of the high 256.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
@@ -154,14 +114,11 @@ mod imp {
         _mm512_inserti64x4::<1>(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi))
     }
 
-    /// The 32-value kernels, the tile dispatch and the shared helpers, compiled once per
-    /// instruction set (`$feat`); the enclosing module supplies the integer dots `dot_u`,
-    /// `dot_q8`, `corr_q8`, `corr_u` and `dot_corr`.
+    /// The tile dispatch, compiled once per instruction set (`$feat`).
     macro_rules! kernels {
         ($feat:tt) => {
-            /// See [`super::dot_tile`]. Even row counts of the 32-value formats run as
-            /// register tiles of one or two row pairs × `n`; K-quants as tiles of 1×n, 2×n
-            /// and 4×1; everything else on the AVX2 code (the same bits).
+            /// See [`super::dot_tile`]. Q5_K runs as tiles of 1×n, 2×n and 4×1; everything
+            /// else on the AVX2 code (the same bits).
             #[target_feature(enable = $feat)]
             pub(super) fn dot_tile(
                 w: &QMatrix,
@@ -171,216 +128,13 @@ mod imp {
                 b0: usize,
                 n: usize,
             ) -> [[f32; 4]; 4] {
-                macro_rules! go {
-                    ($c:expr) => {
-                        match (nr, n) {
-                            (2, 1) => return b32::<{ $c }, 1, 1>(w, r0, a, b0),
-                            (2, 2) => return b32::<{ $c }, 1, 2>(w, r0, a, b0),
-                            (2, 3) => return b32::<{ $c }, 1, 3>(w, r0, a, b0),
-                            (2, 4) => return b32::<{ $c }, 1, 4>(w, r0, a, b0),
-                            (4, 1) => return b32::<{ $c }, 2, 1>(w, r0, a, b0),
-                            (4, 2) => return b32::<{ $c }, 2, 2>(w, r0, a, b0),
-                            (4, 3) => return b32::<{ $c }, 2, 3>(w, r0, a, b0),
-                            (4, 4) => return b32::<{ $c }, 2, 4>(w, r0, a, b0),
-                            _ => {}
-                        }
-                    };
-                }
-                match w.format {
-                    MatFormat::Q4_0 => go!(Q4_0),
-                    MatFormat::Q5_0 => go!(Q5_0),
-                    MatFormat::Q5_1 => go!(Q5_1),
-                    MatFormat::Q5_K | MatFormat::Q6_K => {
-                        if let Some(res) = kq::dot_tile(w, r0, nr, a, b0, n) {
-                            return res;
-                        }
-                    }
-                    // Q4_1's row pairs measured 0.85–1.0× its AVX2 tiles (see `run_rows`);
-                    // Q4_K and Q8_0 run in bands (`band`).
-                    MatFormat::Q4_1
-                    | MatFormat::Q4_K
-                    | MatFormat::Q8_0
-                    | MatFormat::F16
-                    | MatFormat::BF16
-                    | MatFormat::F32 => {}
-                }
-                // the AVX2 code compiled with these registers (`avx2::vl`)
-                avx2::vl::dot_tile(w, r0, nr, a, b0, n)
-            }
-
-            /// One chunk of row `ra` in the low half and of row `rb` in the high half.
-            #[target_feature(enable = $feat)]
-            #[inline]
-            fn pair(lo: &Chunk, hi: &Chunk) -> __m512i {
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld(lo)), ld(hi))
-            }
-
-            /// Q4_0, Q5_0, Q5_1 and Q8_0 for weight rows `r0..r0 + 2P` (as `P` pairs)
-            /// and activation rows `b0..b0 + N`.
-            // One function per tile shape: inlined into the dispatch, the kernels spill.
-            #[target_feature(enable = $feat)]
-            #[inline(never)]
-            fn b32<const F: u8, const P: usize, const N: usize>(
-                w: &QMatrix,
-                r0: usize,
-                a: &Acts<'_>,
-                b0: usize,
-            ) -> [[f32; 4]; 4] {
-                let nb = w.nb;
-                let has_min = F == Q5_1;
-                assert!(a.nb == nb && b0 + N <= a.n && r0 + 2 * P <= w.rows && P <= 2);
-                // `s[k · np4 + b0..][..4]` lies inside `s` (len `nb · np4`) for every block `k`:
-                // `b0 % 4 == 0`, `np4 % 4 == 0` and `b0 < np4`.
-                assert!(
-                    !has_min
-                        || (b0.is_multiple_of(4)
-                            && a.np4.is_multiple_of(4)
-                            && b0 < a.np4
-                            && a.s.len() == nb * a.np4)
-                );
-                let rows = 2 * P;
-                let wq: [&[Chunk]; 4] = crate::kernels::array(|i| {
-                    let r = r0 + i.min(rows - 1);
-                    &w.qs[r * w.qchunks..(r + 1) * w.qchunks]
-                });
-                let wd: [&[u16]; 4] = crate::kernels::array(|i| {
-                    let r = r0 + i.min(rows - 1);
-                    &w.d[r * w.nbp..(r + 1) * w.nbp]
-                });
-                let wm: [&[u16]; 4] = crate::kernels::array(|i| {
-                    let r = r0 + i.min(rows - 1);
-                    if has_min {
-                        &w.m[r * w.nbp..(r + 1) * w.nbp]
-                    } else {
-                        &[]
-                    }
-                });
-                let aq: [&[Chunk]; N] =
-                    crate::kernels::array(|i| &a.q[(b0 + i) * nb..(b0 + i + 1) * nb]);
-                let ad: [&[f32]; N] =
-                    crate::kernels::array(|i| &a.d[(b0 + i) * a.nbp..(b0 + i + 1) * a.nbp]);
-                let lo4 = _mm512_set1_epi8(0x0F);
-                let sixteen = _mm512_set1_epi8(16);
-                let off: i8 = match F {
-                    Q4_0 => 8,
-                    Q5_0 => 16,
-                    _ => 0,
-                };
-                let offv = _mm512_set1_epi8(off);
-                // Lane `l < 8` takes scale `kk` of the low row, lane `8 + l` scale `kk` of the
-                // high row (`8 + kk` in `sc`).
-                let idx0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8);
-                let mut acc = [[_mm512_setzero_ps(); N]; P];
-                let mut summ = [_mm_setzero_ps(); 4];
-                let mut sc = [[_mm512_setzero_ps(); N]; P];
-                let mut mm = [[0f32; 8]; 4];
-                let mut base = 0;
-                while base < nb {
-                    // SAFETY (all loads of this block): `base < nb ≤ nbp` and `nbp % 8 == 0`,
-                    // so `base + 8 ≤ nbp`, the length of every `wd`, `wm` (when used) and `ad`
-                    // slice; `mm[ri]` has eight `f32`s.
-                    for p in 0..P {
-                        let dw = unsafe {
-                            _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
-                                _mm256_castsi128_si256(_mm_loadu_si128(
-                                    wd[2 * p].as_ptr().add(base).cast(),
-                                )),
-                                _mm_loadu_si128(wd[2 * p + 1].as_ptr().add(base).cast()),
-                            ))
-                        };
-                        for bi in 0..N {
-                            let da = unsafe { _mm256_loadu_ps(ad[bi].as_ptr().add(base)) };
-                            let da = _mm512_castsi512_ps(_mm512_broadcast_i64x4(
-                                _mm256_castps_si256(da),
-                            ));
-                            sc[p][bi] = _mm512_mul_ps(dw, da);
-                        }
-                    }
-                    if has_min {
-                        for ri in 0..rows {
-                            unsafe {
-                                let m8 = _mm256_cvtph_ps(_mm_loadu_si128(
-                                    wm[ri].as_ptr().add(base).cast(),
-                                ));
-                                _mm256_storeu_ps(mm[ri].as_mut_ptr(), m8);
-                            }
-                        }
-                    }
-                    let kend = (nb - base).min(8);
-                    for kk in 0..kend {
-                        let k = base + kk;
-                        let sh = _mm_cvtsi32_si128(((k & 1) * 4) as i32);
-                        let mut u = [_mm512_setzero_si512(); P];
-                        for p in 0..P {
-                            let (ra, rb) = (r0 + 2 * p, r0 + 2 * p + 1);
-                            u[p] = if F == Q8_0 {
-                                pair(&wq[2 * p][k], &wq[2 * p + 1][k])
-                            } else {
-                                let c = pair(&wq[2 * p][k / 2], &wq[2 * p + 1][k / 2]);
-                                let nib = _mm512_and_si512(_mm512_srl_epi16(c, sh), lo4);
-                                if F == Q5_0 || F == Q5_1 {
-                                    let hb =
-                                        w.qh[ra * nb + k] as u64 | (w.qh[rb * nb + k] as u64) << 32;
-                                    _mm512_mask_add_epi8(nib, hb, nib, sixteen)
-                                } else {
-                                    nib
-                                }
-                            };
-                        }
-                        let idx = _mm512_add_epi32(idx0, _mm512_set1_epi32(kk as i32));
-                        for bi in 0..N {
-                            let av = _mm512_broadcast_i64x4(ld(&aq[bi][k]));
-                            let corr = if F == Q8_0 {
-                                corr_q8(av)
-                            } else if off != 0 {
-                                corr_u(offv, av)
-                            } else {
-                                _mm512_setzero_si512()
-                            };
-                            for p in 0..P {
-                                let isum = if F == Q8_0 {
-                                    dot_q8(u[p], av, corr)
-                                } else if off != 0 {
-                                    dot_corr(u[p], av, corr)
-                                } else {
-                                    dot_u(u[p], av)
-                                };
-                                acc[p][bi] = _mm512_fmadd_ps(
-                                    _mm512_permutexvar_ps(idx, sc[p][bi]),
-                                    _mm512_cvtepi32_ps(isum),
-                                    acc[p][bi],
-                                );
-                            }
-                        }
-                        if has_min {
-                            // SAFETY: see the assertion above.
-                            let sv = unsafe { _mm_loadu_ps(a.s.as_ptr().add(k * a.np4 + b0)) };
-                            for ri in 0..rows {
-                                summ[ri] = _mm_fmadd_ps(_mm_set1_ps(mm[ri][kk]), sv, summ[ri]);
-                            }
-                        }
-                    }
-                    base += 8;
-                }
-                let mut res = [[0f32; 4]; 4];
-                for p in 0..P {
-                    let mut sm = [[0f32; 4]; 2];
-                    if has_min {
-                        for h in 0..2 {
-                            // SAFETY: `sm[h]` has four `f32`s.
-                            unsafe { _mm_storeu_ps(sm[h].as_mut_ptr(), summ[2 * p + h]) };
-                        }
-                    }
-                    for bi in 0..N {
-                        let x = acc[p][bi];
-                        let lo = _mm512_castps512_ps256(x);
-                        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
-                        let (l, h) = (hsum8(lo), hsum8(hi));
-                        res[2 * p][bi] = if has_min { l + sm[0][bi] } else { l };
-                        res[2 * p + 1][bi] = if has_min { h + sm[1][bi] } else { h };
+                if w.format == MatFormat::Q5_K {
+                    if let Some(res) = kq::dot_tile(w, r0, nr, a, b0, n) {
+                        return res;
                     }
                 }
-                res
+                // the AVX2 tiles (the same bits)
+                crate::kernels::avx2k::dot_tile(w, r0, nr, a, b0, n)
             }
         };
     }
@@ -422,7 +176,6 @@ mod imp {
                 ) -> Option<[[f32; 4]; 4]> {
                     Some(match w.format {
                         MatFormat::Q5_K => kq_shapes!(nr, n, w, r0, a, b0, kq45, true),
-                        MatFormat::Q6_K => kq_shapes!(nr, n, w, r0, a, b0, q6k),
                         _ => return None,
                     })
                 }
@@ -591,116 +344,6 @@ mod imp {
                     }
                     res
                 }
-
-                /// Q6_K × Q8_K for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`: groups
-                /// `g` and `g + 1` of a super-block in one register. Bounds as in the AVX2 kernel.
-                #[target_feature(enable = $feat)]
-                #[inline(never)]
-                fn q6k<const R: usize, const N: usize>(
-                    w: &QMatrix,
-                    r0: usize,
-                    a: &Acts<'_>,
-                    b0: usize,
-                ) -> [[f32; 4]; 4] {
-                    let nb = w.nb;
-                    assert!(a.knb == nb && b0 + N <= a.n && r0 + R <= w.rows);
-                    assert!(w.qs.len() >= w.rows * w.qchunks && w.qchunks >= 6 * nb);
-                    assert!(
-                        w.sc.len() >= w.rows * nb && w.d.len() >= w.rows * w.nbp && w.nbp >= nb
-                    );
-                    assert!(a.kq.len() >= a.n * nb * 8 && a.kd.len() >= a.n * nb);
-                    let m4 = _mm512_set1_epi8(0x0F);
-                    let m3 = _mm512_set1_epi8(3);
-                    let m32 = _mm512_set1_epi8(32);
-                    // High-bit pair shifts: groups 4h + 0 / 4h + 1 take bits 0–1 / 2–3 of `qh`,
-                    // groups 4h + 2 / 4h + 3 bits 4–5 / 6–7.
-                    let s01 = halves16(0, 2);
-                    let s23 = _mm512_add_epi16(s01, _mm512_set1_epi16(4));
-                    // Scale indices of groups `g`, `g + 1`: one per 16-value quarter, `2g + quarter`.
-                    let qidx = _mm512_setr_epi64(
-                        0,
-                        0,
-                        0x0001_0001_0001_0001,
-                        0x0001_0001_0001_0001,
-                        0x0002_0002_0002_0002,
-                        0x0002_0002_0002_0002,
-                        0x0003_0003_0003_0003,
-                        0x0003_0003_0003_0003,
-                    );
-                    // Row and activation bases (all in bounds by the checks above).
-                    let qs: [*const Chunk; R] = array(|ri| w.qs[(r0 + ri) * w.qchunks..].as_ptr());
-                    let scp: [*const [u8; 16]; R] = array(|ri| w.sc[(r0 + ri) * nb..].as_ptr());
-                    let dp: [*const u16; R] = array(|ri| w.d[(r0 + ri) * w.nbp..].as_ptr());
-                    let kq: [*const Chunk; N] = array(|bi| a.kq[(b0 + bi) * nb * 8..].as_ptr());
-                    let kd: [*const f32; N] = array(|bi| a.kd[(b0 + bi) * nb..].as_ptr());
-                    let mut acc = [[_mm256_setzero_ps(); N]; R];
-                    for k in 0..nb {
-                        let mut sumi = [[_mm512_setzero_si512(); N]; R];
-                        let mut sc16 = [_mm512_setzero_si512(); R];
-                        // SAFETY (every access below): `k < nb`, `h < 2`, `ri < R`, `bi < N`, and the
-                        // bases cover `nb` super-blocks of their row (checked above).
-                        for ri in 0..R {
-                            let s8 = unsafe { _mm_loadu_si128(scp[ri].add(k).cast()) };
-                            sc16[ri] = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(s8));
-                        }
-                        for h in 0..2 {
-                            let mut q = [[_mm512_setzero_si512(); 2]; R];
-                            let mut sv = [[_mm512_setzero_si512(); 2]; R];
-                            for ri in 0..R {
-                                let base = unsafe { qs[ri].add(6 * k) };
-                                let l = unsafe { _mm512_loadu_si512(base.add(2 * h).cast()) };
-                                let qh = _mm512_broadcast_i64x4(ld(unsafe { &*base.add(4 + h) }));
-                                let h01 = _mm512_and_si512(_mm512_srlv_epi16(qh, s01), m3);
-                                let h23 = _mm512_and_si512(_mm512_srlv_epi16(qh, s23), m3);
-                                q[ri][0] = _mm512_or_si512(
-                                    _mm512_and_si512(l, m4),
-                                    _mm512_slli_epi16::<4>(h01),
-                                );
-                                q[ri][1] = _mm512_or_si512(
-                                    _mm512_and_si512(_mm512_srli_epi16::<4>(l), m4),
-                                    _mm512_slli_epi16::<4>(h23),
-                                );
-                                for t in 0..2 {
-                                    // groups 4h + 2t and 4h + 2t + 1: scales 8h + 4t + quarter
-                                    let g2 = (8 * h + 4 * t) as i16;
-                                    let idx = _mm512_add_epi16(qidx, _mm512_set1_epi16(g2));
-                                    sv[ri][t] = _mm512_permutexvar_epi16(idx, sc16[ri]);
-                                }
-                            }
-                            for bi in 0..N {
-                                for t in 0..2 {
-                                    let g = 4 * h + 2 * t;
-                                    let y =
-                                        unsafe { _mm512_loadu_si512(kq[bi].add(8 * k + g).cast()) };
-                                    let ys = _mm512_maddubs_epi16(m32, y);
-                                    for ri in 0..R {
-                                        let p =
-                                            _mm512_sub_epi16(_mm512_maddubs_epi16(q[ri][t], y), ys);
-                                        sumi[ri][bi] = acc_tile::<N>(sumi[ri][bi], sv[ri][t], p);
-                                    }
-                                }
-                            }
-                        }
-                        for ri in 0..R {
-                            let dw = h2f(unsafe { *dp[ri].add(k) });
-                            for bi in 0..N {
-                                let da = unsafe { *kd[bi].add(k) };
-                                acc[ri][bi] = _mm256_fmadd_ps(
-                                    _mm256_set1_ps(da * dw),
-                                    _mm256_cvtepi32_ps(fold(sumi[ri][bi])),
-                                    acc[ri][bi],
-                                );
-                            }
-                        }
-                    }
-                    let mut res = [[0f32; 4]; 4];
-                    for ri in 0..R {
-                        for bi in 0..N {
-                            res[ri][bi] = hsum8(acc[ri][bi]);
-                        }
-                    }
-                    res
-                }
             }
         };
     }
@@ -708,45 +351,6 @@ mod imp {
     /// Without VNNI: `vpmaddubsw` + `vpmaddwd`.
     mod bw {
         use super::*;
-
-        /// `Σ u·a` over each four bytes: `u` unsigned and at most 31 (or an offset of at most
-        /// 16), `a` in `−127..=127`; `vpmaddubsw` pairs stay below `2 · 31 · 127`.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        #[inline]
-        fn dot_u(u: __m512i, a: __m512i) -> __m512i {
-            _mm512_madd_epi16(_mm512_maddubs_epi16(u, a), _mm512_set1_epi16(1))
-        }
-
-        /// `Σ w·a` over each four bytes, `w` signed: `vpmaddubsw(|w|, sign(a, w))`, whose
-        /// pairs stay within `2 · 128 · 127 ≤ 32767` (a weight of −128 is the byte 128).
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        #[inline]
-        fn dot_q8(w: __m512i, a: __m512i, _corr: __m512i) -> __m512i {
-            let neg = _mm512_movepi8_mask(w);
-            let sy = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
-            dot_u(_mm512_abs_epi8(w), sy)
-        }
-
-        /// Unused without VNNI.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        #[inline]
-        fn corr_q8(_a: __m512i) -> __m512i {
-            _mm512_setzero_si512()
-        }
-
-        /// The offset's part `Σ o·a` over each four bytes, for [`dot_corr`].
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        #[inline]
-        fn corr_u(o: __m512i, a: __m512i) -> __m512i {
-            dot_u(o, a)
-        }
-
-        /// `Σ u·a − corr` over each four bytes.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        #[inline]
-        fn dot_corr(u: __m512i, a: __m512i, corr: __m512i) -> __m512i {
-            _mm512_sub_epi32(dot_u(u, a), corr)
-        }
 
         /// `acc + vpmaddwd(s, p)` (exact `i32` lanes).
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
@@ -762,44 +366,6 @@ mod imp {
     /// With VNNI: `vpdpbusd`.
     mod vnni {
         use super::*;
-
-        /// `Σ u·a` over each four bytes (`u` unsigned, exact in `i32`).
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        #[inline]
-        fn dot_u(u: __m512i, a: __m512i) -> __m512i {
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a)
-        }
-
-        /// `Σ w·a` over each four bytes, `w` signed: `Σ (w + 128)·a − 128·Σ a`, with
-        /// `corr = −128·Σ a` from [`corr_q8`] as the accumulator `vpdpbusd` starts from; every
-        /// sum is exact in `i32`.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        #[inline]
-        fn dot_q8(w: __m512i, a: __m512i, corr: __m512i) -> __m512i {
-            let u = _mm512_xor_si512(w, _mm512_set1_epi8(i8::MIN));
-            _mm512_dpbusd_epi32(corr, u, a)
-        }
-
-        /// `−128·Σ a` over each four bytes (once per activation block, for every weight row).
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        #[inline]
-        fn corr_q8(a: __m512i) -> __m512i {
-            corr_u(_mm512_set1_epi8(i8::MIN), a)
-        }
-
-        /// The offset's part, negated: `−Σ o·a` over each four bytes, for [`dot_corr`].
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        #[inline]
-        fn corr_u(o: __m512i, a: __m512i) -> __m512i {
-            _mm512_sub_epi32(_mm512_setzero_si512(), dot_u(o, a))
-        }
-
-        /// `Σ u·a − Σ o·a` over each four bytes: one `vpdpbusd` from the negated offset part.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        #[inline]
-        fn dot_corr(u: __m512i, a: __m512i, corr: __m512i) -> __m512i {
-            _mm512_dpbusd_epi32(corr, u, a)
-        }
 
         /// `acc + vpmaddwd(s, p)` as one `vpdpwssd` (exact `i32` lanes: no product pair of an
         /// `i16` scale and a `vpmaddubsw` sum reaches 2^31). Written as assembly: the compiler
@@ -822,138 +388,5 @@ mod imp {
 
         kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
         kq_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
-
-        /// The 32-value formats for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`
-        /// on 256-bit vectors: one row's eight lane sums per register, so each block's scale
-        /// `dw · da` is one value, broadcast from memory by the FMA, where the 512-bit kernels
-        /// ([`b32`]) hold two rows per register and permute a pair of scales into place.
-        /// Q4_1 and Q5_1 add the minimum's part `m · s` per block, four activation rows in one
-        /// 128-bit FMA chain per weight row.
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        #[inline(never)]
-        pub(super) fn b32y<const F: u8, const R: usize, const N: usize>(
-            w: &QMatrix,
-            r0: usize,
-            a: &Acts<'_>,
-            b0: usize,
-        ) -> [[f32; 4]; 4] {
-            let nb = w.nb;
-            assert!(a.nb == nb && b0 + N <= a.n && r0 + R <= w.rows && R <= 4 && N <= 4);
-            let has_min = F == Q4_1 || F == Q5_1;
-            // `s[k · np4 + b0..][..4]` lies inside `s` (len `nb · np4`) for every block `k`
-            assert!(
-                !has_min
-                    || (b0.is_multiple_of(4)
-                        && a.np4.is_multiple_of(4)
-                        && b0 < a.np4
-                        && a.s.len() == nb * a.np4)
-            );
-            let wq: [&[Chunk]; R] =
-                crate::kernels::array(|i| &w.qs[(r0 + i) * w.qchunks..(r0 + i + 1) * w.qchunks]);
-            let wd: [&[u16]; R] =
-                crate::kernels::array(|i| &w.d[(r0 + i) * w.nbp..(r0 + i + 1) * w.nbp]);
-            let wm: [&[u16]; R] = crate::kernels::array(|i| {
-                if has_min {
-                    &w.m[(r0 + i) * w.nbp..(r0 + i + 1) * w.nbp]
-                } else {
-                    &[]
-                }
-            });
-            let aq: [&[Chunk]; N] =
-                crate::kernels::array(|i| &a.q[(b0 + i) * nb..(b0 + i + 1) * nb]);
-            let ad: [&[f32]; N] =
-                crate::kernels::array(|i| &a.d[(b0 + i) * a.nbp..(b0 + i + 1) * a.nbp]);
-            let lo4 = _mm256_set1_epi8(0x0F);
-            let sixteen = _mm256_set1_epi8(16);
-            let flip = _mm256_set1_epi8(i8::MIN);
-            let off: i8 = match F {
-                Q4_0 => 8,
-                Q5_0 => 16,
-                Q8_0 => i8::MIN,
-                _ => 0,
-            };
-            let offv = _mm256_set1_epi8(off);
-            let mut acc = [[_mm256_setzero_ps(); N]; R];
-            let mut summ = [_mm_setzero_ps(); R];
-            let mut mm = [[0f32; 8]; R];
-            // `dw · da` of eight blocks for every (row, activation row)
-            let mut sc = [[[0f32; 8]; N]; R];
-            let mut base = 0;
-            while base < nb {
-                for ri in 0..R {
-                    // SAFETY: `base + 8 ≤ nbp`, the length of every `wd`, `wm` (when used) and
-                    // `ad` slice (`nbp % 8 == 0`); `sc[ri][bi]` and `mm[ri]` have eight `f32`s.
-                    unsafe {
-                        if has_min {
-                            let m8 =
-                                _mm256_cvtph_ps(_mm_loadu_si128(wm[ri].as_ptr().add(base).cast()));
-                            _mm256_storeu_ps(mm[ri].as_mut_ptr(), m8);
-                        }
-                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(wd[ri].as_ptr().add(base).cast()));
-                        for bi in 0..N {
-                            let da = _mm256_loadu_ps(ad[bi].as_ptr().add(base));
-                            _mm256_storeu_ps(sc[ri][bi].as_mut_ptr(), _mm256_mul_ps(dw, da));
-                        }
-                    }
-                }
-                let kend = (nb - base).min(8);
-                for kk in 0..kend {
-                    let k = base + kk;
-                    let av: [__m256i; N] = crate::kernels::array(|bi| ld(&aq[bi][k]));
-                    // `−off · Σ a` over each four bytes, where each weight sum starts
-                    let corr: [__m256i; N] = crate::kernels::array(|bi| {
-                        if off == 0 {
-                            _mm256_setzero_si256()
-                        } else {
-                            _mm256_sub_epi32(
-                                _mm256_setzero_si256(),
-                                _mm256_dpbusd_epi32(_mm256_setzero_si256(), offv, av[bi]),
-                            )
-                        }
-                    });
-                    let sh = _mm_cvtsi32_si128(((k & 1) * 4) as i32);
-                    for ri in 0..R {
-                        let u = if F == Q8_0 {
-                            _mm256_xor_si256(ld(&wq[ri][k]), flip)
-                        } else {
-                            let nib =
-                                _mm256_and_si256(_mm256_srl_epi16(ld(&wq[ri][k / 2]), sh), lo4);
-                            if F == Q5_0 || F == Q5_1 {
-                                _mm256_mask_add_epi8(nib, w.qh[(r0 + ri) * nb + k], nib, sixteen)
-                            } else {
-                                nib
-                            }
-                        };
-                        for bi in 0..N {
-                            let isum = _mm256_dpbusd_epi32(corr[bi], u, av[bi]);
-                            acc[ri][bi] = _mm256_fmadd_ps(
-                                _mm256_set1_ps(sc[ri][bi][kk]),
-                                _mm256_cvtepi32_ps(isum),
-                                acc[ri][bi],
-                            );
-                        }
-                    }
-                    if has_min {
-                        // SAFETY: see the assertion above.
-                        let sv = unsafe { _mm_loadu_ps(a.s.as_ptr().add(k * a.np4 + b0)) };
-                        for ri in 0..R {
-                            summ[ri] = _mm_fmadd_ps(_mm_set1_ps(mm[ri][kk]), sv, summ[ri]);
-                        }
-                    }
-                }
-                base += 8;
-            }
-            let mut res = [[0f32; 4]; 4];
-            for ri in 0..R {
-                let mut sm = [0f32; 4];
-                // SAFETY: `sm` has four `f32`s.
-                unsafe { _mm_storeu_ps(sm.as_mut_ptr(), summ[ri]) };
-                for bi in 0..N {
-                    let h = hsum8(acc[ri][bi]);
-                    res[ri][bi] = if has_min { h + sm[bi] } else { h };
-                }
-            }
-            res
-        }
     }
 }

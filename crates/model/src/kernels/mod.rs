@@ -1408,68 +1408,28 @@ unsafe fn run_rows(level: Level, w: &QMatrix, a: &Acts<'_>, r0: usize, r1: usize
     }
     let row_bytes = w.bytes() / w.rows.max(1);
     let tile = (TILE_BYTES / row_bytes.max(1)).max(1);
-    // 256-bit VNNI tiles (see the tile rules below), decided once per range
-    let narrow = level == Level::Avx512Vnni && bits_256();
     let mut t0 = r0;
     while t0 < r1 {
         let t1 = (t0 + tile).min(r1);
         let mut b0 = 0;
         while b0 < a.n {
             let nb = (a.n - b0).min(4);
-            // (Q4_K and Q8_0 run in bands, `band`, and never reach these tiles; the notes below
-            // keep what was measured when they did.)
-            // Register tiles of several weight rows × `nb` activation rows (measured on Zen 3,
-            // whole forward passes of the default model, alternating):
-            // * one activation row: four Q4_1 rows at once hide the FMA latency; Q8_0 is
-            //   memory-bound and fastest row by row;
-            // * a few activation rows (a speculative draft, a handful of streams, up to
-            //   `ONE_ROW_TILES_UP_TO`): one weight row, 1.3–1.9× faster than two at 2–8 rows;
-            // * more: two weight rows, eight independent accumulator chains, ~10 % faster for
-            //   Q8_0 at 64 rows (a tie at 16–32; Q4_1 within 3 %).
-            // The other formats, one activation row (576×1536, one thread, Zen 4): four rows for
-            // Q4_0, Q5_0, Q5_1 and Q4_K (3–12 % faster than two, 7–30 % than one), two for
-            // Q5_K (10 % faster than one), one for Q6_K (10 % faster than two); more activation
-            // rows follow the Q8_0 rule.
-            // The last rows of a range go one by one: same operations per element, same bits.
-            // AVX-512 (one session, Zen 4; `benches/matmul.rs`, docs/performance.md): Q4_0, Q5_0
-            // and Q5_1 run row pairs, two pairs for one activation row and for more than
-            // `ONE_ROW_TILES_UP_TO`, one pair in between (1.3–2.4× the AVX2 speed at 1–64 rows
-            // with VNNI). Q4_1 keeps the AVX2 tiles (its row pairs measured 0.85–1.0× them).
-            // Q8_0 keeps the AVX2 rows up to `ONE_ROW_TILES_UP_TO` activation rows: a matrix that
-            // does not fit in the caches streams fastest one row at a time (65,536 × 640 at one
-            // activation row, one thread: 3.1 ms row by row, 7–8 ms in tiles of four rows, at
-            // either level). The K-quants follow the AVX2 rule (their AVX-512 kernels hold two
-            // groups of one row per register).
-            // With VNNI on a CPU that splits 512-bit operations (AMD Zen 4, see `bits_256`),
-            // those tiles run on 256-bit registers, four weight rows × up to four activation
-            // rows at every batch size, Q8_0 and Q4_1 from two activation rows on: 1.25–1.7×
-            // the 512-bit tiles at 4–512 rows, 1.03–1.1× at one; Q4_1 1.17–1.32× its AVX2
-            // tiles at 4–512 rows and 0.96× at one (`benches/vnni_width.rs`).
-            let wide = level >= Level::Avx512
-                && match w.format {
-                    MatFormat::Q4_0 | MatFormat::Q5_0 | MatFormat::Q5_1 => true,
-                    MatFormat::Q4_1 => a.n > 1 && narrow,
-                    _ => false,
-                };
-            let nr = match (nb, w.format) {
-                _ if wide && (nb == 1 || a.n > ONE_ROW_TILES_UP_TO || narrow) => 4,
-                _ if wide => 2,
-                (1, MatFormat::Q4_1) => 4,
-                (1, MatFormat::Q6_K) => 1,
-                (1, MatFormat::Q4_0 | MatFormat::Q5_0 | MatFormat::Q5_1) => 4,
-                (1, _) => 2,
+            // (Only Q5_K and the float formats reach these tiles: the others run in bands,
+            // `band`.) Register tiles of several weight rows × `nb` activation rows (measured on
+            // Zen 3 and Zen 4, whole forward passes and `benches/matmul.rs`): one activation row
+            // takes two weight rows at once (Q5_K 10 % faster than one); a few activation rows
+            // (a speculative draft, a handful of streams, up to `ONE_ROW_TILES_UP_TO`) one
+            // weight row, 1.3–1.9× faster than two at 2–8 rows; more, two weight rows (eight
+            // independent accumulator chains). The last rows of a range go one by one: same
+            // operations per element, same bits.
+            let nr = match nb {
+                1 => 2,
                 _ if a.n <= ONE_ROW_TILES_UP_TO => 1,
                 _ => 2,
             };
             let mut r = t0;
             while r < t1 {
-                let nr = if r + nr <= t1 {
-                    nr
-                } else if wide && r + 2 <= t1 {
-                    2
-                } else {
-                    1
-                };
+                let nr = if r + nr <= t1 { nr } else { 1 };
                 let res = match level {
                     // SAFETY: the caller checked that the CPU has AVX-512 F/BW/VL and VNNI.
                     Level::Avx512Vnni => unsafe { avx512::dot_tile_vnni(w, r, nr, a, b0, nb) },

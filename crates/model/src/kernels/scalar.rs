@@ -92,49 +92,24 @@ pub(super) fn dot_tile(
     res
 }
 
-/// The dot of weight row `r` with activation row `b`, in the order of the module docs.
+/// The dot of weight row `r` with activation row `b`, in the order of the module docs (the
+/// banded formats' in their own modules).
 pub(super) fn dot(w: &QMatrix, r: usize, a: &Acts<'_>, b: usize) -> f32 {
     match w.format {
         MatFormat::Q4_K => super::q4k::dot(w, r, a, b),
+        MatFormat::Q6_K => super::q6k::dot(w, r, a, b),
         MatFormat::Q8_0 => super::q80::dot(w, r, a, b),
-        MatFormat::Q5_K | MatFormat::Q6_K => dot_k(w, r, a, b),
+        MatFormat::Q4_0 | MatFormat::Q4_1 | MatFormat::Q5_0 | MatFormat::Q5_1 => {
+            super::legacy::dot(w, r, a, b)
+        }
+        MatFormat::Q5_K => dot_q5_k(w, r, a, b),
         MatFormat::F16 | MatFormat::BF16 | MatFormat::F32 => dot_float(w, r, a, b),
-        _ => dot32(w, r, a, b),
     }
 }
 
-/// Q8_0, Q4_0, Q5_0 × Q8_0 and Q4_1, Q5_1 × Q8_1.
-fn dot32(w: &QMatrix, r: usize, a: &Acts<'_>, b: usize) -> f32 {
+/// Q5_K × Q8_K.
+fn dot_q5_k(w: &QMatrix, r: usize, a: &Acts<'_>, b: usize) -> f32 {
     let mut acc = [0f32; 8];
-    let mut summ = 0f32;
-    let has_min = matches!(w.format, MatFormat::Q4_1 | MatFormat::Q5_1);
-    for k in 0..w.nb {
-        let dw = f16::from_bits(w.d[r * w.nbp + k]).to_f32();
-        let sc = dw * a.d[b * a.nbp + k];
-        let aq = &a.q[b * a.nb + k].0;
-        for (j, acc) in acc.iter_mut().enumerate() {
-            let p: i32 = (4 * j..4 * j + 4)
-                .map(|i| w.quant(r, k, i) * (aq[i] as i8 as i32))
-                .sum();
-            *acc = sc.mul_add(p as f32, *acc);
-        }
-        if has_min {
-            let m = f16::from_bits(w.m[r * w.nbp + k]).to_f32();
-            summ = m.mul_add(a.s[k * a.np4 + b], summ);
-        }
-    }
-    let h = hsum8(&acc);
-    if has_min {
-        h + summ
-    } else {
-        h
-    }
-}
-
-/// Q4_K, Q5_K, Q6_K × Q8_K.
-fn dot_k(w: &QMatrix, r: usize, a: &Acts<'_>, b: usize) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut accm = [0f32; 4];
     let mut summs = 0f32;
     for k in 0..w.nb {
         let blk = b * a.knb + k;
@@ -145,44 +120,28 @@ fn dot_k(w: &QMatrix, r: usize, a: &Acts<'_>, b: usize) -> f32 {
         let mut isum = [0i32; 8];
         for (g, aq) in aq.iter().enumerate() {
             for (l, isum) in isum.iter_mut().enumerate() {
-                let scale = match w.format {
-                    MatFormat::Q6_K => sc[2 * g + l / 4] as i8 as i32,
-                    _ => sc[g] as i32,
-                };
-                let offset = if w.format == MatFormat::Q6_K { 32 } else { 0 };
                 let p: i32 = (4 * l..4 * l + 4)
-                    .map(|e| (w.kquant(r, k, 32 * g + e) - offset) * (aq.0[e] as i8 as i32))
+                    .map(|e| w.kquant(r, k, 32 * g + e) * (aq.0[e] as i8 as i32))
                     .sum();
-                *isum += scale * p;
+                *isum += sc[g] as i32 * p;
             }
         }
         let d = da * dw;
         for (acc, &isum) in acc.iter_mut().zip(&isum) {
             *acc = d.mul_add(isum as f32, *acc);
         }
-        if w.format != MatFormat::Q6_K {
-            let bs = &a.kbs[blk];
-            let prod: [i32; 4] = std::array::from_fn(|t| {
+        let bs = &a.kbs[blk];
+        let prod: i32 = (0..4)
+            .map(|t| {
                 let s0 = bs[4 * t] as i32 + bs[4 * t + 1] as i32;
                 let s1 = bs[4 * t + 2] as i32 + bs[4 * t + 3] as i32;
                 sc[8 + 2 * t] as i32 * s0 + sc[8 + 2 * t + 1] as i32 * s1
-            });
-            let dmin = -(da * f16::from_bits(w.m[r * w.nbp + k]).to_f32());
-            if w.format == MatFormat::Q4_K {
-                for (accm, &p) in accm.iter_mut().zip(&prod) {
-                    *accm = dmin.mul_add(p as f32, *accm);
-                }
-            } else {
-                summs = dmin.mul_add(prod.iter().sum::<i32>() as f32, summs);
-            }
-        }
+            })
+            .sum();
+        let dmin = -(da * f16::from_bits(w.m[r * w.nbp + k]).to_f32());
+        summs = dmin.mul_add(prod as f32, summs);
     }
-    let h = hsum8(&acc);
-    match w.format {
-        MatFormat::Q4_K => h + ((accm[0] + accm[2]) + (accm[1] + accm[3])),
-        MatFormat::Q5_K => h + summs,
-        _ => h,
-    }
+    hsum8(&acc) + summs
 }
 
 /// Activation value `e` of row `b` in the format float weights of `format` multiply.
