@@ -13,8 +13,10 @@ seed per request; no two requests share a prompt, so neither server's prompt cac
 until `--requests` (default max(2C, 32), so a p99 is not one request) have completed. Reported per level:
 requests/s, output tokens/s (completion tokens from the usage chunk, else counted chunks),
 p50/p99 time to first token and inter-token latency, and memory: the server's peak resident set
-so far (`VmHWM`), and for nextok the largest KV cache it held (`nextok_kv_bytes_reserved` of
-`/metrics`, polled every 0.25 s) and the peak against the file size plus that KV cache. Both servers run on 127.0.0.1 on free
+so far (`VmHWM`), and for nextok the KV cache's memory (`nextok_kv_bytes_touched` of `/metrics`,
+polled every 0.25 s: every block slot written at least once, alive, in the prefix cache or freed
+for reuse; the most the running sequences held, `nextok_kv_bytes_reserved`, beside it) and the
+peak against the file size plus that KV cache. Both servers run on 127.0.0.1 on free
 ports; every loop is bounded. Each server's standard error goes to a log beside `--out`
 (`<out>.<server>.log`). Progress goes to standard error; any failed request, or a server that
 does not start, makes the exit status non-zero. Standard library only. Not run in CI.
@@ -197,17 +199,21 @@ def metric(port, name):
 
 
 class KvWatch:
-    """Polls nextok's `nextok_kv_bytes_reserved` every 0.25 s while a level runs; keeps the most."""
+    """Polls nextok's `nextok_kv_bytes_touched` and `nextok_kv_bytes_reserved` every 0.25 s while
+    a level runs; keeps the most of each."""
 
     def __init__(self, port):
-        self.port, self.most, self.stop = port, 0.0, threading.Event()
+        self.port, self.most, self.reserved, self.stop = port, 0.0, 0.0, threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self):
         for _ in range(4 * 3600):  # bounded: at most an hour of polling
-            v = metric(self.port, "nextok_kv_bytes_reserved")
+            v = metric(self.port, "nextok_kv_bytes_touched")
             if v is not None:
                 self.most = max(self.most, v)
+            v = metric(self.port, "nextok_kv_bytes_reserved")
+            if v is not None:
+                self.reserved = max(self.reserved, v)
             if self.stop.wait(0.25):
                 return
 
@@ -352,6 +358,7 @@ def main():
                     with KvWatch(port) as kv:
                         row, errors = run_level(port, level, total, a.max_tokens, model_name)
                     kv_most = kv.most
+                    row["kv_reserved_peak_mb"] = round(kv.reserved / 2**20, 1)
                 else:
                     row, errors = run_level(port, level, total, a.max_tokens, model_name)
                     kv_most = None
@@ -370,7 +377,8 @@ def main():
                       f"ITL p50 {1000 * (row['itl_p50_s'] or 0):.1f} p99 {1000 * (row['itl_p99_s'] or 0):.1f} ms"
                       f"  errors {row['errors']}"
                       + (f"  peak RSS {row['rss_peak_mb']} MB" if row["rss_peak_mb"] is not None else "")
-                      + (f" (KV {row['kv_peak_mb']} MB; / (file + KV) {row['rss_over_file_and_kv']})"
+                      + (f" (KV {row['kv_peak_mb']} MB, of it held by running sequences at most "
+                         f"{row['kv_reserved_peak_mb']} MB; / (file + KV) {row['rss_over_file_and_kv']})"
                          if "rss_over_file_and_kv" in row else ""), flush=True)
             report["servers"][name] = rows
         finally:

@@ -534,6 +534,7 @@ pub fn run(a: GenerateArgs) -> Result<(), CliError> {
         requant,
         a.kv_cache_type.into(),
     )?;
+    crate::return_freed_memory();
     if let Some(b) = a.beam_width {
         let hyps = engine.beam(req, b, a.length_penalty)?;
         let stop = engine.prepare(&request(&a)?.0)?.info.stop;

@@ -156,6 +156,7 @@ pub fn run(a: ServeArgs) -> Result<(), CliError> {
         }
     };
     let engine = Arc::new(engine);
+    crate::return_freed_memory();
     let server = ServerConfig {
         model_id: a
             .served_model_name

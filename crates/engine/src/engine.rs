@@ -37,6 +37,9 @@ pub struct EngineStats {
     /// Bytes of the KV cache blocks the running sequences hold (a block shared by several
     /// sequences counts for each): sequences take blocks as they grow.
     pub kv_bytes_reserved: usize,
+    /// Bytes of KV cache memory written at least once (blocks alive, and the slots of freed
+    /// ones kept for reuse): the cache's share of the process's resident memory.
+    pub kv_bytes_touched: usize,
     /// Prompt tokens of admitted requests, since start.
     pub prompt_tokens: u64,
     /// Prompt tokens served from the prefix cache, since start.
@@ -252,6 +255,7 @@ impl Engine {
             running_seqs: i.running_seqs.load(Ordering::Relaxed),
             waiting_requests: i.lock().waiting.len(),
             kv_bytes_in_use: i.pool.bytes_in_use(),
+            kv_bytes_touched: i.pool.bytes_touched(),
             kv_bytes_reserved: i.reserved_blocks.load(Ordering::Relaxed) * block,
             prompt_tokens: i.prompt_tokens.load(Ordering::Relaxed),
             cached_prompt_tokens: i.cached_tokens.load(Ordering::Relaxed),

@@ -302,6 +302,10 @@ struct Segment {
     slots: usize,
     /// One bit per slot, set while a block holds it; the bits past `slots` are set.
     used: Vec<u64>,
+    /// Slots a block has held at least once: their memory has been written, so it is the
+    /// process's (the rest of the segment is only reserved).
+    touched: Vec<u64>,
+    touched_count: usize,
 }
 
 // SAFETY: a segment owns its memory; its values are read and written only through the
@@ -339,7 +343,9 @@ impl Segment {
             data,
             layout,
             slots,
+            touched: vec![0u64; used.len()],
             used,
+            touched_count: 0,
         })
     }
 
@@ -453,6 +459,14 @@ impl KvPool {
         self.blocks_in_use() * self.0.geometry.block_bytes()
     }
 
+    /// Bytes of the block slots that have held a block at least once (alive, or free for
+    /// reuse): the memory the cache has written, which stays the process's — what the cache
+    /// costs in resident memory, at least [`KvPool::bytes_in_use`].
+    pub fn bytes_touched(&self) -> usize {
+        let slots: usize = self.0.segments().iter().map(|s| s.touched_count).sum();
+        slots * self.0.geometry.block_bytes()
+    }
+
     /// Block slots the pool has reserved (in use or free for reuse); the system gives memory
     /// to a slot the first time it is handed out.
     pub fn slots_reserved(&self) -> usize {
@@ -546,6 +560,10 @@ impl Block {
         };
         let s = &mut segments[segment];
         s.set_used(slot, true);
+        if s.touched[slot / 64] >> (slot % 64) & 1 == 0 {
+            s.touched[slot / 64] |= 1 << (slot % 64);
+            s.touched_count += 1;
+        }
         let (data, slots) = (s.data, s.slots);
         drop(segments);
         let block = Block {
@@ -950,6 +968,29 @@ mod tests {
         drop(b);
         assert_eq!(pool.blocks_in_use(), 0);
         assert!(pool.sequence().truncate(1).is_err());
+    }
+
+    #[test]
+    fn touched_bytes_count_every_slot_written_once_and_stay_after_a_free() {
+        let pool = KvPool::new(geo(), None);
+        let bb = geo().block_bytes();
+        assert_eq!(pool.bytes_touched(), 0);
+        let mut a = pool.sequence();
+        a.prepare_write(40).unwrap();
+        let three = pool.bytes_touched();
+        assert_eq!(three, pool.bytes_in_use());
+        assert_eq!(three, 3 * bb);
+        drop(a);
+        // the freed slots' memory was written: still the process's
+        assert_eq!(pool.bytes_in_use(), 0);
+        assert_eq!(pool.bytes_touched(), three);
+        // a new sequence of the same size may take other slots (the middle of the largest
+        // free run): the count is of distinct slots ever held, never of blocks alive
+        let mut b = pool.sequence();
+        b.prepare_write(40).unwrap();
+        let t = pool.bytes_touched();
+        assert!(t >= three && t <= 6 * bb, "{t}");
+        assert!(t >= pool.bytes_in_use());
     }
 
     #[test]

@@ -751,8 +751,12 @@ impl ModelWeights {
         resize(&mut s.v, n * kvd);
         resize(&mut s.att, n * qd);
         resize(&mut s.tmp, n * d);
-        resize(&mut s.gate, n * ff);
-        resize(&mut s.up, n * ff);
+        // the feed-forward runs in slices of at most `FFN_SLICE_ROWS` rows (the same bits:
+        // each row's outputs depend on that row alone), so its widest buffers stay that size
+        let slices = n.div_ceil(FFN_SLICE_ROWS).max(1);
+        let slice_rows = n.div_ceil(slices);
+        resize(&mut s.gate, slice_rows * ff);
+        resize(&mut s.up, slice_rows * ff);
         let level = s.level.unwrap_or_else(kernels::Level::current);
         let eps = cfg.rms_eps;
         // scores are scaled here unless the queries were scaled before attention
@@ -918,32 +922,34 @@ impl ModelWeights {
             let post_attn_norm = layer.post_attn_norm.as_deref();
             par_residual(level, &mut s.x, &mut s.tmp, post_attn_norm, eps, d);
             par_rms_norm_rows(level, &s.x, &layer.ffn_norm, eps, &mut s.h, d);
-            s.acts.quantize_with(level, &s.h, n, d)?;
-            match &layer.gate_up {
-                GateUp::Separate(m) => {
-                    let [gate, up] = &**m;
-                    kernels::matmul_many_with(
-                        level,
-                        &s.acts,
-                        &mut [(gate, &mut s.gate), (up, &mut s.up)],
-                    )?;
-                }
-                GateUp::Fused(w) => {
-                    resize(&mut s.fused, n * 2 * ff);
-                    kernels::matmul_with(level, w, &s.acts, &mut s.fused)?;
-                    for (row, src) in s.fused.chunks_exact(2 * ff).enumerate() {
-                        s.gate[row * ff..(row + 1) * ff].copy_from_slice(&src[..ff]);
-                        s.up[row * ff..(row + 1) * ff].copy_from_slice(&src[ff..]);
+            for r0 in (0..n).step_by(slice_rows) {
+                let m = slice_rows.min(n - r0);
+                s.acts
+                    .quantize_with(level, &s.h[r0 * d..(r0 + m) * d], m, d)?;
+                let (gate, up) = (&mut s.gate[..m * ff], &mut s.up[..m * ff]);
+                match &layer.gate_up {
+                    GateUp::Separate(w) => {
+                        let [wg, wu] = &**w;
+                        kernels::matmul_many_with(level, &s.acts, &mut [(wg, gate), (wu, up)])?;
+                    }
+                    GateUp::Fused(w) => {
+                        resize(&mut s.fused, m * 2 * ff);
+                        kernels::matmul_with(level, w, &s.acts, &mut s.fused)?;
+                        for (row, src) in s.fused.chunks_exact(2 * ff).enumerate() {
+                            gate[row * ff..(row + 1) * ff].copy_from_slice(&src[..ff]);
+                            up[row * ff..(row + 1) * ff].copy_from_slice(&src[ff..]);
+                        }
                     }
                 }
+                let up = &*up;
+                crate::team::for_rows(gate, ff, &|g0, gate| {
+                    let up = &up[g0 * ff..g0 * ff + gate.len()];
+                    with_isa!(level, gated_activation(level, gate, up, gelu));
+                });
+                s.acts.quantize_with(level, &s.gate[..m * ff], m, ff)?;
+                let out = &mut s.tmp[r0 * d..(r0 + m) * d];
+                kernels::matmul_with(level, &layer.w_down, &s.acts, out)?;
             }
-            let up = &s.up;
-            crate::team::for_rows(&mut s.gate, ff, &|r0, gate| {
-                let up = &up[r0 * ff..r0 * ff + gate.len()];
-                with_isa!(level, gated_activation(level, gate, up, gelu));
-            });
-            s.acts.quantize_with(level, &s.gate, n, ff)?;
-            kernels::matmul_with(level, &layer.w_down, &s.acts, &mut s.tmp)?;
             par_residual(
                 level,
                 &mut s.x,
@@ -1313,6 +1319,12 @@ fn block_span(b: usize, keys: &std::ops::Range<usize>) -> (usize, usize, usize) 
         lo - keys.start,
     )
 }
+
+/// Rows a pass's feed-forward takes at a time at most: its gate and up outputs and their
+/// activations are the widest buffers of a pass (`n_ff` values a row: 37 MB for 512 rows of
+/// a 1.5B model), and slices of this many rows keep them a quarter of that while each weight
+/// band still meets a hundred-odd rows. Every row's outputs are the same bits in any slicing.
+const FFN_SLICE_ROWS: usize = 128;
 
 /// Positions of values [`attend_one`] gives the kernel at a time (2 KiB of a column group of
 /// 32 `f16` values).

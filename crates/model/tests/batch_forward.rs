@@ -255,3 +255,24 @@ fn argmax(x: &[f32]) -> usize {
     }
     best
 }
+
+/// A pass of more rows than the feed-forward takes at a time (it runs in slices of at most 128
+/// rows, so that its widest buffers stay small) gives the bits of passes too short to slice.
+#[test]
+fn a_pass_wider_than_a_feed_forward_slice_gives_the_bits_of_narrow_ones() {
+    let Some(m) = model() else {
+        eprintln!("the default model is not in the test data: not tested here");
+        return;
+    };
+    let text = "The lighthouse keeper climbed the stairs at dusk and lit the lamp. ".repeat(30);
+    let ids = m.encode_prompt(&text).unwrap();
+    let ids = &ids[..ids.len().min(300)];
+    assert!(ids.len() >= 280, "{} ids", ids.len());
+    let narrow = run(&m, ids, 50, &mut Scratch::default());
+    for chunk in [ids.len(), 129, 257] {
+        assert!(
+            bits(&run(&m, ids, chunk, &mut Scratch::default())) == bits(&narrow),
+            "passes of {chunk} rows"
+        );
+    }
+}

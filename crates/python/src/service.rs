@@ -248,7 +248,7 @@ impl PyService {
     }
 
     /// The engine's counters now: `running_seqs`, `waiting_requests`, `kv_bytes_in_use`,
-    /// `kv_bytes_reserved`, `prompt_tokens`, `cached_prompt_tokens`, `completion_tokens`,
+    /// `kv_bytes_reserved`, `kv_bytes_touched`, `prompt_tokens`, `cached_prompt_tokens`, `completion_tokens`,
     /// `iterations`, `preemptions`, and its limits `max_num_seqs`, `max_waiting`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.engine.stats();
@@ -258,6 +258,7 @@ impl PyService {
         d.set_item("waiting_requests", s.waiting_requests)?;
         d.set_item("kv_bytes_in_use", s.kv_bytes_in_use)?;
         d.set_item("kv_bytes_reserved", s.kv_bytes_reserved)?;
+        d.set_item("kv_bytes_touched", s.kv_bytes_touched)?;
         d.set_item("prompt_tokens", s.prompt_tokens)?;
         d.set_item("cached_prompt_tokens", s.cached_prompt_tokens)?;
         d.set_item("completion_tokens", s.completion_tokens)?;

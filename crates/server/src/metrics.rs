@@ -207,6 +207,12 @@ impl Metrics {
         );
         gauge(
             &mut s,
+            "nextok_kv_bytes_touched",
+            "Bytes of KV cache memory written at least once (blocks alive and freed slots kept for reuse): the cache's resident memory.",
+            e.kv_bytes_touched,
+        );
+        gauge(
+            &mut s,
             "nextok_kv_bytes_reserved",
             "Bytes of KV cache blocks the running sequences hold (shared blocks once per sequence).",
             e.kv_bytes_reserved,

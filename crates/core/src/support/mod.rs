@@ -76,12 +76,15 @@ pub struct Workspace {
     /// `cands`).
     pub(crate) wts: Vec<f32>,
     /// Weights of the candidates collected by the large-nucleus top-p (its first `cands.len()`
-    /// values, parallel to `cands`): sized once, so that a step does not fill it with zeros.
+    /// values, parallel to `cands`): sized to the vocabulary by the first step that takes that
+    /// path (a sequence that never does holds none of it), never shrunk, so that later steps do
+    /// not fill it with zeros.
     pub(crate) large_w: Vec<f32>,
     /// The tokens of one weight bucket of the dense top-p, and their weights.
     pub(crate) gath: Vec<Cand>,
     pub(crate) gath_w: Vec<f32>,
-    /// The light part of a long collection of the large-nucleus top-p, and its weights.
+    /// The light part of a long collection of the large-nucleus top-p, and its weights (grown
+    /// by the first step that splits a collection, never shrunk).
     pub(crate) light: Vec<Cand>,
     pub(crate) light_w: Vec<f32>,
     /// Second buffer for radix sorts of the support.
@@ -132,12 +135,12 @@ impl Workspace {
             tscratch: Vec::with_capacity(vocab_size),
             ids_scratch: Vec::with_capacity(1024),
             wts: Vec::with_capacity(vocab_size),
-            large_w: vec![0.0; vocab_size],
+            large_w: Vec::new(),
             // swapped with `cands` (same capacity)
             gath: Vec::with_capacity(vocab_size + 16),
             gath_w: Vec::with_capacity(vocab_size),
             light: Vec::with_capacity(vocab_size),
-            light_w: vec![0.0; vocab_size],
+            light_w: Vec::new(),
             aux: Vec::with_capacity(vocab_size),
             max_cache: f32::NEG_INFINITY,
             max_valid: false,

@@ -304,7 +304,6 @@ impl Scheduler {
                 last_pass: None,
             },
         );
-        let sampler = &r.prepared.sampler;
         let ctx = inner.shared.model.weights.config.context_length;
         // every sequence's state first: a failure leaves nothing of the request running
         let mut states = Vec::with_capacity(info.seeds.len());
@@ -377,7 +376,6 @@ impl Scheduler {
                 req: r.clone(),
                 index: i,
                 state: st.state,
-                ws: sampler.new_workspace(),
                 stream: st.stream,
                 kv: seq_kv,
                 phase,

@@ -86,6 +86,11 @@ struct Scheduler {
     /// The sequences [`Scheduler::emit`] finishes, `(request id, index)`; kept for its
     /// allocation.
     finished: Vec<(u64, usize)>,
+    /// The sampler's scratch, one per group of sequences sampled together
+    /// ([`Scheduler::sample`]): a workspace holds nothing from one step to the next, so the
+    /// batch needs as many as run at once, not one per sequence (each holds several
+    /// vocabulary-sized buffers: megabytes at 150,000 tokens).
+    workspaces: Vec<nextok_core::Workspace>,
 }
 
 /// The scheduler thread's body: admits, drops cancelled requests and runs iterations until the
@@ -103,6 +108,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         spare_plan: Plan::default(),
         spare_out: ModelOutput::default(),
         finished: Vec::new(),
+        workspaces: Vec::new(),
     };
     loop {
         if !s.admit() {

@@ -1,9 +1,10 @@
 //! Sampling a pass's logits: [`Scheduler::sample`] steps every sequence that has logits rows,
-//! sequences in parallel, each with its own sampler, state, workspace and random stream; a
+//! groups of sequences in parallel, each sequence with its own sampler, state and random
+//! stream, each group on one of the scheduler's workspaces; a
 //! speculating sequence steps through its rows while its selections agree with its draft.
 //! The steps wait in each sequence's `outs` (or `err`) for [`Scheduler::emit`].
 
-use nextok_core::{Draw, Layer};
+use nextok_core::{Draw, Layer, Workspace};
 use rayon::prelude::*;
 
 use super::run::ModelOutput;
@@ -21,16 +22,30 @@ impl Scheduler {
         let vocab = self.inner.shared.model.weights.config.vocab_size;
         let ctx = self.inner.shared.model.weights.config.context_length;
         let logits = &out.logits;
+        // the sequences in as many groups as threads sample at once, each group stepping its
+        // sequences one after another on one workspace (a workspace carries nothing from one
+        // step to the next: the same bits whichever sequence used it before)
+        let n = self.running.len();
+        let groups = rayon::current_num_threads().clamp(1, n.max(1));
+        if self.workspaces.len() < groups {
+            // once per engine, as the batch first grows to `groups` sequences
+            self.workspaces
+                .resize_with(groups, || nextok_core::Workspace::new(vocab));
+        }
+        let per = n.div_ceil(groups).max(1);
         self.running
-            .par_iter_mut()
-            .zip(out.rows.par_iter())
-            .for_each(|(s, row)| {
-                s.outs.clear();
-                s.err = None;
-                s.drafted = 0;
-                s.accepted = 0;
-                if let Some((r0, count)) = *row {
-                    s.step_rows(&logits[r0 * vocab..(r0 + count) * vocab], count, ctx);
+            .par_chunks_mut(per)
+            .zip(out.rows.par_chunks(per))
+            .zip(self.workspaces.par_iter_mut())
+            .for_each(|((seqs, rows), ws)| {
+                for (s, row) in seqs.iter_mut().zip(rows) {
+                    s.outs.clear();
+                    s.err = None;
+                    s.drafted = 0;
+                    s.accepted = 0;
+                    if let Some((r0, count)) = *row {
+                        s.step_rows(ws, &logits[r0 * vocab..(r0 + count) * vocab], count, ctx);
+                    }
                 }
             });
     }
@@ -41,7 +56,7 @@ impl Seq {
     /// fed): each row's selection is an output; the next row is used only while the selection
     /// equals the drafted token that row was computed after. Then the cache keeps the
     /// positions of the accepted tokens and the last selection becomes the pending token.
-    fn step_rows(&mut self, rows: &[f32], count: usize, ctx: usize) {
+    fn step_rows(&mut self, ws: &mut Workspace, rows: &[f32], count: usize, ctx: usize) {
         let vocab = rows.len() / count.max(1);
         let mut accepted = 0;
         let mut last = None;
@@ -54,7 +69,7 @@ impl Seq {
             } else {
                 None
             };
-            match self.sample(&rows[j * vocab..(j + 1) * vocab], fed_at, ctx, draft) {
+            match self.sample(ws, &rows[j * vocab..(j + 1) * vocab], fed_at, ctx, draft) {
                 Err(e) => {
                     self.err = Some(e);
                     return;
@@ -99,6 +114,7 @@ impl Seq {
     /// position `fed_at`; `draft` is the drafted token the row verifies.
     fn sample(
         &mut self,
+        ws: &mut Workspace,
         row: &[f32],
         fed_at: usize,
         ctx: usize,
@@ -123,7 +139,7 @@ impl Seq {
         let (res, record) = if want_record {
             let cands = p.records.unwrap_or(0).max(p.logprobs.map_or(0, |l| l.top));
             let (res, mut rec) = sampler
-                .step_recorded(row, &mut self.state, &mut self.ws, draw, cands)
+                .step_recorded(row, &mut self.state, ws, draw, cands)
                 .map_err(EngineError::core)?;
             spec.mark(&mut rec, draft);
             if p.trace_logits {
@@ -133,7 +149,7 @@ impl Seq {
         } else {
             (
                 sampler
-                    .step_draw(row, &mut self.state, &mut self.ws, draw)
+                    .step_draw(row, &mut self.state, ws, draw)
                     .map_err(EngineError::core)?,
                 None,
             )
@@ -141,7 +157,7 @@ impl Seq {
         let logprobs = match (&p.logprobs, &record) {
             (Some(l), Some(rec)) => {
                 let sel = sampler
-                    .logprob(row, &mut self.ws, rec.selected, l.layer)
+                    .logprob(row, ws, rec.selected, l.layer)
                     .map_err(EngineError::core)?;
                 let val = |c: &nextok_core::record::CandidateRecord| match l.layer {
                     Layer::Raw => c.raw_logprob,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use nextok_core::{DecoderState, FinishReason, Workspace};
+use nextok_core::{DecoderState, FinishReason};
 use nextok_model::{KvGeometry, SeqKv};
 
 use crate::error::EngineError;
@@ -27,7 +27,8 @@ pub(super) enum Phase {
     Recompute { done: usize },
 }
 
-/// One of a request's `n` sequences: its sampler state, workspace, text stream and cache.
+/// One of a request's `n` sequences: its sampler state, text stream and cache (the sampler's
+/// scratch is the scheduler's, [`Scheduler::sample`]).
 pub(super) struct Seq {
     /// Its request.
     pub(super) req: Arc<ReqCtx>,
@@ -35,8 +36,6 @@ pub(super) struct Seq {
     pub(super) index: usize,
     /// The sampler's state (history, counts, processors' and constraint's states).
     pub(super) state: DecoderState,
-    /// The sampler's scratch.
-    pub(super) ws: Workspace,
     /// The visible text so far.
     pub(super) stream: nextok_core::text::TextStream,
     /// Its KV cache.
