@@ -32,9 +32,75 @@ pub(super) fn padded_rows(rows: usize) -> usize {
     rows.div_ceil(BAND) * BAND
 }
 
+/// What a banded format gives the band loop: its tile of one band × up to four activation
+/// rows at each x86 level, and its scalar dot of one row with one activation row (the scalar
+/// level's tile, and the reference every level equals bit for bit). A new banded format is a
+/// module with a `KERNELS` of these and one line in [`kernels_of`].
+pub(super) struct BandKernels {
+    /// AVX-512 with VNNI.
+    #[cfg(target_arch = "x86_64")]
+    pub(super) vnni: Tile,
+    /// AVX-512 BW without VNNI (the AVX2 tile where the format has no other).
+    #[cfg(target_arch = "x86_64")]
+    pub(super) bw: Tile,
+    /// AVX2 with FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    pub(super) avx2: Tile,
+    /// Row `r` of the matrix with activation row `b`.
+    pub(super) dot: fn(&QMatrix, usize, &Acts<'_>, usize) -> f32,
+}
+
+/// A tile: the dots of band `band`'s sixteen rows with activation rows `b0..b0 + n`
+/// (`1 ≤ n ≤ 4`), `res[bi][t]` for row `16 · band + t` (padding rows give zero).
+///
+/// # Safety
+/// The tile's level must be effective on this CPU, the activations prepared for the
+/// matrix's format, `band` a band of the matrix.
+#[cfg(target_arch = "x86_64")]
+pub(super) type Tile = unsafe fn(&QMatrix, usize, &Acts<'_>, usize, usize) -> [[f32; BAND]; 4];
+
+/// The kernels of a banded format.
+fn kernels_of(format: MatFormat) -> &'static BandKernels {
+    match format {
+        MatFormat::Q4_K => &q4k::KERNELS,
+        MatFormat::Q6_K => &q6k::KERNELS,
+        MatFormat::Q8_0 => &q80::KERNELS,
+        MatFormat::Q4_0 | MatFormat::Q4_1 | MatFormat::Q5_0 | MatFormat::Q5_1 => &legacy::KERNELS,
+        f => unreachable!("{f:?} is not kept in bands"),
+    }
+}
+
+/// Band `band` × activation rows `b0..b0 + n` with `k` at `level`.
+///
+/// # Safety
+/// `level` must be effective on this CPU, `a` prepared for `w`'s format, `band` a band of `w`.
+#[inline]
+unsafe fn tile(
+    k: &BandKernels,
+    level: Level,
+    w: &QMatrix,
+    band: usize,
+    a: &Acts<'_>,
+    b0: usize,
+    n: usize,
+) -> [[f32; BAND]; 4] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the caller's level is effective, which is what each tile needs.
+        match level {
+            Level::Avx512Vnni => return unsafe { (k.vnni)(w, band, a, b0, n) },
+            Level::Avx512 => return unsafe { (k.bw)(w, band, a, b0, n) },
+            Level::Avx2 => return unsafe { (k.avx2)(w, band, a, b0, n) },
+            Level::Scalar => {}
+        }
+    }
+    let _ = level;
+    scalar_tile(w, band, n, b0, |r, b| (k.dot)(w, r, a, b))
+}
+
 /// A band tile by the format's scalar `dot` (row `r`, activation row `b`): `res[bi][t]` for row
 /// `16 · band + t` and activation row `b0 + bi`, `bi < n`; padding rows give zero.
-pub(super) fn scalar_tile(
+fn scalar_tile(
     w: &QMatrix,
     band: usize,
     n: usize,
@@ -97,6 +163,7 @@ pub(super) unsafe fn run_rows(
         r0.is_multiple_of(BAND) && r1 <= w.rows,
         "a range of whole bands"
     );
+    let k = kernels_of(w.format);
     let block = (ACT_BLOCK_BYTES / w.cols.max(1)).max(4) / 4 * 4;
     let mut a0 = 0;
     while a0 < a.n {
@@ -106,17 +173,7 @@ pub(super) unsafe fn run_rows(
             while b0 < a1 {
                 let n = (a1 - b0).min(4);
                 // SAFETY: the caller's guarantees.
-                let res = unsafe {
-                    match w.format {
-                        MatFormat::Q4_K => q4k::tile(level, w, band, a, b0, n),
-                        MatFormat::Q6_K => q6k::tile(level, w, band, a, b0, n),
-                        MatFormat::Q8_0 => q80::tile(level, w, band, a, b0, n),
-                        MatFormat::Q4_0 | MatFormat::Q4_1 | MatFormat::Q5_0 | MatFormat::Q5_1 => {
-                            legacy::tile(level, w, band, a, b0, n)
-                        }
-                        f => unreachable!("{f:?} is not kept in bands"),
-                    }
-                };
+                let res = unsafe { tile(k, level, w, band, a, b0, n) };
                 for (bi, res) in res.iter().take(n).enumerate() {
                     for (t, v) in res.iter().enumerate() {
                         let r = BAND * band + t;

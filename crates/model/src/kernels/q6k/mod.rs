@@ -41,7 +41,7 @@ mod x86;
 use half::f16;
 
 use super::band::BAND;
-use super::{rd16, Acts, Level, QMatrix};
+use super::{rd16, Acts, QMatrix};
 
 /// Chunks of 32 bytes of one band's quants per super-block (48 units of 64 bytes).
 const BAND_CHUNKS: usize = 96;
@@ -109,28 +109,13 @@ pub(super) fn dot(w: &QMatrix, r: usize, a: &Acts<'_>, b: usize) -> f32 {
     acc
 }
 
-/// The dots of band `band`'s sixteen rows with activation rows `b0..b0 + n` (`1 ≤ n ≤ 4`):
-/// `res[bi][t]` for row `16 · band + t` (padding rows give zero).
-///
-/// # Safety
-/// `level` must be effective on this CPU, `a` prepared for Q6_K, `band` a band of `w`.
-pub(super) unsafe fn tile(
-    level: Level,
-    w: &QMatrix,
-    band: usize,
-    a: &Acts<'_>,
-    b0: usize,
-    n: usize,
-) -> [[f32; BAND]; 4] {
+/// This format's kernels for the band loop ([`super::band::run_rows`]).
+pub(super) const KERNELS: super::band::BandKernels = super::band::BandKernels {
     #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: the caller's level is effective, which is what each kernel needs.
-        match level {
-            Level::Avx512Vnni => return unsafe { x86::band_vnni(w, band, a, b0, n) },
-            Level::Avx512 | Level::Avx2 => return unsafe { x86::band_avx2(w, band, a, b0, n) },
-            Level::Scalar => {}
-        }
-    }
-    let _ = level;
-    super::band::scalar_tile(w, band, n, b0, |r, b| dot(w, r, a, b))
-}
+    vnni: x86::band_vnni,
+    #[cfg(target_arch = "x86_64")]
+    bw: x86::band_avx2,
+    #[cfg(target_arch = "x86_64")]
+    avx2: x86::band_avx2,
+    dot,
+};
