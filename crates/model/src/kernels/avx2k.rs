@@ -46,7 +46,7 @@ pub(super) fn dot_tile(
     }
     match w.format {
         MatFormat::Q5_K => {
-            go!(kq45, true; (1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 1))
+            go!(kq5; (1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4), (4, 1))
         }
         MatFormat::F32 => go!(fdot, F32; (1, 1), (1, 2), (2, 1)),
         MatFormat::F16 => go!(fdot, F16; (1, 1), (1, 2), (2, 1)),
@@ -103,14 +103,14 @@ pub(super) fn ld(c: &Chunk) -> __m256i {
     unsafe { _mm256_load_si256(c.0.as_ptr().cast()) }
 }
 
-/// Q4_K (`K5 = false`) and Q5_K (`K5 = true`) × Q8_K for weight rows `r0..r0 + R` and
-/// activation rows `b0..b0 + N`.
+/// Q5_K × Q8_K for weight rows `r0..r0 + R` and activation rows `b0..b0 + N` (Q4_K is kept in
+/// bands: [`super::q4k`]).
 ///
 /// Quants are in `0..32` and activation quants in `−127..=127`, so `maddubs` pairs stay below
 /// `2 · 31 · 127`; scaled by a 6-bit scale and summed over a super-block, every lane stays below
 /// `8 · 63 · 4 · 31 · 127 < 2^24`.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn kq45<const K5: bool, const R: usize, const N: usize>(
+fn kq5<const R: usize, const N: usize>(
     w: &QMatrix,
     r0: usize,
     a: &Acts<'_>,
@@ -118,11 +118,9 @@ fn kq45<const K5: bool, const R: usize, const N: usize>(
 ) -> [[f32; 4]; 4] {
     let nb = w.nb;
     assert!(a.knb == nb && b0 + N <= a.n && r0 + R <= w.rows);
-    let per = if K5 { 5 } else { 4 };
     let mask = _mm256_set1_epi8(0x0F);
     let one = _mm256_set1_epi8(1);
     let mut acc = [[_mm256_setzero_ps(); N]; R];
-    let mut accm = [[_mm_setzero_ps(); N]; R];
     let mut summs = [[0f32; N]; R];
     for k in 0..nb {
         let mut sumi = [[_mm256_setzero_si256(); N]; R];
@@ -131,9 +129,7 @@ fn kq45<const K5: bool, const R: usize, const N: usize>(
         for ri in 0..R {
             let r = r0 + ri;
             sc[ri] = w.sc[r * nb + k];
-            if K5 {
-                hb[ri] = ld(&w.qs[r * w.qchunks + 5 * k + 4]);
-            }
+            hb[ri] = ld(&w.qs[r * w.qchunks + 5 * k + 4]);
         }
         for j in 0..4 {
             let mut lo = [_mm256_setzero_si256(); R];
@@ -141,17 +137,15 @@ fn kq45<const K5: bool, const R: usize, const N: usize>(
             let mut sl = [_mm256_setzero_si256(); R];
             let mut sh = [_mm256_setzero_si256(); R];
             for ri in 0..R {
-                let c = ld(&w.qs[(r0 + ri) * w.qchunks + per * k + j]);
+                let c = ld(&w.qs[(r0 + ri) * w.qchunks + 5 * k + j]);
                 lo[ri] = _mm256_and_si256(c, mask);
                 hi[ri] = _mm256_and_si256(_mm256_srli_epi16::<4>(c), mask);
-                if K5 {
-                    let s0 = _mm_cvtsi32_si128(2 * j as i32);
-                    let s1 = _mm_cvtsi32_si128(2 * j as i32 + 1);
-                    let h0 = _mm256_and_si256(_mm256_srl_epi16(hb[ri], s0), one);
-                    let h1 = _mm256_and_si256(_mm256_srl_epi16(hb[ri], s1), one);
-                    lo[ri] = _mm256_or_si256(lo[ri], _mm256_slli_epi16::<4>(h0));
-                    hi[ri] = _mm256_or_si256(hi[ri], _mm256_slli_epi16::<4>(h1));
-                }
+                let s0 = _mm_cvtsi32_si128(2 * j as i32);
+                let s1 = _mm_cvtsi32_si128(2 * j as i32 + 1);
+                let h0 = _mm256_and_si256(_mm256_srl_epi16(hb[ri], s0), one);
+                let h1 = _mm256_and_si256(_mm256_srl_epi16(hb[ri], s1), one);
+                lo[ri] = _mm256_or_si256(lo[ri], _mm256_slli_epi16::<4>(h0));
+                hi[ri] = _mm256_or_si256(hi[ri], _mm256_slli_epi16::<4>(h1));
                 sl[ri] = _mm256_set1_epi16(sc[ri][2 * j] as i16);
                 sh[ri] = _mm256_set1_epi16(sc[ri][2 * j + 1] as i16);
             }
@@ -169,28 +163,28 @@ fn kq45<const K5: bool, const R: usize, const N: usize>(
         for ri in 0..R {
             for bi in 0..N {
                 let blk = (b0 + bi) * nb + k;
-                let (acc, accm, summs) = (&mut acc[ri][bi], &mut accm[ri][bi], &mut summs[ri][bi]);
-                kq45_add::<K5>(w, r0 + ri, k, a, blk, sumi[ri][bi], acc, accm, summs);
+                let (acc, summs) = (&mut acc[ri][bi], &mut summs[ri][bi]);
+                kq5_add(w, r0 + ri, k, a, blk, sumi[ri][bi], acc, summs);
             }
         }
     }
     let mut res = [[0f32; 4]; 4];
     for ri in 0..R {
         for bi in 0..N {
-            res[ri][bi] = kq45_result::<K5>(acc[ri][bi], accm[ri][bi], summs[ri][bi]);
+            res[ri][bi] = kq5_result(acc[ri][bi], summs[ri][bi]);
         }
     }
     res
 }
 
-/// Q4_K (`K5 = false`) / Q5_K: adds super-block `k` of weight row `r` against activation
-/// super-block `blk` to that pair's accumulators, given the eight exact lane sums `isum` (the
-/// float part of the [module docs](super)). Shared by the AVX2 and AVX-512 kernels.
+/// Q5_K: adds super-block `k` of weight row `r` against activation super-block `blk` to that
+/// pair's accumulators, given the eight exact lane sums `isum` (the float part of the
+/// [module docs](super)).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 // The accumulators of one weight row × activation row, as the kernels keep them.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn kq45_add<const K5: bool>(
+fn kq5_add(
     w: &QMatrix,
     r: usize,
     k: usize,
@@ -198,7 +192,6 @@ pub(super) fn kq45_add<const K5: bool>(
     blk: usize,
     isum: __m256i,
     acc: &mut __m256,
-    accm: &mut __m128,
     summs: &mut f32,
 ) {
     let dw = h2f(w.d[r * w.nbp + k]);
@@ -218,28 +211,18 @@ pub(super) fn kq45_add<const K5: bool>(
     };
     let prod = _mm_madd_epi16(mins, _mm_hadd_epi16(b_lo, b_hi));
     let dmin = -(da * dmw);
-    if K5 {
-        let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
-        let s = _mm_cvtsi128_si32(s);
-        *summs = dmin.mul_add(s as f32, *summs);
-    } else {
-        *accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), *accm);
-    }
+    let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+    let s = _mm_cvtsi128_si32(s);
+    *summs = dmin.mul_add(s as f32, *summs);
 }
 
-/// The result of a Q4_K / Q5_K dot from its accumulators (see [`kq45_add`]).
+/// The result of a Q5_K dot from its accumulators (see [`kq5_add`]): the eight lanes' sum,
+/// then the minimum term. Shared by the AVX2 and AVX-512 kernels.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn kq45_result<const K5: bool>(acc: __m256, accm: __m128, summs: f32) -> f32 {
-    let h = hsum8(acc);
-    if K5 {
-        h + summs
-    } else {
-        let t = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-        let t = _mm_add_ss(t, _mm_movehdup_ps(t));
-        h + _mm_cvtss_f32(t)
-    }
+pub(super) fn kq5_result(acc: __m256, summs: f32) -> f32 {
+    hsum8(acc) + summs
 }
 
 /// Eight values from `p + e` of a row stored as `F` (`f32`, `f16` or `bf16` bits), as `f32`.

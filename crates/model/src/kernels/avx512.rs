@@ -8,7 +8,7 @@
 //!   `vpmaddwd` by the groups' scales); the two halves are added at the end of the
 //!   super-block, which leaves every lane sum exact. With VNNI, tiles of several activation
 //!   rows fuse the scale multiply and the add (`vpdpwssd`); the float part of a (row,
-//!   activation) pair is one register (see `kq45`).
+//!   activation) pair is one register (see `kq5`).
 //! * **F16, BF16, F32** and the tile shapes the K-quant kernels lack run the AVX2 code.
 //!
 //! (The other formats run in bands of sixteen rows: `band` and the format modules.)
@@ -66,7 +66,7 @@ mod fallback {
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::avx2k::{kq45_result, ld};
+    use super::super::avx2k::{kq5_result, ld};
     use super::super::{Acts, Chunk, MatFormat, QMatrix};
     use crate::kernels::array;
 
@@ -175,7 +175,7 @@ mod imp {
                     n: usize,
                 ) -> Option<[[f32; 4]; 4]> {
                     Some(match w.format {
-                        MatFormat::Q5_K => kq_shapes!(nr, n, w, r0, a, b0, kq45, true),
+                        MatFormat::Q5_K => kq_shapes!(nr, n, w, r0, a, b0, kq5),
                         _ => return None,
                     })
                 }
@@ -200,28 +200,27 @@ mod imp {
                     _mm256_add_epi32(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64::<1>(x))
                 }
 
-                /// Q4_K (`K5 = false`) and Q5_K (`K5 = true`) × Q8_K for weight rows `r0..r0 + R` and
-                /// activation rows `b0..b0 + N`: groups `2j` (low half) and `2j + 1` (high half) of
-                /// a super-block in one register. Bounds as in the AVX2 kernel: `vpmaddubsw` pairs
+                /// Q5_K × Q8_K for weight rows `r0..r0 + R` and activation rows `b0..b0 + N`
+                /// (Q4_K is kept in bands: [`super::super::q4k`]): groups `2j` (low half) and
+                /// `2j + 1` (high half) of a super-block in one register. Bounds as in the AVX2 kernel: `vpmaddubsw` pairs
                 /// below `2 · 31 · 127`, every lane below `8 · 63 · 4 · 31 · 127 < 2^24`.
                 ///
                 /// The float part of each (row, activation) pair lives in one register: lanes 0–7 are
-                /// `acc`, lanes 8–11 Q4_K's `accm` (lane 8 Q5_K's `summs`), and one fused multiply-add
+                /// `acc`, lane 8 `summs`, and one fused multiply-add
                 /// per super-block updates them all, each lane computing exactly the operation the
                 /// [module docs](super::super) name for it (`−(d_a · dmin_w)` is `d_a · (−dmin_w)`).
                 /// The per-row and per-activation parts of that step are computed once per super-block.
                 #[target_feature(enable = $feat)]
                 #[inline(never)]
-                fn kq45<const K5: bool, const R: usize, const N: usize>(
+                fn kq5<const R: usize, const N: usize>(
                     w: &QMatrix,
                     r0: usize,
                     a: &Acts<'_>,
                     b0: usize,
                 ) -> [[f32; 4]; 4] {
                     let nb = w.nb;
-                    let per = if K5 { 5 } else { 4 };
                     assert!(a.knb == nb && b0 + N <= a.n && r0 + R <= w.rows);
-                    assert!(w.qs.len() >= w.rows * w.qchunks && w.qchunks >= per * nb);
+                    assert!(w.qs.len() >= w.rows * w.qchunks && w.qchunks >= 5 * nb);
                     assert!(w.sc.len() >= w.rows * nb);
                     assert!(
                         w.d.len() >= w.rows * w.nbp && w.m.len() >= w.rows * w.nbp && w.nbp >= nb
@@ -234,9 +233,9 @@ mod imp {
                     let nsh = halves16(0, 4);
                     // High-bit shift per half: bit 2j for group 2j, 2j + 1 for 2j + 1 (then 2 per j).
                     let hsh = halves16(0, 1);
-                    // Lanes 0–7 take `d_w`, lanes 8–11 (Q5_K: lane 8) `−dmin_w`, the others zero.
+                    // Lanes 0–7 take `d_w`, lane 8 `−dmin_w`, the others zero.
                     let didx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
-                    let dmask: __mmask16 = if K5 { 0x01FF } else { 0x0FFF };
+                    let dmask: __mmask16 = 0x01FF;
                     let negm = _mm_castsi128_ps(_mm_setr_epi32(0, i32::MIN, 0, 0));
                     // Row and activation bases (all in bounds by the checks above).
                     let qs: [*const Chunk; R] = array(|ri| w.qs[(r0 + ri) * w.qchunks..].as_ptr());
@@ -256,11 +255,8 @@ mod imp {
                         for ri in 0..R {
                             let s8 = unsafe { _mm_loadu_si128(scp[ri].add(k).cast()) };
                             sc16[ri] = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(s8));
-                            if K5 {
-                                let h =
-                                    _mm512_broadcast_i64x4(ld(unsafe { &*qs[ri].add(5 * k + 4) }));
-                                hb[ri] = _mm512_srlv_epi16(h, hsh);
-                            }
+                            let h = _mm512_broadcast_i64x4(ld(unsafe { &*qs[ri].add(5 * k + 4) }));
+                            hb[ri] = _mm512_srlv_epi16(h, hsh);
                         }
                         for j in 0..4 {
                             // Scale `2j` in the low half, `2j + 1` in the high half.
@@ -268,15 +264,12 @@ mod imp {
                             let mut wv = [_mm512_setzero_si512(); R];
                             let mut sv = [_mm512_setzero_si512(); R];
                             for ri in 0..R {
-                                let c = _mm512_broadcast_i64x4(ld(unsafe {
-                                    &*qs[ri].add(per * k + j)
-                                }));
+                                let c =
+                                    _mm512_broadcast_i64x4(ld(unsafe { &*qs[ri].add(5 * k + j) }));
                                 wv[ri] = _mm512_and_si512(_mm512_srlv_epi16(c, nsh), mask);
-                                if K5 {
-                                    let h = _mm512_and_si512(hb[ri], one);
-                                    wv[ri] = _mm512_or_si512(wv[ri], _mm512_slli_epi16::<4>(h));
-                                    hb[ri] = _mm512_srli_epi16::<2>(hb[ri]);
-                                }
+                                let h = _mm512_and_si512(hb[ri], one);
+                                wv[ri] = _mm512_or_si512(wv[ri], _mm512_slli_epi16::<4>(h));
+                                hb[ri] = _mm512_srli_epi16::<2>(hb[ri]);
                                 sv[ri] = _mm512_permutexvar_epi16(sidx, sc16[ri]);
                             }
                             for bi in 0..N {
@@ -316,12 +309,8 @@ mod imp {
                             let bsh = _mm_hadd_epi16(b_lo, b_hi);
                             for ri in 0..R {
                                 let prod = _mm_madd_epi16(mins[ri], bsh);
-                                let prod = if K5 {
-                                    let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
-                                    _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s))
-                                } else {
-                                    prod
-                                };
+                                let s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+                                let prod = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
                                 let x = _mm512_inserti32x4::<2>(
                                     _mm512_zextsi256_si512(fold(sumi[ri][bi])),
                                     prod,
@@ -339,7 +328,7 @@ mod imp {
                         for bi in 0..N {
                             let lo = _mm512_castps512_ps256(acc[ri][bi]);
                             let hi = _mm512_extractf32x4_ps::<2>(acc[ri][bi]);
-                            res[ri][bi] = kq45_result::<K5>(lo, hi, _mm_cvtss_f32(hi));
+                            res[ri][bi] = kq5_result(lo, _mm_cvtss_f32(hi));
                         }
                     }
                     res
