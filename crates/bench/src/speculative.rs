@@ -44,6 +44,10 @@ pub struct SpeculativeArgs {
     /// The most tokens one draft may hold (default: the engine's default).
     #[arg(long)]
     pub max_draft: Option<usize>,
+    /// Draft only the drafter's guess, not first the bytes the constraint forces (the copy
+    /// tasks' JSON schema): shows what drafting from the constraint adds.
+    #[arg(long)]
+    pub no_constraint_drafts: bool,
     /// Only these tasks (`copy_greedy`, `copy_sampled`, `chat`), comma-separated (default:
     /// all).
     #[arg(long, value_delimiter = ',')]
@@ -123,6 +127,7 @@ fn task(name: &str, max_tokens: u64) -> GenerateRequest {
         max_tokens: Some(max_tokens),
         ignore_eos: true,
         seed: Some(11),
+        constraint: r.params.constraint.take(),
         ..Default::default()
     };
     r
@@ -199,6 +204,7 @@ pub fn run(args: &SpeculativeArgs) -> Result<(), String> {
             let options = SpecOptions {
                 acceptance,
                 max_draft: args.max_draft.unwrap_or(SpecOptions::default().max_draft),
+                constraint_drafts: !args.no_constraint_drafts,
                 ..SpecOptions::default()
             };
             options.check().map_err(|e| format!("--max-draft: {e}"))?;

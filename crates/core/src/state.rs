@@ -183,6 +183,15 @@ impl GrammarSlot {
     pub fn is_active(&self) -> bool {
         self.active
     }
+
+    /// The bytes the constraint forces next, whatever the model says (nothing once it no
+    /// longer masks). The state and its cached mask stay as they are.
+    pub fn forced_bytes(&self) -> Vec<u8> {
+        if !self.active {
+            return Vec::new();
+        }
+        lock(&self.engine).forced_bytes()
+    }
 }
 
 impl Clone for GrammarSlot {

@@ -273,6 +273,7 @@ fn run_speculative<S: LogitsSource + Send>(
     let mut adapt = Adaptive::new(spec.max_draft);
     let mut history: Vec<u32> = prompt.to_vec();
     let mut draft: Vec<u32> = Vec::with_capacity(spec.max_draft);
+    let mut forced: Vec<u32> = Vec::with_capacity(spec.max_draft);
     let mut feed: Vec<u32> = Vec::with_capacity(spec.max_draft + 1);
     let t = Instant::now();
     let res = step_once(
@@ -309,7 +310,15 @@ fn run_speculative<S: LogitsSource + Send>(
                 .saturating_sub(out.tokens.len() + 1)
         });
         let k = adapt.next_len().min(ctx - base - 2).min(left);
-        drafter.draft(&history, k, &mut draft);
+        let grammar = state.grammar().filter(|_| spec.constraint_drafts);
+        crate::speculative::draft_next(
+            drafter,
+            &mut history,
+            grammar.map(|g| (g, model)),
+            k,
+            &mut forced,
+            &mut draft,
+        );
         feed.clear();
         feed.push(pending);
         feed.extend_from_slice(&draft);

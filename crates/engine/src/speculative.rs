@@ -237,6 +237,12 @@ pub struct SpecOptions {
     pub ngram: NgramDrafter,
     /// How drafted tokens are accepted.
     pub acceptance: Acceptance,
+    /// Draft the bytes a request's constraint forces next before the drafter's guess
+    /// ([`draft_next`]). On in [`SpecOptions::default`]; off when a trace header or a
+    /// request's JSON leaves it out, as headers written before it did (their `rejection`
+    /// draws replay as recorded).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub constraint_drafts: bool,
 }
 
 impl Default for SpecOptions {
@@ -246,8 +252,57 @@ impl Default for SpecOptions {
             max_draft: 5,
             ngram: NgramDrafter::default(),
             acceptance: Acceptance::Exact,
+            constraint_drafts: true,
         }
     }
+}
+
+/// Drafts up to `k` tokens after `history` (the prompt and the output so far, its last token
+/// the pending one) into `out`: first the tokens of the bytes the sequence's constraint forces
+/// next, when `forced` gives its slot (and the model, whose tokenizer splits the bytes as the
+/// model was trained to see them; the last token is left out, since it may merge with the
+/// bytes that follow), then `drafter`'s guess after those tokens. Prompt lookup alone loses
+/// its place where the output departs from the prompt (a JSON object's layout, its keys in
+/// the schema's order); the forced key puts it back on the prompt's text. `scratch` holds the
+/// forced tokens; `history` is left as it was.
+pub fn draft_next(
+    drafter: &mut dyn Drafter,
+    history: &mut Vec<u32>,
+    forced: Option<(&nextok_core::state::GrammarSlot, &nextok_model::Model)>,
+    k: usize,
+    scratch: &mut Vec<u32>,
+    out: &mut Vec<u32>,
+) {
+    out.clear();
+    scratch.clear();
+    if k == 0 {
+        return;
+    }
+    if let Some((slot, model)) = forced {
+        let bytes = slot.forced_bytes();
+        // the whole characters among the bytes (a character cut by the end stays undrafted)
+        let text = match std::str::from_utf8(&bytes) {
+            Ok(t) => t,
+            Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default(),
+        };
+        if !text.is_empty() {
+            if let Ok(ids) = model.encoder.encode(text, false) {
+                let keep = ids.len().saturating_sub(1).min(k);
+                scratch.extend_from_slice(&ids[..keep]);
+            }
+        }
+    }
+    if scratch.is_empty() {
+        drafter.draft(history, k, out);
+        return;
+    }
+    let n = history.len();
+    history.extend_from_slice(scratch);
+    drafter.draft(history, k - scratch.len(), out);
+    history.truncate(n);
+    // the forced tokens first: `out` becomes `scratch ++ out`
+    scratch.append(out);
+    std::mem::swap(scratch, out);
 }
 
 impl SpecOptions {

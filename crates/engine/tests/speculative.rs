@@ -634,3 +634,80 @@ fn the_toy_model_accepts_and_rejects_drafts() {
         "accepted {accepted}, rejected {rejected}"
     );
 }
+
+#[test]
+fn drafts_start_with_the_bytes_the_constraint_forces() {
+    let Some(model) = model() else {
+        eprintln!("skipped: the default model is not in the test data");
+        return;
+    };
+    let engine = Engine::new(model.clone(), EngineConfig::default()).unwrap();
+    // keys the prompt never spells, in the schema's order: prompt lookup alone cannot guess
+    // them, the constraint forces them
+    let mut r = request(
+        "<|im_start|>user\nDescribe an order as JSON.<|im_end|>\n<|im_start|>assistant\n",
+        SamplingParams {
+            temperature: Some(0.0),
+            max_tokens: Some(48),
+            seed: Some(3),
+            ..Default::default()
+        },
+    );
+    let text = serde_json::json!({"type": "string"});
+    r.params.constraint = Some(ConstraintSpec::JsonSchema {
+        schema: serde_json::json!({
+            "type": "object",
+            "properties": {
+                "customer_identification_number": {"type": "integer"},
+                "preferred_delivery_weekday": text,
+                "gift_wrapping_requested": {"type": "boolean"}
+            },
+            "required": ["customer_identification_number", "preferred_delivery_weekday", "gift_wrapping_requested"],
+            "additionalProperties": false
+        }),
+        options: Default::default(),
+    });
+    // exact mode: the tokens are plain decoding's either way
+    let on = same(&engine, &model, &r, "constraint drafts");
+    let off = run(
+        &engine,
+        &model,
+        &r,
+        Some(SpecOptions {
+            constraint_drafts: false,
+            ..Default::default()
+        }),
+    );
+    assert_eq!(off.tokens, on.tokens);
+    eprintln!(
+        "with constraint drafts {:?}, without {:?}",
+        on.spec, off.spec
+    );
+    assert!(
+        on.spec.accepted > off.spec.accepted + 3,
+        "the forced keys are drafted and accepted: {:?} against {:?} without",
+        on.spec,
+        off.spec
+    );
+    // the batched engine drafts them too, with the same output
+    let plain = outcome(&engine.generate(r.clone()).expect("plain run"));
+    let before = engine.stats();
+    let mut fast = r.clone();
+    fast.speculative = Some(SpecOptions::default());
+    assert_eq!(
+        outcome(&engine.generate(fast).expect("speculative run")),
+        plain
+    );
+    let after = engine.stats();
+    assert!(
+        after.accepted_draft_tokens - before.accepted_draft_tokens > off.spec.accepted as u64 + 3,
+        "{after:?}"
+    );
+    // a trace header or request that leaves the option out keeps the drafts of before
+    let old: SpecOptions = serde_json::from_value(serde_json::json!({
+        "max_draft": 5, "ngram": {"max_ngram": 4, "min_ngram": 2}, "acceptance": "exact"
+    }))
+    .unwrap();
+    assert!(!old.constraint_drafts);
+    assert!(SpecOptions::default().constraint_drafts);
+}

@@ -837,13 +837,20 @@ impl ModelWeights {
                 s.groups.clear();
                 let mut r = 0;
                 while r < s.rows.len() {
-                    let mut e = r + 1;
-                    while e < s.rows.len() && s.rows[e].0 == s.rows[r].0 && e - r < ATTN_GROUP_ROWS
-                    {
-                        e += 1;
+                    let mut run = r + 1;
+                    while run < s.rows.len() && s.rows[run].0 == s.rows[r].0 {
+                        run += 1;
                     }
-                    s.groups.push((r, e));
-                    r = e;
+                    let most = if run - r <= ATTN_ALONE_ROWS {
+                        1
+                    } else {
+                        ATTN_GROUP_ROWS
+                    };
+                    while r < run {
+                        let e = (r + most).min(run);
+                        s.groups.push((r, e));
+                        r = e;
+                    }
                 }
             }
             {
@@ -1333,6 +1340,11 @@ const VALUES_PIECE: usize = 32;
 /// Rows of one sequence (a prompt's) that attend in one task at most, sharing each block of
 /// keys and values converted to `f32`.
 const ATTN_GROUP_ROWS: usize = 8;
+
+/// A sequence with at most this many rows in a pass (a decode step, a speculative draft's
+/// verification) attends row by row ([`attend_one`], reading the cache in place), each row a
+/// task of its own.
+const ATTN_ALONE_ROWS: usize = 8;
 
 /// Attention is split ([`Split`]) from this many keys on.
 const SPLIT_MIN_KEYS: usize = 256;

@@ -4,6 +4,7 @@
 
 use super::seq::Phase;
 use super::Scheduler;
+use crate::speculative::draft_next;
 
 /// The next forward pass, decided before the model runs: which sequences take part and how
 /// many rows each feeds. Admission, the room in the KV budget and preemption are already
@@ -47,7 +48,8 @@ impl Scheduler {
             }
         }
         // drafts of speculating sequences, in the budget decode rows leave
-        let ctx = self.inner.shared.model.weights.config.context_length;
+        let model = &*self.inner.shared.model;
+        let ctx = model.weights.config.context_length;
         for (i, s) in self.running.iter_mut().enumerate() {
             if !matches!(s.phase, Phase::Decode) {
                 continue;
@@ -65,7 +67,15 @@ impl Scheduler {
                 .min(room)
                 .min(left)
                 .min(budget.saturating_sub(used));
-            sp.drafter.draft(&sp.history, k, &mut sp.draft);
+            let grammar = s.state.grammar().filter(|_| sp.options.constraint_drafts);
+            draft_next(
+                &mut *sp.drafter,
+                &mut sp.history,
+                grammar.map(|g| (g, model)),
+                k,
+                &mut sp.forced,
+                &mut sp.draft,
+            );
             s.feed.extend_from_slice(&sp.draft);
             rows[i] += sp.draft.len();
             used += sp.draft.len();
