@@ -72,6 +72,8 @@ struct Row {
     acceptance_rate: f64,
     mean_accepted: f64,
     verifications: usize,
+    /// Tokens drafted in those verifications.
+    drafted: usize,
     /// Forward passes of the speculative run after the prompt (each yields its accepted draft
     /// tokens and one more).
     passes: usize,
@@ -249,6 +251,7 @@ pub fn run(args: &SpeculativeArgs) -> Result<(), String> {
                 acceptance_rate: st.acceptance_rate(),
                 mean_accepted: st.mean_accepted(),
                 verifications: st.verifications,
+                drafted: st.drafted,
                 passes: tokens.saturating_sub(1 + st.accepted),
                 plain_model_ms: median(&mut pm),
                 plain_sample_ms: median(&mut ps),
@@ -257,7 +260,7 @@ pub fn run(args: &SpeculativeArgs) -> Result<(), String> {
             };
             if !args.json {
                 println!(
-                    "{:<15} {:<13} {:<9} {:>4} tokens  plain {:>6.1} tok/s  speculative {:>6.1} tok/s  x{:.2}  identical {}  acceptance {:.2}  mean accepted {:.2} ({} drafts, {} passes)  ms/token model+sample: plain {:.2}+{:.2}, speculative {:.2}+{:.2}",
+                    "{:<15} {:<13} {:<9} {:>4} tokens  plain {:>6.1} tok/s  speculative {:>6.1} tok/s  x{:.2}  identical {}  acceptance {:.2}  mean accepted {:.2} ({} drafts, {} drafted, {} passes)  ms/token model+sample: plain {:.2}+{:.2}, speculative {:.2}+{:.2}",
                     row.quant,
                     row.task,
                     row.acceptance,
@@ -269,6 +272,7 @@ pub fn run(args: &SpeculativeArgs) -> Result<(), String> {
                     row.acceptance_rate,
                     row.mean_accepted,
                     row.verifications,
+                    row.drafted,
                     row.passes,
                     row.plain_model_ms,
                     row.plain_sample_ms,

@@ -441,10 +441,12 @@ pub struct Adaptive {
     next_pause: usize,
 }
 
-/// The first draft's length: a pass of up to four rows (the pending token and three drafted)
-/// costs little more than a one-row pass with the model's kernels, whose register tiles take
-/// four activation rows at a time, so a first guess that fails costs little; full acceptance
-/// grows the length from there.
+/// The first draft's length: the model's register tiles take four activation rows at a time,
+/// so where a step is one read of the weights (1.5B and up) a pass of four rows costs about
+/// one of one row, and a first guess that fails costs little; full acceptance grows the length
+/// from there. (With a 135M model, whose weights sit in the L3 cache, each row past the first
+/// adds about a quarter of a one-row pass: first drafts of 1 or 2 tokens were measured, and
+/// they change the passes of the speculative bench by a pass or two either way.)
 const FIRST_DRAFT: usize = 3;
 /// Drafts rejected at their first token in a row before drafting pauses.
 const MISSES_BEFORE_PAUSE: usize = 3;
