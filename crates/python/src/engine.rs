@@ -457,6 +457,11 @@ impl PyEngine {
             .detach(|| Model::load(&path, requant))
             .map_err(model_failure)?;
         let engine = Engine::new(Arc::new(loaded), cfg).map_err(Failure::from)?;
+        // what loading built and dropped (the file's metadata, the tokenizer's temporary
+        // tables) goes back to the system now, not at mimalloc's delayed purge, which runs
+        // only when the freeing thread allocates again
+        // SAFETY: `mi_collect` takes no pointers and may be called from any thread at any time.
+        unsafe { libmimalloc_sys::mi_collect(true) };
         Ok(PyEngine {
             engine: Arc::new(engine),
             model_path: path.display().to_string(),

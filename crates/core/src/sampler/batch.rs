@@ -7,20 +7,40 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::state::DecoderState;
 use crate::support::Workspace;
 
-/// Per-thread workspaces for batch stepping.
+/// Per-thread workspaces for stepping many rows at once. A workspace holds nothing from one
+/// step to the next (the same bits whichever row used it before), so a batch needs as many as
+/// step at once, not one per sequence; each holds several vocabulary-sized buffers.
 #[derive(Debug)]
 pub struct WorkspacePool {
+    vocab_size: usize,
     workspaces: Vec<Workspace>,
 }
 
 impl WorkspacePool {
     /// `threads` workspaces for vocabularies of `vocab_size`.
     pub fn new(vocab_size: usize, threads: usize) -> Self {
+        let mut pool = WorkspacePool::lazy(vocab_size);
+        pool.lend(threads);
+        pool
+    }
+
+    /// No workspace until [`WorkspacePool::lend`] asks for some.
+    pub fn lazy(vocab_size: usize) -> Self {
         WorkspacePool {
-            workspaces: (0..threads.max(1))
-                .map(|_| Workspace::new(vocab_size))
-                .collect(),
+            vocab_size,
+            workspaces: Vec::new(),
         }
+    }
+
+    /// `n` workspaces (at least one), the pool grown to `n` when it holds fewer (once, as a
+    /// batch first reaches that many groups).
+    pub fn lend(&mut self, n: usize) -> &mut [Workspace] {
+        let n = n.max(1);
+        if self.workspaces.len() < n {
+            let v = self.vocab_size;
+            self.workspaces.resize_with(n, || Workspace::new(v));
+        }
+        &mut self.workspaces[..n]
     }
 }
 

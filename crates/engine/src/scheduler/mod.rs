@@ -86,17 +86,17 @@ struct Scheduler {
     /// The sequences [`Scheduler::emit`] finishes, `(request id, index)`; kept for its
     /// allocation.
     finished: Vec<(u64, usize)>,
-    /// The sampler's scratch, one per group of sequences sampled together
-    /// ([`Scheduler::sample`]): a workspace holds nothing from one step to the next, so the
-    /// batch needs as many as run at once, not one per sequence (each holds several
-    /// vocabulary-sized buffers: megabytes at 150,000 tokens).
-    workspaces: Vec<nextok_core::Workspace>,
+    /// The sampler's scratch, one workspace per group of sequences sampled together
+    /// ([`Scheduler::sample`]), not one per sequence (each holds several vocabulary-sized
+    /// buffers: megabytes at 150,000 tokens).
+    workspaces: nextok_core::WorkspacePool,
 }
 
 /// The scheduler thread's body: admits, drops cancelled requests and runs iterations until the
 /// engine shuts down.
 pub(crate) fn run(inner: Arc<Inner>) {
     let pace = Pace::new(&inner.shared.model.weights.config);
+    let vocab_size = inner.shared.model.weights.config.vocab_size;
     let mut s = Scheduler {
         inner,
         pace,
@@ -108,7 +108,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         spare_plan: Plan::default(),
         spare_out: ModelOutput::default(),
         finished: Vec::new(),
-        workspaces: Vec::new(),
+        workspaces: nextok_core::WorkspacePool::lazy(vocab_size),
     };
     loop {
         if !s.admit() {

@@ -27,16 +27,11 @@ impl Scheduler {
         // step to the next: the same bits whichever sequence used it before)
         let n = self.running.len();
         let groups = rayon::current_num_threads().clamp(1, n.max(1));
-        if self.workspaces.len() < groups {
-            // once per engine, as the batch first grows to `groups` sequences
-            self.workspaces
-                .resize_with(groups, || nextok_core::Workspace::new(vocab));
-        }
         let per = n.div_ceil(groups).max(1);
         self.running
             .par_chunks_mut(per)
             .zip(out.rows.par_chunks(per))
-            .zip(self.workspaces.par_iter_mut())
+            .zip(self.workspaces.lend(groups).par_iter_mut())
             .for_each(|((seqs, rows), ws)| {
                 for (s, row) in seqs.iter_mut().zip(rows) {
                     s.outs.clear();
