@@ -286,6 +286,75 @@ impl SequenceState {
         }
     }
 
+    /// How many of `tokens`, in order, this state takes, with the bytes forced after them in
+    /// `forced` (cleared first); the state is left as it was — the typed-error form of
+    /// [`ConstraintState::probe`]. nextok's automaton runs on a copy of its state number;
+    /// llguidance's matcher consumes the tokens it takes and rolls them back (its own
+    /// speculative path), its cached mask kept, as it belongs to the same state.
+    pub fn probe_tokens(
+        &mut self,
+        tokens: &[u32],
+        forced: &mut Vec<u8>,
+    ) -> Result<usize, ConstraintError> {
+        forced.clear();
+        let vocab = self.compiled.vocab.clone();
+        match (&self.compiled.backend, &mut self.inner) {
+            (Backend::Own(m), Inner::Own { state, .. }) => {
+                let mut s = *state;
+                let mut n = 0;
+                for &t in tokens {
+                    if s >= ENDED || t as usize >= vocab.vocab_size() {
+                        break;
+                    }
+                    if vocab.is_eos(t) {
+                        // as `commit`: EOS where the output may end, then nothing
+                        if !m.accepting(s) {
+                            break;
+                        }
+                        s = ENDED;
+                        n += 1;
+                        continue;
+                    }
+                    if vocab.is_special(t) {
+                        break;
+                    }
+                    let b = vocab.token_bytes(t).unwrap_or(&[]);
+                    let next = if b.is_empty() { DEAD } else { m.run(s, b) };
+                    if next == DEAD {
+                        break;
+                    }
+                    s = next;
+                    n += 1;
+                }
+                if s < ENDED {
+                    forced.extend_from_slice(&m.forced(s));
+                }
+                Ok(n)
+            }
+            (_, Inner::Llg(l)) => {
+                if l.matcher.is_stopped() {
+                    return Ok(0);
+                }
+                // ids past the vocabulary are refused here, as `allows` does, never handed to
+                // the matcher (which would stop on them)
+                let upto = tokens
+                    .iter()
+                    .position(|&t| t as usize >= vocab.vocab_size())
+                    .unwrap_or(tokens.len());
+                let n = l
+                    .matcher
+                    .try_consume_tokens(&tokens[..upto])
+                    .map_err(|e| l.step_error(e))?;
+                if !l.matcher.is_stopped() {
+                    forced.extend_from_slice(&l.matcher.compute_ff_bytes());
+                }
+                l.matcher.rollback(n).map_err(|e| l.step_error(e))?;
+                Ok(n)
+            }
+            _ => unreachable!("backend and state kinds match"),
+        }
+    }
+
     /// The engine error that killed the state, if any.
     pub fn engine_error(&self) -> Option<String> {
         match &self.inner {
@@ -318,6 +387,10 @@ impl ConstraintState for SequenceState {
 
     fn forced_bytes(&mut self) -> Vec<u8> {
         self.forced()
+    }
+
+    fn probe(&mut self, tokens: &[u32], forced: &mut Vec<u8>) -> nextok_core::Result<usize> {
+        self.probe_tokens(tokens, forced).map_err(Into::into)
     }
 
     /// `kind:spec-hash:state-hash` — equal for states of the same compiled constraint that

@@ -397,3 +397,58 @@ fn llama3_own_dfa_masks_equal_llguidance() {
         assert_eq!(a.status(), b.status(), "{pattern} at end");
     }
 }
+
+/// What the trait's default `probe` gives: a fork commits the tokens until one is refused.
+fn probe_by_fork(s: &dyn ConstraintState, tokens: &[u32]) -> (usize, Vec<u8>) {
+    let mut f = s.fork();
+    let n = tokens.iter().take_while(|&&t| f.commit(t).is_ok()).count();
+    (n, f.forced_bytes())
+}
+
+#[test]
+fn probing_a_guess_leaves_the_state_and_agrees_with_a_fork() {
+    let e = tiny();
+    let schema = ConstraintSpec::JsonSchema {
+        schema: json!({
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"],
+            "additionalProperties": false
+        }),
+        options: JsonOptions::default(),
+    };
+    for spec in [choice_ok(), schema] {
+        let c = e.compile(&spec).unwrap();
+        let mut s = c.start();
+        s.commit(1).unwrap(); // `{"`
+        let digest = s.digest();
+        let mask = allowed(&mut s, 25);
+        let guesses: [&[u32]; 6] = [
+            &[],
+            &[2, 3, 4, 6],    // `ok":true}`: all of it
+            &[2, 3, 4, 6, 0], // and EOS after the end
+            &[9, 10, 19],     // `o`, `k`, then `,` refused: `":` forced there
+            &[22, 2],         // `a` refused at once: `ok":` forced
+            &[2, 99, 3],      // an id past the vocabulary stops the guess
+        ];
+        for g in guesses {
+            let mut forced = Vec::new();
+            let n = s.probe(g, &mut forced).unwrap();
+            assert_eq!((n, forced), probe_by_fork(&s, g), "{spec:?}: {g:?}");
+            // the state, its digest and its mask are as before
+            assert_eq!(s.digest(), digest);
+            assert_eq!(allowed(&mut s, 25), mask);
+        }
+        let mut forced = Vec::new();
+        assert_eq!(s.probe(&[9, 10, 19], &mut forced).unwrap(), 2);
+        // the key's closing quote (the choice: and its colon; JSON allows a space first)
+        assert!(
+            !forced.is_empty() && b"\":".starts_with(&forced),
+            "{spec:?}: {forced:?}"
+        );
+        // committing after probes goes on from the unprobed state
+        s.commit(2).unwrap();
+        s.commit(3).unwrap();
+        assert!(allowed(&mut s, 25).contains(&4), "{spec:?}");
+    }
+}

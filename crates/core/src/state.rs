@@ -192,6 +192,24 @@ impl GrammarSlot {
         }
         lock(&self.engine).forced_bytes()
     }
+
+    /// How many of `tokens`, in order, the constraint takes from the current state, with
+    /// the bytes it forces after them in `forced` (cleared first): every token, and nothing
+    /// forced, once it no longer masks; none, and nothing forced, where the engine fails. The
+    /// state and its cached mask stay as they are.
+    pub fn probe(&self, tokens: &[u32], forced: &mut Vec<u8>) -> usize {
+        forced.clear();
+        if !self.active {
+            return tokens.len();
+        }
+        match lock(&self.engine).probe(tokens, forced) {
+            Ok(n) => n.min(tokens.len()),
+            Err(_) => {
+                forced.clear();
+                0
+            }
+        }
+    }
 }
 
 impl Clone for GrammarSlot {

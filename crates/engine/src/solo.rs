@@ -273,7 +273,7 @@ fn run_speculative<S: LogitsSource + Send>(
     let mut adapt = Adaptive::new(spec.max_draft);
     let mut history: Vec<u32> = prompt.to_vec();
     let mut draft: Vec<u32> = Vec::with_capacity(spec.max_draft);
-    let mut forced: Vec<u32> = Vec::with_capacity(spec.max_draft);
+    let mut forced = crate::speculative::DraftScratch::with_capacity(spec.max_draft);
     let mut feed: Vec<u32> = Vec::with_capacity(spec.max_draft + 1);
     let t = Instant::now();
     let res = step_once(
@@ -310,11 +310,10 @@ fn run_speculative<S: LogitsSource + Send>(
                 .saturating_sub(out.tokens.len() + 1)
         });
         let k = adapt.next_len().min(ctx - base - 2).min(left);
-        let grammar = state.grammar().filter(|_| spec.constraint_drafts);
         crate::speculative::draft_next(
             drafter,
             &mut history,
-            grammar.map(|g| (g, model)),
+            spec.constraint_source(state.grammar(), model),
             k,
             &mut forced,
             &mut draft,

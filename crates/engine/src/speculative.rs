@@ -243,6 +243,18 @@ pub struct SpecOptions {
     /// draws replay as recorded).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub constraint_drafts: bool,
+    /// How drafts follow the constraint, when `constraint_drafts` is on: `0`, its forced
+    /// bytes, then the drafter's guess as it comes (builds of 2026-12-07); `1`
+    /// ([`SpecOptions::DRAFT_RULES`]), in rounds: the guess is cut at the first token the
+    /// constraint refuses and the bytes it forces there start the next round
+    /// ([`draft_next`]). A trace header or request JSON without the field means `0`, so
+    /// every trace replays the drafts it recorded.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub draft_rules: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 impl Default for SpecOptions {
@@ -253,61 +265,147 @@ impl Default for SpecOptions {
             ngram: NgramDrafter::default(),
             acceptance: Acceptance::Exact,
             constraint_drafts: true,
+            draft_rules: SpecOptions::DRAFT_RULES,
         }
     }
 }
 
+/// What [`draft_next`] reuses from one draft to the next (no allocation once warm).
+#[derive(Debug, Default)]
+pub struct DraftScratch {
+    /// The bytes the constraint forces at the point reached.
+    forced: Vec<u8>,
+    /// The drafter's guess of the current round.
+    guess: Vec<u32>,
+}
+
+impl DraftScratch {
+    /// Room for drafts of `max_draft` tokens.
+    pub fn with_capacity(max_draft: usize) -> Self {
+        DraftScratch {
+            forced: Vec::with_capacity(64),
+            guess: Vec::with_capacity(max_draft),
+        }
+    }
+}
+
+/// The constraint a draft follows ([`draft_next`]).
+#[derive(Clone, Copy)]
+pub struct ConstraintDrafts<'a> {
+    /// The sequence's constraint state.
+    pub slot: &'a nextok_core::state::GrammarSlot,
+    /// The model, whose tokenizer splits the forced bytes as the model was trained to see them.
+    pub model: &'a nextok_model::Model,
+    /// Drafting rules 1: rounds ([`SpecOptions::draft_rules`]).
+    pub rounds: bool,
+}
+
 /// Drafts up to `k` tokens after `history` (the prompt and the output so far, its last token
-/// the pending one) into `out`: first the tokens of the bytes the sequence's constraint forces
-/// next, when `forced` gives its slot (and the model, whose tokenizer splits the bytes as the
-/// model was trained to see them; the last token is left out, since it may merge with the
-/// bytes that follow), then `drafter`'s guess after those tokens. Prompt lookup alone loses
-/// its place where the output departs from the prompt (a JSON object's layout, its keys in
-/// the schema's order); the forced key puts it back on the prompt's text. `scratch` holds the
-/// forced tokens; `history` is left as it was.
+/// the pending one) into `out`.
+///
+/// Without a constraint (`forced` is `None`) that is `drafter`'s guess. With one, the draft
+/// follows the constraint in rounds:
+/// 1. the tokens of the bytes the constraint forces at the point reached (the last token left
+///    out, since it may merge with the bytes that follow);
+/// 2. `drafter`'s guess after them, cut at the first token the constraint refuses;
+/// 3. where it refused one and forces bytes there, the next round starts with those bytes.
+///
+/// Prompt lookup alone loses its place where the output departs from the prompt (a JSON
+/// object's layout, its keys in the schema's order): a forced key puts it back on the
+/// prompt's text, and a guess that runs into the wrong key is cut where the constraint takes
+/// over. Each round adds a token or ends the draft. Under drafting rules 0 (`rounds` off)
+/// there is one round and the guess is not cut. `history` is left as it was.
 pub fn draft_next(
     drafter: &mut dyn Drafter,
     history: &mut Vec<u32>,
-    forced: Option<(&nextok_core::state::GrammarSlot, &nextok_model::Model)>,
+    forced: Option<ConstraintDrafts<'_>>,
     k: usize,
-    scratch: &mut Vec<u32>,
+    scratch: &mut DraftScratch,
     out: &mut Vec<u32>,
 ) {
     out.clear();
-    scratch.clear();
     if k == 0 {
         return;
     }
-    if let Some((slot, model)) = forced {
-        let bytes = slot.forced_bytes();
-        // the whole characters among the bytes (a character cut by the end stays undrafted)
-        let text = match std::str::from_utf8(&bytes) {
-            Ok(t) => t,
-            Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default(),
-        };
-        if !text.is_empty() {
-            if let Ok(ids) = model.encoder.encode(text, false) {
-                let keep = ids.len().saturating_sub(1).min(k);
-                scratch.extend_from_slice(&ids[..keep]);
-            }
-        }
-    }
-    if scratch.is_empty() {
+    let Some(ConstraintDrafts {
+        slot,
+        model,
+        rounds,
+    }) = forced
+    else {
         drafter.draft(history, k, out);
         return;
+    };
+    let n0 = history.len();
+    slot.probe(&[], &mut scratch.forced);
+    for _ in 0..=k {
+        let before = out.len();
+        if !scratch.forced.is_empty() {
+            let bytes = &scratch.forced;
+            // the whole characters among the bytes (a character cut by the end stays undrafted)
+            let text = match std::str::from_utf8(bytes) {
+                Ok(t) => t,
+                Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default(),
+            };
+            if !text.is_empty() {
+                if let Ok(ids) = model.encoder.encode(text, false) {
+                    let keep = ids.len().saturating_sub(1).min(k - out.len());
+                    out.extend_from_slice(&ids[..keep]);
+                    history.extend_from_slice(&ids[..keep]);
+                }
+            }
+        }
+        if out.len() == k {
+            break;
+        }
+        drafter.draft(history, k - out.len(), &mut scratch.guess);
+        if !rounds {
+            // rules 0: the guess as it comes
+            out.extend_from_slice(&scratch.guess);
+            break;
+        }
+        if scratch.guess.is_empty() {
+            break;
+        }
+        // where the guess leaves the constraint, and what the constraint forces there
+        history.extend_from_slice(&scratch.guess);
+        let took = slot.probe(&history[n0..], &mut scratch.forced);
+        if took < out.len() {
+            // the forced bytes' tokens did not hold (a tokenizer the constraint reads
+            // otherwise): keep what it takes and stop
+            out.truncate(took);
+            break;
+        }
+        let valid = took - out.len();
+        out.extend_from_slice(&scratch.guess[..valid]);
+        history.truncate(n0 + out.len());
+        if valid == scratch.guess.len() || scratch.forced.is_empty() || out.len() == before {
+            break;
+        }
     }
-    let n = history.len();
-    history.extend_from_slice(scratch);
-    drafter.draft(history, k - scratch.len(), out);
-    history.truncate(n);
-    // the forced tokens first: `out` becomes `scratch ++ out`
-    scratch.append(out);
-    std::mem::swap(scratch, out);
+    history.truncate(n0);
 }
 
 impl SpecOptions {
     /// The largest draft length accepted.
     pub const MAX_DRAFT: usize = 32;
+    /// The current drafting rules ([`SpecOptions::draft_rules`]).
+    pub const DRAFT_RULES: u32 = 1;
+
+    /// The constraint to draft from, when these options draft from it: the slot, the model
+    /// (whose tokenizer splits its forced bytes) and whether drafts go in rounds.
+    pub fn constraint_source<'a>(
+        &self,
+        slot: Option<&'a nextok_core::state::GrammarSlot>,
+        model: &'a nextok_model::Model,
+    ) -> Option<ConstraintDrafts<'a>> {
+        slot.filter(|_| self.constraint_drafts)
+            .map(|slot| ConstraintDrafts {
+                slot,
+                model,
+                rounds: self.draft_rules >= 1,
+            })
+    }
 
     /// Options from their text form, `ngram` or `ngram:K` (prompt lookup with drafts of at
     /// most `K` tokens, `1..=32`, default 5) or `model` / `model:K` (the engine's draft
@@ -369,6 +467,16 @@ impl SpecOptions {
                 format!(
                     "{} is above max_ngram ({})",
                     self.ngram.min_ngram, self.ngram.max_ngram
+                ),
+            ));
+        }
+        if self.draft_rules > Self::DRAFT_RULES {
+            return Err(crate::EngineError::invalid(
+                "speculative.draft_rules",
+                format!(
+                    "{} is not a drafting rule this build knows (0..={})",
+                    self.draft_rules,
+                    Self::DRAFT_RULES
                 ),
             ));
         }

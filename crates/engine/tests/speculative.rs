@@ -709,5 +709,153 @@ fn drafts_start_with_the_bytes_the_constraint_forces() {
     }))
     .unwrap();
     assert!(!old.constraint_drafts);
+    assert_eq!(old.draft_rules, 0);
     assert!(SpecOptions::default().constraint_drafts);
+    assert_eq!(SpecOptions::default().draft_rules, SpecOptions::DRAFT_RULES);
+    // the drafting rules of 2026-12-07 (forced bytes, then the guess uncut) give the same
+    // tokens, in their own number of passes
+    let rules0 = run(
+        &engine,
+        &model,
+        &r,
+        Some(SpecOptions {
+            draft_rules: 0,
+            ..Default::default()
+        }),
+    );
+    assert_eq!(rules0.tokens, on.tokens);
+    eprintln!("drafting rules 0: {:?}", rules0.spec);
+    // rules this build does not know are refused, naming the field
+    let future = SpecOptions {
+        draft_rules: SpecOptions::DRAFT_RULES + 1,
+        ..Default::default()
+    };
+    let e = future.check().unwrap_err().to_string();
+    assert!(e.contains("speculative.draft_rules"), "{e}");
+}
+
+/// A drafter that proposes `first` once, then nothing.
+struct Once {
+    first: Vec<u32>,
+    calls: usize,
+}
+
+impl nextok_engine::speculative::Drafter for Once {
+    fn draft(&mut self, _context: &[u32], k: usize, out: &mut Vec<u32>) {
+        out.clear();
+        if self.calls == 0 {
+            out.extend(self.first.iter().take(k));
+        }
+        self.calls += 1;
+    }
+}
+
+#[test]
+fn a_guess_that_leaves_the_constraint_is_cut_and_the_forced_key_follows() {
+    use nextok_engine::speculative::{draft_next, DraftScratch};
+    let Some(model) = model() else {
+        eprintln!("skipped: the default model is not in the test data");
+        return;
+    };
+    let engine = Engine::new(model.clone(), EngineConfig::default()).unwrap();
+    let mut r = request(
+        "<|im_start|>user\nAn order.<|im_end|>\n",
+        SamplingParams::default(),
+    );
+    r.params.constraint = Some(ConstraintSpec::JsonSchema {
+        schema: serde_json::json!({
+            "type": "object",
+            "properties": {
+                "customer_identification_number": {"type": "integer"},
+                "preferred_delivery_weekday": {"type": "string"},
+                "gift_wrapping_requested": {"type": "boolean"}
+            },
+            "required": ["customer_identification_number", "preferred_delivery_weekday", "gift_wrapping_requested"],
+            "additionalProperties": false
+        }),
+        options: Default::default(),
+    });
+    let p = engine.prepare(&r).expect("prepares");
+    let mut state = p.sampler.new_state(&p.info.prompt_ids, 1).unwrap();
+    let compiled = p.constraint.as_ref().expect("a compiled constraint");
+    state.set_grammar(Box::new(compiled.start()));
+    let slot = state.grammar().expect("a constraint");
+    let ids = |t: &str| model.encoder.encode(t, false).unwrap();
+    let text = |ids: &[u32]| -> String {
+        ids.iter()
+            .map(|&i| String::from_utf8_lossy(model.vocab.bytes.get(i).unwrap()).into_owned())
+            .collect()
+    };
+    let mut history = p.info.prompt_ids.clone();
+    for t in ids("{\"customer_identification_number\": 42,") {
+        slot.with(|e| e.commit(t))
+            .expect("the output so far is valid");
+        history.push(t);
+    }
+    // the guess skips a key: the constraint takes its space and quote and refuses the rest
+    let guess = ids(" \"gift_wrapping_requested\": true}");
+    let mut forced = Vec::new();
+    let took = slot.probe(&guess, &mut forced);
+    assert_eq!(text(&guess[..took]), " \"");
+    assert!(
+        forced.starts_with(b"preferred_delivery_weekday\""),
+        "{forced:?}"
+    );
+    let before = history.clone();
+    let (mut scratch, mut out) = (DraftScratch::default(), Vec::new());
+    let spec = SpecOptions::default();
+    let mut once = Once {
+        first: guess.clone(),
+        calls: 0,
+    };
+    draft_next(
+        &mut once,
+        &mut history,
+        spec.constraint_source(Some(slot), &model),
+        16,
+        &mut scratch,
+        &mut out,
+    );
+    assert_eq!(history, before, "the history is left as it was");
+    // rules 1: the guess up to the refused token, then the forced key's tokens but the last
+    let key = ids("preferred_delivery_weekday\"");
+    assert_eq!(text(&out), format!(" \"{}", text(&key[..key.len() - 1])));
+    assert_eq!(
+        slot.probe(&out, &mut forced),
+        out.len(),
+        "the constraint takes it all"
+    );
+    assert_eq!(
+        once.calls, 2,
+        "the drafter guesses again after the forced key"
+    );
+    // the draft's length holds
+    once.calls = 0;
+    draft_next(
+        &mut once,
+        &mut history,
+        spec.constraint_source(Some(slot), &model),
+        3,
+        &mut scratch,
+        &mut out,
+    );
+    assert_eq!(out.len(), 3);
+    assert_eq!(text(&out[..took]), " \"");
+    // rules 0: the guess as it comes
+    let old = SpecOptions {
+        draft_rules: 0,
+        ..Default::default()
+    };
+    once.calls = 0;
+    draft_next(
+        &mut once,
+        &mut history,
+        old.constraint_source(Some(slot), &model),
+        16,
+        &mut scratch,
+        &mut out,
+    );
+    assert_eq!(out, guess);
+    // the constraint's state is as it was: it still forces nothing here and takes the space
+    assert_eq!(slot.probe(&guess, &mut forced), took);
 }

@@ -58,4 +58,21 @@ pub trait ConstraintState: Send + Debug {
     fn forced_bytes(&mut self) -> Vec<u8>;
     /// A short digest of the state for step records.
     fn digest(&self) -> String;
+    /// How many of `tokens`, in order, the constraint takes from this state, with the bytes
+    /// it forces after those in `forced` (cleared first). The state is left as it was
+    /// (speculative drafting: where a guess leaves the constraint, and what it demands
+    /// there). The default runs a fork.
+    fn probe(&mut self, tokens: &[u32], forced: &mut Vec<u8>) -> Result<usize> {
+        let mut f = self.fork();
+        let mut n = 0;
+        for &t in tokens {
+            if f.commit(t).is_err() {
+                break;
+            }
+            n += 1;
+        }
+        forced.clear();
+        forced.extend_from_slice(&f.forced_bytes());
+        Ok(n)
+    }
 }

@@ -67,11 +67,10 @@ impl Scheduler {
                 .min(room)
                 .min(left)
                 .min(budget.saturating_sub(used));
-            let grammar = s.state.grammar().filter(|_| sp.options.constraint_drafts);
             draft_next(
                 &mut *sp.drafter,
                 &mut sp.history,
-                grammar.map(|g| (g, model)),
+                sp.options.constraint_source(s.state.grammar(), model),
                 k,
                 &mut sp.forced,
                 &mut sp.draft,

@@ -72,8 +72,8 @@ pub(super) struct SpecSeq {
     pub(super) history: Vec<u32>,
     /// This iteration's draft.
     pub(super) draft: Vec<u32>,
-    /// The tokens its constraint forced, while drafting ([`crate::speculative::draft_next`]).
-    pub(super) forced: Vec<u32>,
+    /// What drafting reuses ([`crate::speculative::draft_next`]).
+    pub(super) forced: crate::speculative::DraftScratch,
 }
 
 /// One step a sequence took in an iteration: what [`Scheduler::emit`](super::Scheduler::emit)
