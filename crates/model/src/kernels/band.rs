@@ -5,13 +5,20 @@
 //! every 32-bit lane of a 512-bit register belongs to one row: a multiply-add against four
 //! activation bytes broadcast to all lanes advances sixteen rows' dot products at once, and the
 //! float step of a block updates sixteen outputs in one register. The format modules give the
-//! layout and a tile of one band × up to four activation rows; this module walks a range of
+//! layout and a tile of one band × up to [`TILE`] activation rows; this module walks a range of
 //! bands against the batch.
 
 use super::{legacy, q4k, q6k, q80, Acts, Level, MatFormat, QMatrix};
 
 /// Rows per band.
 pub(super) const BAND: usize = 16;
+
+/// Activation rows one tile takes at most. At 512 bits a tile of eight keeps its sums in
+/// registers for the formats whose blocks unpack into few (the nibble formats, Q8_0): a
+/// verification pass of five to eight rows then reads the weights once, not twice. Kernels
+/// of at most four rows (AVX2's sixteen registers, the K-quants) make their tiles of eight
+/// from two of four ([`in_fours`]). Which rows share a tile never changes an output's bits.
+pub(super) const TILE: usize = 8;
 
 /// Whether matrices of `format` are kept in bands.
 pub(super) fn banded(format: MatFormat) -> bool {
@@ -32,7 +39,7 @@ pub(super) fn padded_rows(rows: usize) -> usize {
     rows.div_ceil(BAND) * BAND
 }
 
-/// What a banded format gives the band loop: its tile of one band × up to four activation
+/// What a banded format gives the band loop: its tile of one band × up to [`TILE`] activation
 /// rows at each x86 level, and its scalar dot of one row with one activation row (the scalar
 /// level's tile, and the reference every level equals bit for bit). A new banded format is a
 /// module with a `KERNELS` of these and one line in [`kernels_of`].
@@ -51,13 +58,13 @@ pub(super) struct BandKernels {
 }
 
 /// A tile: the dots of band `band`'s sixteen rows with activation rows `b0..b0 + n`
-/// (`1 ≤ n ≤ 4`), `res[bi][t]` for row `16 · band + t` (padding rows give zero).
+/// (`1 ≤ n ≤ TILE`), `res[bi][t]` for row `16 · band + t` (padding rows give zero).
 ///
 /// # Safety
 /// The tile's level must be effective on this CPU, the activations prepared for the
 /// matrix's format, `band` a band of the matrix.
 #[cfg(target_arch = "x86_64")]
-pub(super) type Tile = unsafe fn(&QMatrix, usize, &Acts<'_>, usize, usize) -> [[f32; BAND]; 4];
+pub(super) type Tile = unsafe fn(&QMatrix, usize, &Acts<'_>, usize, usize) -> [[f32; BAND]; TILE];
 
 /// The kernels of a banded format.
 fn kernels_of(format: MatFormat) -> &'static BandKernels {
@@ -83,7 +90,7 @@ unsafe fn tile(
     a: &Acts<'_>,
     b0: usize,
     n: usize,
-) -> [[f32; BAND]; 4] {
+) -> [[f32; BAND]; TILE] {
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: the caller's level is effective, which is what each tile needs.
@@ -106,8 +113,8 @@ fn scalar_tile(
     n: usize,
     b0: usize,
     dot: impl Fn(usize, usize) -> f32,
-) -> [[f32; BAND]; 4] {
-    let mut res = [[0f32; BAND]; 4];
+) -> [[f32; BAND]; TILE] {
+    let mut res = [[0f32; BAND]; TILE];
     for (bi, res) in res.iter_mut().enumerate().take(n) {
         for (t, v) in res.iter_mut().enumerate() {
             if BAND * band + t < w.rows {
@@ -131,6 +138,25 @@ pub(super) fn join_halves(mut half: impl FnMut(usize) -> [[f32; 8]; 4]) -> [[f32
     res
 }
 
+/// A tile of `n ≤ TILE` activation rows from a kernel of at most four: `four(o, m)` gives
+/// activation rows `o..o + m` of the tile (`m ≤ 4`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn in_fours(
+    n: usize,
+    mut four: impl FnMut(usize, usize) -> [[f32; BAND]; 4],
+) -> [[f32; BAND]; TILE] {
+    let mut res = [[0f32; BAND]; TILE];
+    let mut o = 0;
+    while o < n {
+        let m = (n - o).min(4);
+        let r = four(o, m);
+        res[o..o + m].copy_from_slice(&r[..m]);
+        o += 4;
+    }
+    res
+}
+
 /// The four bytes at `p` as one `i32`, for a broadcast to every lane.
 ///
 /// # Safety
@@ -146,7 +172,7 @@ pub(super) unsafe fn quad(p: *const u8) -> i32 {
 const ACT_BLOCK_BYTES: usize = 256 * 1024;
 
 /// Computes rows `r0..r1` (`r0` a multiple of [`BAND`]) of a banded matrix against every
-/// activation row: the bands of the range meet blocks of activation rows, four at a time.
+/// activation row: the bands of the range meet blocks of activation rows, [`TILE`] at a time.
 ///
 /// # Safety
 /// As [`super::run_rows`]: `out` valid for `a.n · w.rows` writes, this range written by no one
@@ -164,14 +190,14 @@ pub(super) unsafe fn run_rows(
         "a range of whole bands"
     );
     let k = kernels_of(w.format);
-    let block = (ACT_BLOCK_BYTES / w.cols.max(1)).max(4) / 4 * 4;
+    let block = (ACT_BLOCK_BYTES / w.cols.max(1)).max(TILE) / TILE * TILE;
     let mut a0 = 0;
     while a0 < a.n {
         let a1 = (a0 + block).min(a.n);
         for band in r0 / BAND..r1.div_ceil(BAND) {
             let mut b0 = a0;
             while b0 < a1 {
-                let n = (a1 - b0).min(4);
+                let n = (a1 - b0).min(TILE);
                 // SAFETY: the caller's guarantees.
                 let res = unsafe { tile(k, level, w, band, a, b0, n) };
                 for (bi, res) in res.iter().take(n).enumerate() {
@@ -185,7 +211,7 @@ pub(super) unsafe fn run_rows(
                         unsafe { *out.add((b0 + bi) * w.rows + r) = *v };
                     }
                 }
-                b0 += 4;
+                b0 += TILE;
             }
         }
         a0 = a1;

@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 
 use super::{has_high, has_min, offset, BAND, BAND_CHUNKS};
-use crate::kernels::band::{join_halves, quad};
+use crate::kernels::band::{in_fours, join_halves, quad, TILE};
 use crate::kernels::{array, Acts, QMatrix};
 
 /// Bytes of one band's nibbles per block.
@@ -103,12 +103,39 @@ macro_rules! by_format {
             1 => flags!(1),
             2 => flags!(2),
             3 => flags!(3),
+            4 => flags!(4),
+            5 => flags!(5),
+            6 => flags!(6),
+            7 => flags!(7),
+            _ => flags!(8),
+        }
+    }};
+}
+
+/// [`by_format!`] for kernels of at most four activation rows.
+macro_rules! by_format4 {
+    ($kernel:ident, $w:expr, $n:expr, ($($arg:expr),*)) => {{
+        macro_rules! flags {
+            ($k:literal) => {
+                match (has_min($w.format), has_high($w.format)) {
+                    (false, false) => $kernel::<$k, false, false>($($arg),*),
+                    (true, false) => $kernel::<$k, true, false>($($arg),*),
+                    (false, true) => $kernel::<$k, false, true>($($arg),*),
+                    (true, true) => $kernel::<$k, true, true>($($arg),*),
+                }
+            };
+        }
+        match $n {
+            1 => flags!(1),
+            2 => flags!(2),
+            3 => flags!(3),
             _ => flags!(4),
         }
     }};
 }
 
-/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ 4`), with VNNI.
+/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`), with VNNI: eight
+/// rows' sums and eight accumulators fit the 32 registers beside the unpacked nibbles.
 ///
 /// # Safety
 /// [`Level::Avx512Vnni`](crate::kernels::Level::Avx512Vnni) must be effective.
@@ -119,11 +146,11 @@ pub(super) unsafe fn band_vnni(
     a: &Acts<'_>,
     b0: usize,
     n: usize,
-) -> [[f32; BAND]; 4] {
+) -> [[f32; BAND]; TILE] {
     by_format!(vnni, w, n, (w, band, a, b0))
 }
 
-/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ 4`), AVX2.
+/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`), AVX2, four at a time.
 ///
 /// # Safety
 /// [`Level::Avx2`](crate::kernels::Level::Avx2) must be effective.
@@ -134,8 +161,10 @@ pub(super) unsafe fn band_avx2(
     a: &Acts<'_>,
     b0: usize,
     n: usize,
-) -> [[f32; BAND]; 4] {
-    join_halves(|half| by_format!(avx2, w, n, (w, band, half, a, b0)))
+) -> [[f32; BAND]; TILE] {
+    in_fours(n, |o, m| {
+        join_halves(|half| by_format4!(avx2, w, m, (w, band, half, a, b0 + o)))
+    })
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -145,7 +174,7 @@ fn vnni<const N: usize, const MIN: bool, const HIGH: bool>(
     band: usize,
     a: &Acts<'_>,
     b0: usize,
-) -> [[f32; BAND]; 4] {
+) -> [[f32; BAND]; TILE] {
     let p = Band::<N>::new(w, band, a, b0);
     let off = offset(w.format);
     let low = _mm512_set1_epi8(0x0F);
@@ -190,7 +219,7 @@ fn vnni<const N: usize, const MIN: bool, const HIGH: bool>(
             }
         }
     }
-    let mut res = [[0f32; BAND]; 4];
+    let mut res = [[0f32; BAND]; TILE];
     for bi in 0..N {
         // SAFETY: 16 `f32` of `res[bi]` are writable.
         unsafe { _mm512_storeu_ps(res[bi].as_mut_ptr(), acc[bi]) };

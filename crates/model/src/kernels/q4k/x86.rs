@@ -22,7 +22,7 @@
 use std::arch::x86_64::*;
 
 use super::{BAND, BAND_QS};
-use crate::kernels::band::{join_halves, quad};
+use crate::kernels::band::{in_fours, join_halves, quad, TILE};
 use crate::kernels::{array, Acts, QMatrix};
 
 /// The activations' two group sums of group pair `j` of super-block `bs`, as the `i16` pair
@@ -74,7 +74,7 @@ impl<const N: usize> Band<N> {
     }
 }
 
-/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ 4`), with VNNI.
+/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`, four at a time), with VNNI.
 ///
 /// # Safety
 /// [`Level::Avx512Vnni`](crate::kernels::Level::Avx512Vnni) must be effective.
@@ -85,16 +85,16 @@ pub(super) unsafe fn band_vnni(
     a: &Acts<'_>,
     b0: usize,
     n: usize,
-) -> [[f32; BAND]; 4] {
-    match n {
-        1 => vnni::<1>(w, band, a, b0),
-        2 => vnni::<2>(w, band, a, b0),
-        3 => vnni::<3>(w, band, a, b0),
-        _ => vnni::<4>(w, band, a, b0),
-    }
+) -> [[f32; BAND]; TILE] {
+    in_fours(n, |o, m| match m {
+        1 => vnni::<1>(w, band, a, b0 + o),
+        2 => vnni::<2>(w, band, a, b0 + o),
+        3 => vnni::<3>(w, band, a, b0 + o),
+        _ => vnni::<4>(w, band, a, b0 + o),
+    })
 }
 
-/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ 4`), AVX-512 BW.
+/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`, four at a time), AVX-512 BW.
 ///
 /// # Safety
 /// [`Level::Avx512`](crate::kernels::Level::Avx512) must be effective.
@@ -105,16 +105,16 @@ pub(super) unsafe fn band_bw(
     a: &Acts<'_>,
     b0: usize,
     n: usize,
-) -> [[f32; BAND]; 4] {
-    match n {
-        1 => bw::<1>(w, band, a, b0),
-        2 => bw::<2>(w, band, a, b0),
-        3 => bw::<3>(w, band, a, b0),
-        _ => bw::<4>(w, band, a, b0),
-    }
+) -> [[f32; BAND]; TILE] {
+    in_fours(n, |o, m| match m {
+        1 => bw::<1>(w, band, a, b0 + o),
+        2 => bw::<2>(w, band, a, b0 + o),
+        3 => bw::<3>(w, band, a, b0 + o),
+        _ => bw::<4>(w, band, a, b0 + o),
+    })
 }
 
-/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ 4`), AVX2.
+/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`, four at a time), AVX2.
 ///
 /// # Safety
 /// [`Level::Avx2`](crate::kernels::Level::Avx2) must be effective.
@@ -125,12 +125,14 @@ pub(super) unsafe fn band_avx2(
     a: &Acts<'_>,
     b0: usize,
     n: usize,
-) -> [[f32; BAND]; 4] {
-    join_halves(|half| match n {
-        1 => avx2::<1>(w, band, half, a, b0),
-        2 => avx2::<2>(w, band, half, a, b0),
-        3 => avx2::<3>(w, band, half, a, b0),
-        _ => avx2::<4>(w, band, half, a, b0),
+) -> [[f32; BAND]; TILE] {
+    in_fours(n, |o, m| {
+        join_halves(|half| match m {
+            1 => avx2::<1>(w, band, half, a, b0 + o),
+            2 => avx2::<2>(w, band, half, a, b0 + o),
+            3 => avx2::<3>(w, band, half, a, b0 + o),
+            _ => avx2::<4>(w, band, half, a, b0 + o),
+        })
     })
 }
 

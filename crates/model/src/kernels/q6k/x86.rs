@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 
 use super::{BAND, BAND_CHUNKS};
-use crate::kernels::band::{join_halves, quad};
+use crate::kernels::band::{in_fours, join_halves, quad, TILE};
 use crate::kernels::{array, Acts, QMatrix};
 
 /// Bytes of one band's quants per super-block.
@@ -63,7 +63,7 @@ impl<const N: usize> Band<N> {
     }
 }
 
-/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ 4`), with VNNI.
+/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`, four at a time), with VNNI.
 ///
 /// # Safety
 /// [`Level::Avx512Vnni`](crate::kernels::Level::Avx512Vnni) must be effective.
@@ -74,16 +74,16 @@ pub(super) unsafe fn band_vnni(
     a: &Acts<'_>,
     b0: usize,
     n: usize,
-) -> [[f32; BAND]; 4] {
-    match n {
-        1 => vnni::<1>(w, band, a, b0),
-        2 => vnni::<2>(w, band, a, b0),
-        3 => vnni::<3>(w, band, a, b0),
-        _ => vnni::<4>(w, band, a, b0),
-    }
+) -> [[f32; BAND]; TILE] {
+    in_fours(n, |o, m| match m {
+        1 => vnni::<1>(w, band, a, b0 + o),
+        2 => vnni::<2>(w, band, a, b0 + o),
+        3 => vnni::<3>(w, band, a, b0 + o),
+        _ => vnni::<4>(w, band, a, b0 + o),
+    })
 }
 
-/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ 4`), AVX2.
+/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`, four at a time), AVX2.
 ///
 /// # Safety
 /// [`Level::Avx2`](crate::kernels::Level::Avx2) must be effective.
@@ -94,12 +94,14 @@ pub(super) unsafe fn band_avx2(
     a: &Acts<'_>,
     b0: usize,
     n: usize,
-) -> [[f32; BAND]; 4] {
-    join_halves(|half| match n {
-        1 => avx2::<1>(w, band, half, a, b0),
-        2 => avx2::<2>(w, band, half, a, b0),
-        3 => avx2::<3>(w, band, half, a, b0),
-        _ => avx2::<4>(w, band, half, a, b0),
+) -> [[f32; BAND]; TILE] {
+    in_fours(n, |o, m| {
+        join_halves(|half| match m {
+            1 => avx2::<1>(w, band, half, a, b0 + o),
+            2 => avx2::<2>(w, band, half, a, b0 + o),
+            3 => avx2::<3>(w, band, half, a, b0 + o),
+            _ => avx2::<4>(w, band, half, a, b0 + o),
+        })
     })
 }
 

@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 
 use super::BAND;
-use crate::kernels::band::{join_halves, quad};
+use crate::kernels::band::{in_fours, join_halves, quad, TILE};
 use crate::kernels::{array, Acts, QMatrix};
 
 /// Bytes of one band's quants per block.
@@ -53,7 +53,8 @@ impl<const N: usize> Band<N> {
     }
 }
 
-/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ 4`), with VNNI.
+/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`), with VNNI: eight rows'
+/// sums and eight accumulators fit the 32 registers beside the flipped quants.
 ///
 /// # Safety
 /// [`Level::Avx512Vnni`](crate::kernels::Level::Avx512Vnni) must be effective.
@@ -64,16 +65,20 @@ pub(super) unsafe fn band_vnni(
     a: &Acts<'_>,
     b0: usize,
     n: usize,
-) -> [[f32; BAND]; 4] {
+) -> [[f32; BAND]; TILE] {
     match n {
         1 => vnni::<1>(w, band, a, b0),
         2 => vnni::<2>(w, band, a, b0),
         3 => vnni::<3>(w, band, a, b0),
-        _ => vnni::<4>(w, band, a, b0),
+        4 => vnni::<4>(w, band, a, b0),
+        5 => vnni::<5>(w, band, a, b0),
+        6 => vnni::<6>(w, band, a, b0),
+        7 => vnni::<7>(w, band, a, b0),
+        _ => vnni::<8>(w, band, a, b0),
     }
 }
 
-/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ 4`), AVX2.
+/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`, four at a time), AVX2.
 ///
 /// # Safety
 /// [`Level::Avx2`](crate::kernels::Level::Avx2) must be effective.
@@ -84,18 +89,20 @@ pub(super) unsafe fn band_avx2(
     a: &Acts<'_>,
     b0: usize,
     n: usize,
-) -> [[f32; BAND]; 4] {
-    join_halves(|half| match n {
-        1 => avx2::<1>(w, band, half, a, b0),
-        2 => avx2::<2>(w, band, half, a, b0),
-        3 => avx2::<3>(w, band, half, a, b0),
-        _ => avx2::<4>(w, band, half, a, b0),
+) -> [[f32; BAND]; TILE] {
+    in_fours(n, |o, m| {
+        join_halves(|half| match m {
+            1 => avx2::<1>(w, band, half, a, b0 + o),
+            2 => avx2::<2>(w, band, half, a, b0 + o),
+            3 => avx2::<3>(w, band, half, a, b0 + o),
+            _ => avx2::<4>(w, band, half, a, b0 + o),
+        })
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline(never)]
-fn vnni<const N: usize>(w: &QMatrix, band: usize, a: &Acts<'_>, b0: usize) -> [[f32; BAND]; 4] {
+fn vnni<const N: usize>(w: &QMatrix, band: usize, a: &Acts<'_>, b0: usize) -> [[f32; BAND]; TILE] {
     let p = Band::<N>::new(w, band, a, b0);
     let flip = _mm512_set1_epi8(i8::MIN);
     let mut acc = [_mm512_setzero_ps(); N];
@@ -120,7 +127,7 @@ fn vnni<const N: usize>(w: &QMatrix, band: usize, a: &Acts<'_>, b0: usize) -> [[
             acc[bi] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum[bi]), acc[bi]);
         }
     }
-    let mut res = [[0f32; BAND]; 4];
+    let mut res = [[0f32; BAND]; TILE];
     for bi in 0..N {
         // SAFETY: 16 `f32` of `res[bi]` are writable.
         unsafe { _mm512_storeu_ps(res[bi].as_mut_ptr(), acc[bi]) };
