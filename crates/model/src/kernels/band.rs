@@ -142,9 +142,9 @@ pub(super) fn join_halves(mut half: impl FnMut(usize) -> [[f32; 8]; 4]) -> [[f32
 /// activation rows `o..o + m` of the tile (`m ≤ 4`).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(super) fn in_fours(
+pub(super) fn in_fours<const R: usize>(
     n: usize,
-    mut four: impl FnMut(usize, usize) -> [[f32; BAND]; 4],
+    mut four: impl FnMut(usize, usize) -> [[f32; BAND]; R],
 ) -> [[f32; BAND]; TILE] {
     let mut res = [[0f32; BAND]; TILE];
     let mut o = 0;

@@ -86,12 +86,16 @@ pub(super) unsafe fn band_vnni(
     b0: usize,
     n: usize,
 ) -> [[f32; BAND]; TILE] {
-    in_fours(n, |o, m| match m {
-        1 => vnni::<1>(w, band, a, b0 + o),
-        2 => vnni::<2>(w, band, a, b0 + o),
-        3 => vnni::<3>(w, band, a, b0 + o),
-        _ => vnni::<4>(w, band, a, b0 + o),
-    })
+    match n {
+        1 => vnni::<1>(w, band, a, b0),
+        2 => vnni::<2>(w, band, a, b0),
+        3 => vnni::<3>(w, band, a, b0),
+        4 => vnni::<4>(w, band, a, b0),
+        5 => vnni::<5>(w, band, a, b0),
+        6 => vnni::<6>(w, band, a, b0),
+        7 => vnni::<7>(w, band, a, b0),
+        _ => vnni::<8>(w, band, a, b0),
+    }
 }
 
 /// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`, four at a time), AVX-512 BW.
@@ -176,8 +180,8 @@ fn step512(acc: __m512, da: f32, dw: __m512, dm: __m512, isum: __m512i, imin: __
 /// Sixteen rows' outputs out of `acc`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 #[inline]
-fn store512<const N: usize>(acc: &[__m512; N]) -> [[f32; BAND]; 4] {
-    let mut res = [[0f32; BAND]; 4];
+fn store512<const N: usize>(acc: &[__m512; N]) -> [[f32; BAND]; TILE] {
+    let mut res = [[0f32; BAND]; TILE];
     for bi in 0..N {
         // SAFETY: 16 `f32` of `res[bi]` are writable.
         unsafe { _mm512_storeu_ps(res[bi].as_mut_ptr(), acc[bi]) };
@@ -187,7 +191,7 @@ fn store512<const N: usize>(acc: &[__m512; N]) -> [[f32; BAND]; 4] {
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline(never)]
-fn vnni<const N: usize>(w: &QMatrix, band: usize, a: &Acts<'_>, b0: usize) -> [[f32; BAND]; 4] {
+fn vnni<const N: usize>(w: &QMatrix, band: usize, a: &Acts<'_>, b0: usize) -> [[f32; BAND]; TILE] {
     let p = Band::<N>::new(w, band, a, b0);
     let mask = _mm512_set1_epi8(0x0F);
     let zero = _mm512_setzero_si512();
@@ -252,7 +256,7 @@ fn scales16(s: __m128i) -> __m512i {
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 #[inline(never)]
-fn bw<const N: usize>(w: &QMatrix, band: usize, a: &Acts<'_>, b0: usize) -> [[f32; BAND]; 4] {
+fn bw<const N: usize>(w: &QMatrix, band: usize, a: &Acts<'_>, b0: usize) -> [[f32; BAND]; TILE] {
     let p = Band::<N>::new(w, band, a, b0);
     let mask = _mm512_set1_epi8(0x0F);
     let zero = _mm512_setzero_si512();
