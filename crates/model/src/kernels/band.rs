@@ -138,6 +138,78 @@ pub(super) fn join_halves(mut half: impl FnMut(usize) -> [[f32; 8]; 4]) -> [[f32
     res
 }
 
+/// Runs `$call` with `$N` bound, as a constant, to the number of activation rows `$n`
+/// (`1..=TILE`; more count as `TILE`): the one place a tile's row count becomes a kernel's
+/// const parameter.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rows {
+    ($n:expr, $N:ident => $call:expr) => {
+        match $n {
+            1 => {
+                const $N: usize = 1;
+                $call
+            }
+            2 => {
+                const $N: usize = 2;
+                $call
+            }
+            3 => {
+                const $N: usize = 3;
+                $call
+            }
+            4 => {
+                const $N: usize = 4;
+                $call
+            }
+            5 => {
+                const $N: usize = 5;
+                $call
+            }
+            6 => {
+                const $N: usize = 6;
+                $call
+            }
+            7 => {
+                const $N: usize = 7;
+                $call
+            }
+            _ => {
+                const $N: usize = 8;
+                $call
+            }
+        }
+    };
+}
+
+/// [`rows!`] for kernels of at most four activation rows (more count as four; see
+/// [`in_fours`]).
+#[cfg(target_arch = "x86_64")]
+macro_rules! rows4 {
+    ($n:expr, $N:ident => $call:expr) => {
+        match $n {
+            1 => {
+                const $N: usize = 1;
+                $call
+            }
+            2 => {
+                const $N: usize = 2;
+                $call
+            }
+            3 => {
+                const $N: usize = 3;
+                $call
+            }
+            _ => {
+                const $N: usize = 4;
+                $call
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) use {rows, rows4};
+
 /// A tile of `n ≤ TILE` activation rows from a kernel of at most four: `four(o, m)` gives
 /// activation rows `o..o + m` of the tile (`m ≤ 4`).
 #[cfg(target_arch = "x86_64")]

@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 
 use super::{has_high, has_min, offset, BAND, BAND_CHUNKS};
-use crate::kernels::band::{in_fours, join_halves, quad, TILE};
+use crate::kernels::band::{in_fours, join_halves, quad, rows, rows4, TILE};
 use crate::kernels::{array, Acts, QMatrix};
 
 /// Bytes of one band's nibbles per block.
@@ -86,51 +86,16 @@ impl<const N: usize> Band<N> {
     }
 }
 
-/// Runs `$kernel::<n, MIN, HIGH>` for `w`'s format and `n` activation rows.
+/// Runs `$kernel::<N, MIN, HIGH>` for `w`'s format and `n` activation rows, `N` bound by
+/// `$rows` ([`rows!`] or [`rows4!`]).
 macro_rules! by_format {
-    ($kernel:ident, $w:expr, $n:expr, ($($arg:expr),*)) => {{
-        macro_rules! flags {
-            ($k:literal) => {
-                match (has_min($w.format), has_high($w.format)) {
-                    (false, false) => $kernel::<$k, false, false>($($arg),*),
-                    (true, false) => $kernel::<$k, true, false>($($arg),*),
-                    (false, true) => $kernel::<$k, false, true>($($arg),*),
-                    (true, true) => $kernel::<$k, true, true>($($arg),*),
-                }
-            };
-        }
-        match $n {
-            1 => flags!(1),
-            2 => flags!(2),
-            3 => flags!(3),
-            4 => flags!(4),
-            5 => flags!(5),
-            6 => flags!(6),
-            7 => flags!(7),
-            _ => flags!(8),
-        }
-    }};
-}
-
-/// [`by_format!`] for kernels of at most four activation rows.
-macro_rules! by_format4 {
-    ($kernel:ident, $w:expr, $n:expr, ($($arg:expr),*)) => {{
-        macro_rules! flags {
-            ($k:literal) => {
-                match (has_min($w.format), has_high($w.format)) {
-                    (false, false) => $kernel::<$k, false, false>($($arg),*),
-                    (true, false) => $kernel::<$k, true, false>($($arg),*),
-                    (false, true) => $kernel::<$k, false, true>($($arg),*),
-                    (true, true) => $kernel::<$k, true, true>($($arg),*),
-                }
-            };
-        }
-        match $n {
-            1 => flags!(1),
-            2 => flags!(2),
-            3 => flags!(3),
-            _ => flags!(4),
-        }
+    ($rows:ident, $kernel:ident, $w:expr, $n:expr, ($($arg:expr),*)) => {{
+        $rows!($n, N => match (has_min($w.format), has_high($w.format)) {
+            (false, false) => $kernel::<N, false, false>($($arg),*),
+            (true, false) => $kernel::<N, true, false>($($arg),*),
+            (false, true) => $kernel::<N, false, true>($($arg),*),
+            (true, true) => $kernel::<N, true, true>($($arg),*),
+        })
     }};
 }
 
@@ -147,7 +112,7 @@ pub(super) unsafe fn band_vnni(
     b0: usize,
     n: usize,
 ) -> [[f32; BAND]; TILE] {
-    by_format!(vnni, w, n, (w, band, a, b0))
+    by_format!(rows, vnni, w, n, (w, band, a, b0))
 }
 
 /// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`), AVX2, four at a time.
@@ -163,7 +128,7 @@ pub(super) unsafe fn band_avx2(
     n: usize,
 ) -> [[f32; BAND]; TILE] {
     in_fours(n, |o, m| {
-        join_halves(|half| by_format4!(avx2, w, m, (w, band, half, a, b0 + o)))
+        join_halves(|half| by_format!(rows4, avx2, w, m, (w, band, half, a, b0 + o)))
     })
 }
 

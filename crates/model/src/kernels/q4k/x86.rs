@@ -22,7 +22,7 @@
 use std::arch::x86_64::*;
 
 use super::{BAND, BAND_QS};
-use crate::kernels::band::{in_fours, join_halves, quad, TILE};
+use crate::kernels::band::{in_fours, join_halves, quad, rows, rows4, TILE};
 use crate::kernels::{array, Acts, QMatrix};
 
 /// The activations' two group sums of group pair `j` of super-block `bs`, as the `i16` pair
@@ -74,7 +74,8 @@ impl<const N: usize> Band<N> {
     }
 }
 
-/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`, four at a time), with VNNI.
+/// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`), with VNNI: past four
+/// rows the sums no longer fit the registers and spill, but the weights are read once.
 ///
 /// # Safety
 /// [`Level::Avx512Vnni`](crate::kernels::Level::Avx512Vnni) must be effective.
@@ -86,16 +87,7 @@ pub(super) unsafe fn band_vnni(
     b0: usize,
     n: usize,
 ) -> [[f32; BAND]; TILE] {
-    match n {
-        1 => vnni::<1>(w, band, a, b0),
-        2 => vnni::<2>(w, band, a, b0),
-        3 => vnni::<3>(w, band, a, b0),
-        4 => vnni::<4>(w, band, a, b0),
-        5 => vnni::<5>(w, band, a, b0),
-        6 => vnni::<6>(w, band, a, b0),
-        7 => vnni::<7>(w, band, a, b0),
-        _ => vnni::<8>(w, band, a, b0),
-    }
+    rows!(n, N => vnni::<N>(w, band, a, b0))
 }
 
 /// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`, four at a time), AVX-512 BW.
@@ -110,12 +102,7 @@ pub(super) unsafe fn band_bw(
     b0: usize,
     n: usize,
 ) -> [[f32; BAND]; TILE] {
-    in_fours(n, |o, m| match m {
-        1 => bw::<1>(w, band, a, b0 + o),
-        2 => bw::<2>(w, band, a, b0 + o),
-        3 => bw::<3>(w, band, a, b0 + o),
-        _ => bw::<4>(w, band, a, b0 + o),
-    })
+    in_fours(n, |o, m| rows4!(m, N => bw::<N>(w, band, a, b0 + o)))
 }
 
 /// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`, four at a time), AVX2.
@@ -131,12 +118,7 @@ pub(super) unsafe fn band_avx2(
     n: usize,
 ) -> [[f32; BAND]; TILE] {
     in_fours(n, |o, m| {
-        join_halves(|half| match m {
-            1 => avx2::<1>(w, band, half, a, b0 + o),
-            2 => avx2::<2>(w, band, half, a, b0 + o),
-            3 => avx2::<3>(w, band, half, a, b0 + o),
-            _ => avx2::<4>(w, band, half, a, b0 + o),
-        })
+        join_halves(|half| rows4!(m, N => avx2::<N>(w, band, half, a, b0 + o)))
     })
 }
 

@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 
 use super::{BAND, BAND_CHUNKS};
-use crate::kernels::band::{in_fours, join_halves, quad, TILE};
+use crate::kernels::band::{in_fours, join_halves, quad, rows4, TILE};
 use crate::kernels::{array, Acts, QMatrix};
 
 /// Bytes of one band's quants per super-block.
@@ -75,12 +75,7 @@ pub(super) unsafe fn band_vnni(
     b0: usize,
     n: usize,
 ) -> [[f32; BAND]; TILE] {
-    in_fours(n, |o, m| match m {
-        1 => vnni::<1>(w, band, a, b0 + o),
-        2 => vnni::<2>(w, band, a, b0 + o),
-        3 => vnni::<3>(w, band, a, b0 + o),
-        _ => vnni::<4>(w, band, a, b0 + o),
-    })
+    in_fours(n, |o, m| rows4!(m, N => vnni::<N>(w, band, a, b0 + o)))
 }
 
 /// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`, four at a time), AVX2.
@@ -96,12 +91,7 @@ pub(super) unsafe fn band_avx2(
     n: usize,
 ) -> [[f32; BAND]; TILE] {
     in_fours(n, |o, m| {
-        join_halves(|half| match m {
-            1 => avx2::<1>(w, band, half, a, b0 + o),
-            2 => avx2::<2>(w, band, half, a, b0 + o),
-            3 => avx2::<3>(w, band, half, a, b0 + o),
-            _ => avx2::<4>(w, band, half, a, b0 + o),
-        })
+        join_halves(|half| rows4!(m, N => avx2::<N>(w, band, half, a, b0 + o)))
     })
 }
 

@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 
 use super::BAND;
-use crate::kernels::band::{in_fours, join_halves, quad, TILE};
+use crate::kernels::band::{in_fours, join_halves, quad, rows, rows4, TILE};
 use crate::kernels::{array, Acts, QMatrix};
 
 /// Bytes of one band's quants per block.
@@ -66,16 +66,7 @@ pub(super) unsafe fn band_vnni(
     b0: usize,
     n: usize,
 ) -> [[f32; BAND]; TILE] {
-    match n {
-        1 => vnni::<1>(w, band, a, b0),
-        2 => vnni::<2>(w, band, a, b0),
-        3 => vnni::<3>(w, band, a, b0),
-        4 => vnni::<4>(w, band, a, b0),
-        5 => vnni::<5>(w, band, a, b0),
-        6 => vnni::<6>(w, band, a, b0),
-        7 => vnni::<7>(w, band, a, b0),
-        _ => vnni::<8>(w, band, a, b0),
-    }
+    rows!(n, N => vnni::<N>(w, band, a, b0))
 }
 
 /// The band's dots with activation rows `b0..b0 + n` (`1 ≤ n ≤ TILE`, four at a time), AVX2.
@@ -91,12 +82,7 @@ pub(super) unsafe fn band_avx2(
     n: usize,
 ) -> [[f32; BAND]; TILE] {
     in_fours(n, |o, m| {
-        join_halves(|half| match m {
-            1 => avx2::<1>(w, band, half, a, b0 + o),
-            2 => avx2::<2>(w, band, half, a, b0 + o),
-            3 => avx2::<3>(w, band, half, a, b0 + o),
-            _ => avx2::<4>(w, band, half, a, b0 + o),
-        })
+        join_halves(|half| rows4!(m, N => avx2::<N>(w, band, half, a, b0 + o)))
     })
 }
 
