@@ -138,46 +138,31 @@ pub(super) fn join_halves(mut half: impl FnMut(usize) -> [[f32; 8]; 4]) -> [[f32
     res
 }
 
+/// `match $n` over the row counts `$k` (and `$last` for any other), each arm running `$call`
+/// with `$N` bound to its count as a constant.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rows_of {
+    ($n:expr, $N:ident => $call:expr; $($k:literal)*; $last:literal) => {
+        match $n {
+            $($k => {
+                const $N: usize = $k;
+                $call
+            })*
+            _ => {
+                const $N: usize = $last;
+                $call
+            }
+        }
+    };
+}
+
 /// Runs `$call` with `$N` bound, as a constant, to the number of activation rows `$n`
 /// (`1..=TILE`; more count as `TILE`): the one place a tile's row count becomes a kernel's
 /// const parameter.
 #[cfg(target_arch = "x86_64")]
 macro_rules! rows {
     ($n:expr, $N:ident => $call:expr) => {
-        match $n {
-            1 => {
-                const $N: usize = 1;
-                $call
-            }
-            2 => {
-                const $N: usize = 2;
-                $call
-            }
-            3 => {
-                const $N: usize = 3;
-                $call
-            }
-            4 => {
-                const $N: usize = 4;
-                $call
-            }
-            5 => {
-                const $N: usize = 5;
-                $call
-            }
-            6 => {
-                const $N: usize = 6;
-                $call
-            }
-            7 => {
-                const $N: usize = 7;
-                $call
-            }
-            _ => {
-                const $N: usize = 8;
-                $call
-            }
-        }
+        $crate::kernels::band::rows_of!($n, $N => $call; 1 2 3 4 5 6 7; 8)
     };
 }
 
@@ -186,29 +171,12 @@ macro_rules! rows {
 #[cfg(target_arch = "x86_64")]
 macro_rules! rows4 {
     ($n:expr, $N:ident => $call:expr) => {
-        match $n {
-            1 => {
-                const $N: usize = 1;
-                $call
-            }
-            2 => {
-                const $N: usize = 2;
-                $call
-            }
-            3 => {
-                const $N: usize = 3;
-                $call
-            }
-            _ => {
-                const $N: usize = 4;
-                $call
-            }
-        }
+        $crate::kernels::band::rows_of!($n, $N => $call; 1 2 3; 4)
     };
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use {rows, rows4};
+pub(super) use {rows, rows4, rows_of};
 
 /// A tile of `n ≤ TILE` activation rows from a kernel of at most four: `four(o, m)` gives
 /// activation rows `o..o + m` of the tile (`m ≤ 4`).
