@@ -259,7 +259,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 1.0)]
     pub length_penalty: f64,
     /// Speculative decoding, `ngram` or `ngram:K` (prompt-lookup drafts of at most K tokens,
-    /// default 5) or `model` / `model:K` (the greedy drafts of `--draft-model`), verified in
+    /// default 7) or `model` / `model:K` (the greedy drafts of `--draft-model`), verified in
     /// one forward pass and judged by `--spec-acceptance`.
     #[arg(long)]
     pub speculative: Option<String>,

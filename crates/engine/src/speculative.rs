@@ -261,7 +261,7 @@ impl Default for SpecOptions {
     fn default() -> Self {
         SpecOptions {
             drafter: DrafterKind::Ngram,
-            max_draft: 5,
+            max_draft: 7,
             ngram: NgramDrafter::default(),
             acceptance: Acceptance::Exact,
             constraint_drafts: true,
@@ -408,7 +408,7 @@ impl SpecOptions {
     }
 
     /// Options from their text form, `ngram` or `ngram:K` (prompt lookup with drafts of at
-    /// most `K` tokens, `1..=32`, default 5) or `model` / `model:K` (the engine's draft
+    /// most `K` tokens, `1..=32`, default 7) or `model` / `model:K` (the engine's draft
     /// model), with `acceptance`. The error says what is wrong with the text (the caller
     /// names the field).
     pub fn parse(text: &str, acceptance: Acceptance) -> std::result::Result<SpecOptions, String> {
