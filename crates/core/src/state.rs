@@ -184,17 +184,9 @@ impl GrammarSlot {
         self.active
     }
 
-    /// The bytes the constraint forces next, whatever the model says (nothing once it no
-    /// longer masks). The state and its cached mask stay as they are.
-    pub fn forced_bytes(&self) -> Vec<u8> {
-        if !self.active {
-            return Vec::new();
-        }
-        lock(&self.engine).forced_bytes()
-    }
-
     /// How many of `tokens`, in order, the constraint takes from the current state, with
-    /// the bytes it forces after them in `forced` (cleared first): every token, and nothing
+    /// the bytes it forces after them in `forced` (cleared first; with no tokens, the bytes it
+    /// forces next, whatever the model says): every token, and nothing
     /// forced, once it no longer masks; none, and nothing forced, where the engine fails. The
     /// state and its cached mask stay as they are.
     pub fn probe(&self, tokens: &[u32], forced: &mut Vec<u8>) -> usize {

@@ -273,7 +273,7 @@ fn run_speculative<S: LogitsSource + Send>(
     let mut adapt = Adaptive::new(spec.max_draft);
     let mut history: Vec<u32> = prompt.to_vec();
     let mut draft: Vec<u32> = Vec::with_capacity(spec.max_draft);
-    let mut forced = crate::speculative::DraftScratch::with_capacity(spec.max_draft);
+    let mut scratch = crate::speculative::DraftScratch::with_capacity(spec.max_draft);
     let mut feed: Vec<u32> = Vec::with_capacity(spec.max_draft + 1);
     let t = Instant::now();
     let res = step_once(
@@ -315,7 +315,7 @@ fn run_speculative<S: LogitsSource + Send>(
             &mut history,
             spec.constraint_source(state.grammar(), model),
             k,
-            &mut forced,
+            &mut scratch,
             &mut draft,
         );
         feed.clear();

@@ -399,7 +399,7 @@ impl Scheduler {
                     adapt: Adaptive::new(o.max_draft),
                     history: prompt.iter().chain(resumed).copied().collect(),
                     draft: Vec::with_capacity(o.max_draft),
-                    forced: crate::speculative::DraftScratch::with_capacity(o.max_draft),
+                    scratch: crate::speculative::DraftScratch::with_capacity(o.max_draft),
                 }),
                 drafted: 0,
                 accepted: 0,

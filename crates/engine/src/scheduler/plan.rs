@@ -72,7 +72,7 @@ impl Scheduler {
                 &mut sp.history,
                 sp.options.constraint_source(s.state.grammar(), model),
                 k,
-                &mut sp.forced,
+                &mut sp.scratch,
                 &mut sp.draft,
             );
             s.feed.extend_from_slice(&sp.draft);

@@ -73,7 +73,7 @@ pub(super) struct SpecSeq {
     /// This iteration's draft.
     pub(super) draft: Vec<u32>,
     /// What drafting reuses ([`crate::speculative::draft_next`]).
-    pub(super) forced: crate::speculative::DraftScratch,
+    pub(super) scratch: crate::speculative::DraftScratch,
 }
 
 /// One step a sequence took in an iteration: what [`Scheduler::emit`](super::Scheduler::emit)
